@@ -1,0 +1,32 @@
+"""Headroom's training engine: exact gradient accumulation, no Qt.
+
+Light modules (config, events, commands, store) import without torch so the app
+starts fast; Task and Trainer load torch on first use.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from .commands import Pause, Resume, SetAccum, SetClip, SetLr, SetLrScaling, SetMicroBatch, Stop
+from .config import ConfigError, TrainConfig
+from .events import EventBuffer
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "Task": "task", "TaskError": "task", "load_task": "task",
+    "Trainer": "trainer", "TrainingError": "trainer", "RunResult": "trainer",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+        module = importlib.import_module(f".{_LAZY[name]}", __name__)
+        return getattr(module, name)
+    raise AttributeError(f"module 'engine' has no attribute {name!r}")
+
+
+__all__ = ["ConfigError", "TrainConfig", "EventBuffer", "Task", "TaskError", "load_task", "Trainer",
+           "TrainingError", "RunResult", "Pause", "Resume", "SetAccum", "SetClip", "SetLr", "SetLrScaling",
+           "SetMicroBatch", "Stop", "__version__"]

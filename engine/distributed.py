@@ -1,0 +1,79 @@
+"""torchrun support: who am I, and the few collectives the step needs.
+
+Under torchrun (WORLD_SIZE > 1) the trainer wraps the model in PyTorch's own
+DistributedDataParallel; this module only reads the environment, starts the
+process group (NCCL on GPUs, gloo on CPU) and offers small helpers.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class DistContext:
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def from_env() -> DistContext:
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return DistContext()
+    return DistContext(rank=int(os.environ["RANK"]), world=world,
+                       local_rank=int(os.environ.get("LOCAL_RANK", "0")))
+
+
+def init(ctx: DistContext, device: torch.device, timeout_s: float = 120.0) -> None:
+    if not ctx.enabled or dist.is_initialized():
+        return
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    kwargs: dict[str, Any] = {"backend": backend, "timeout": datetime.timedelta(seconds=timeout_s)}
+    if device.type == "cuda":
+        kwargs["device_id"] = device
+    dist.init_process_group(**kwargs)
+
+
+def all_reduce_sum(t: torch.Tensor, ctx: DistContext) -> torch.Tensor:
+    if ctx.enabled:
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t
+
+
+def any_rank(flag: bool, ctx: DistContext, device: torch.device) -> bool:
+    """True on every rank if `flag` is true on any rank (a one-number all-reduce)."""
+    if not ctx.enabled:
+        return flag
+    t = torch.tensor([1.0 if flag else 0.0], device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item())
+
+
+def broadcast_object(obj: Any, ctx: DistContext) -> Any:
+    if not ctx.enabled:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def shutdown(ctx: DistContext) -> None:
+    if ctx.enabled and dist.is_initialized():
+        try:
+            dist.destroy_process_group()
+        except Exception:
+            pass

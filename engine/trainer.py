@@ -1,0 +1,732 @@
+"""The training engine: exact gradient accumulation, one sync per optimizer step.
+
+The user's knobs (accumulation, clip, lr, ...) change only at epoch boundaries,
+through commands; events go out to a sink and to run.db. No Qt here.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import queue
+import tempfile
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+import torch
+
+from . import checkpoint as ckpt
+from . import distributed as D
+from . import windows as W
+from .commands import (Command, Pause, Resume, SetAccum, SetClip, SetLr, SetLrScaling, SetMicroBatch, Stop,
+                       command_from_json)
+from .config import ConfigError, TrainConfig
+from .events import (BatchNormSmallBatch, CheckpointSaved, ClipSaturation, CommandRefused, EpochEnd, Event,
+                     LrHint, NonFinite, OomRecovered, Paused, Resumed, RunFailed, RunFinished, RunStarted,
+                     ScalerSkip, SettingsApplied, StepMetrics, VramLow)
+from .oom import free_memory, is_oom
+from .store import RunStore
+from .task import Task, TaskError, check_loss_output, default_collate, load_task
+from .telemetry import MemoryProbe
+
+BN_SMALL_BATCH = 16
+CLIP_SATURATION_WINDOW = 50
+CLIP_SATURATION_FRACTION = 0.9
+
+
+class TrainingError(RuntimeError):
+    """The run failed after it started; the message is for the user."""
+
+
+class NonFiniteStop(TrainingError):
+    pass
+
+
+class OutOfMemoryStop(TrainingError):
+    pass
+
+
+@dataclass
+class Settings:
+    """What the user may change between epochs. Mutated only on the training thread."""
+    micro_batch: int
+    accum: int
+    lr: float
+    clip: float
+    lr_scaling: str
+
+    @property
+    def window_samples(self) -> int:  # per rank
+        return self.micro_batch * self.accum
+
+
+@dataclass
+class RunResult:
+    run_dir: str
+    steps: int
+    epochs_done: int
+    reason: str
+    final_loss: Optional[float]
+    nonfinite_steps: int = 0
+    scaler_skips: int = 0
+    losses: list[float] = field(default_factory=list)
+
+
+@dataclass
+class _WindowOutcome:
+    loss: float
+    count: float
+    norm: float
+    finite: bool
+    samples: int
+
+
+def resolve_device(name: str, ctx: D.DistContext = D.DistContext()) -> torch.device:
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cpu":
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise ConfigError(f"--device {name}: CUDA is not available on this machine (use --device cpu)")
+    dev = torch.device(name)
+    index = dev.index if dev.index is not None else (ctx.local_rank if ctx.enabled else 0)
+    if index >= torch.cuda.device_count():
+        raise ConfigError(f"--device {name}: only {torch.cuda.device_count()} CUDA device(s) present")
+    return torch.device("cuda", index)
+
+
+class Trainer:
+    def __init__(self, config: TrainConfig, task: Optional[Task] = None,
+                 sink: Optional[Callable[[Event], None]] = None,
+                 commands: Optional["queue.Queue[Command]"] = None,
+                 dist_ctx: Optional[D.DistContext] = None) -> None:
+        self.config = config.validate()
+        self.task = task
+        self.sink = sink
+        self.commands: "queue.Queue[Command]" = commands if commands is not None else queue.Queue()
+        self.ctx = dist_ctx if dist_ctx is not None else D.from_env()
+        self._stop = threading.Event()
+        self._pending: list[tuple[Command, Optional[int]]] = []  # (command, run.db row id)
+        self.store: Optional[RunStore] = None
+        self.step = 0
+        self.epoch = 1  # the epoch being trained (1-based)
+        self.window_in_epoch = 0
+        self.run_dir = ""
+        self.nonfinite_steps = 0
+        self.scaler_skips = 0
+        self._clipped_recent: deque[bool] = deque(maxlen=CLIP_SATURATION_WINDOW)
+        self._last_saturation_step = -CLIP_SATURATION_WINDOW
+        self._vram_low = False
+        self._loss_checked = False
+        self._last_command_poll = 0.0
+        self._stop_agreed = False  # under DDP: a stop every rank knows about (see _train_window)
+
+    # -- control from other threads -------------------------------------------------------
+    def send(self, command: Command) -> None:
+        """Thread-safe. Settings and pause apply at the next epoch boundary, stop at the next step."""
+        self.commands.put(command)
+        if isinstance(command, Stop):
+            self._stop.set()
+
+    def request_stop(self) -> None:
+        """Thread-safe and signal-safe: stop after the current micro-batch, with a checkpoint."""
+        self._stop.set()
+
+    # -- set-up ---------------------------------------------------------------------------
+    def prepare(self) -> None:
+        """Everything that can fail on bad input, before anything is written."""
+        cfg = self.config
+        self.device = resolve_device(cfg.device, self.ctx)
+        if cfg.vram_limit is not None and self.device.type != "cuda":
+            raise ConfigError("--vram-limit needs a CUDA device: it caps this process's share of GPU memory")
+        if cfg.precision == "bf16" and self.device.type == "cuda" and not torch.cuda.is_bf16_supported():
+            raise ConfigError("--precision bf16 is not supported on this GPU (use fp16 or fp32)")
+        if self.task is None:
+            self.task = load_task(cfg.task, cfg.seed)
+        if cfg.token_budget is not None and self.task.sample_length is None:
+            raise TaskError(f"task {self.task.name}: --token-budget needs the task's sample_length")
+        if cfg.micro_batch > len(self.task.train_data):
+            raise ConfigError(f"--micro-batch {cfg.micro_batch} is larger than the data set "
+                              f"({len(self.task.train_data)} samples)")
+        self.resume_state: Optional[dict[str, Any]] = None
+        if cfg.resume:
+            self.run_dir = cfg.resume
+            if not os.path.isfile(os.path.join(cfg.resume, "run.db")):
+                raise ConfigError(f"--resume {cfg.resume}: not a run folder (no run.db)")
+            path = ckpt.last_path(cfg.resume)
+            if os.path.exists(path):
+                self.resume_state = ckpt.load(path)
+        else:
+            self.run_dir = cfg.run_dir or default_run_dir(cfg.task)
+            check_writable_dir(self.run_dir)
+
+    def _setup(self) -> None:
+        cfg, task = self.config, self.task
+        assert task is not None
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+            if cfg.vram_limit is not None:
+                total = torch.cuda.get_device_properties(self.device).total_memory
+                torch.cuda.set_per_process_memory_fraction(min(1.0, cfg.vram_limit / total), self.device)
+        D.init(self.ctx, self.device)
+        self.model = task.model.to(self.device)
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.named_params = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
+        self.settings = Settings(cfg.micro_batch, cfg.accum, cfg.lr, cfg.clip, cfg.lr_scaling)
+        self.net: torch.nn.Module = self.model
+        if self.ctx.enabled:
+            from torch.nn.parallel import DistributedDataParallel as DDP
+            self.net = DDP(self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
+        make_opt = task.optimizer or _default_optimizer(cfg.optimizer, self.device)
+        self.optimizer = make_opt(self.params, cfg.lr)
+        self.collate = task.collate or default_collate
+        amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.precision)
+        self.autocast = ((lambda: torch.autocast(self.device.type, dtype=amp_dtype)) if amp_dtype
+                         else contextlib.nullcontext)
+        self.scaler = torch.amp.GradScaler(self.device.type) if cfg.precision == "fp16" else None
+        self.probe = MemoryProbe(self.device)
+        if self.ctx.is_main:
+            os.makedirs(os.path.join(self.run_dir, ckpt.CKPT_DIR), exist_ok=True)
+            self.store = RunStore(self.run_dir)
+        if self.resume_state is not None:
+            self._restore(self.resume_state)
+        elif cfg.resume and self.store is not None:
+            self.store.truncate_after(0)  # killed before its first checkpoint: start over
+        self._lengths: Optional[list[int]] = None
+        if cfg.token_budget is not None:
+            assert task.sample_length is not None
+            self._lengths = [int(task.sample_length(task.train_data[i])) for i in range(len(task.train_data))]
+
+    def _restore(self, state: dict[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.scaler is not None and state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])
+        self.step = int(state["step"])
+        self.epoch = int(state["epoch"])
+        self.window_in_epoch = int(state.get("window", 0))
+        s = state.get("settings") or {}
+        for k in ("micro_batch", "accum", "lr", "clip", "lr_scaling"):
+            if k in s:
+                setattr(self.settings, k, s[k])
+        self._set_lr(self.settings.lr)
+        rng = state.get("rng") or {}
+        if "torch" in rng:
+            torch.set_rng_state(rng["torch"])
+        if "cuda" in rng and self.device.type == "cuda":
+            torch.cuda.set_rng_state(rng["cuda"], self.device)
+        self.nonfinite_steps = int(state.get("nonfinite_steps", 0))
+        self.scaler_skips = int(state.get("scaler_skips", 0))
+        if self.store is not None:
+            self.store.truncate_after(self.step)
+
+    # -- the run --------------------------------------------------------------------------
+    def run(self) -> RunResult:
+        if not hasattr(self, "device"):
+            self.prepare()
+        self._setup()
+        losses: list[float] = []
+        reason = "completed"
+        try:
+            self._emit(RunStarted(self.step, self.epoch, run_dir=os.path.abspath(self.run_dir),
+                                  task=self.task.name, device=str(self.device), device_name=device_name(self.device),
+                                  torch_version=torch.__version__, world_size=self.ctx.world,
+                                  resumed=self.resume_state is not None, config=self.config.to_dict()))
+            if self.store is not None:
+                self.store.set_info(config=self.config.to_dict(), task=self.task.name, device=str(self.device),
+                                    device_name=device_name(self.device), world_size=self.ctx.world,
+                                    torch_version=torch.__version__, status="running", pid=os.getpid(),
+                                    started=time.time())
+                self.store.commit()
+            if self.config.find_micro_batch and self.resume_state is None:
+                self._find_micro_batch()
+            self._warn_batchnorm()
+            reason = self._train_epochs(losses)
+        except NonFiniteStop:
+            reason = "nonfinite"
+            self._save_checkpoint()
+        except BaseException as e:
+            msg = e.args[0] if isinstance(e, (TrainingError, ConfigError)) and e.args else f"{type(e).__name__}: {e}"
+            if isinstance(e, KeyboardInterrupt):
+                msg = "interrupted"
+            try:
+                if self.step > 0:
+                    self._save_checkpoint()
+            except Exception as save_error:  # the disk may be the problem: say so, keep the old checkpoint
+                msg += f" (checkpoint not written: {save_error})"
+            self._emit(RunFailed(self.step, self.epoch, error=msg), safe=True)
+            self._finish("failed", safe=True)
+            raise
+        self._emit(RunFinished(self.step, self.epoch, reason=reason))
+        self._finish("finished")
+        return RunResult(self.run_dir, self.step, self.epoch - 1, reason, losses[-1] if losses else None, self.nonfinite_steps, self.scaler_skips, losses)
+
+    def _finish(self, status: str, safe: bool = False) -> None:
+        try:
+            if self.store is not None:
+                self.store.set_info(status=status, finished=time.time(), step=self.step)
+                self.store.close()
+                self.store = None
+        except Exception:
+            if not safe:
+                raise
+        finally:
+            if hasattr(self, "probe"):
+                self.probe.close()
+            D.shutdown(self.ctx)
+
+    def _train_epochs(self, losses: list[float]) -> str:
+        cfg = self.config
+        data = self.task.train_data
+        while self.epoch <= cfg.epochs:
+            if self.window_in_epoch == 0:
+                self._epoch_boundary()
+            if self._stop.is_set():
+                self._save_checkpoint()
+                return "stopped"
+            epoch_start = time.perf_counter()
+            plan = W.plan_epoch(len(data), cfg.seed, self.epoch, self.settings.window_samples * self.ctx.world,
+                                cfg.token_budget, self._lengths.__getitem__ if self._lengths else None)
+            epoch_loss, epoch_count = 0.0, 0.0
+            for window in plan[self.window_in_epoch:]:
+                metrics = self._step(window)
+                if metrics is None:  # stopped mid-window: the partial window is dropped
+                    self._save_checkpoint()
+                    return "stopped"
+                if not metrics.nonfinite:
+                    losses.append(metrics.loss)
+                    epoch_loss += metrics.loss * metrics.tokens
+                    epoch_count += metrics.tokens
+                self.window_in_epoch += 1
+                if cfg.max_steps is not None and self.step >= cfg.max_steps:
+                    self._save_checkpoint()
+                    return "max_steps"
+                self._poll_commands()
+                if self._should_stop():
+                    self._save_checkpoint()
+                    return "stopped"
+            val = self._validate()
+            train_loss = epoch_loss / epoch_count if epoch_count else float("nan")
+            self._emit(EpochEnd(self.step, self.epoch, train_loss=train_loss, val_loss=val,
+                                seconds=time.perf_counter() - epoch_start))
+            self.epoch += 1
+            self.window_in_epoch = 0
+            self._save_checkpoint(epoch_done=self.epoch - 1)
+        return "completed"
+
+    def _should_stop(self) -> bool:
+        return self._stop_agreed if self.ctx.enabled else self._stop.is_set()
+
+    # -- one optimizer step -----------------------------------------------------------------
+    def _step(self, window: list[int]) -> Optional[StepMetrics]:
+        """Train one window; on out-of-memory, halve the micro-batch and redo it from its first sample."""
+        t0 = time.perf_counter()
+        share = W.rank_share(window, self.ctx.rank, self.ctx.world)
+        while True:
+            s = self.settings
+            oom = False
+            try:
+                out = self._train_window(W.micro_batches(share, s.micro_batch), len(window))
+                break
+            except _StopRequested:
+                self._drop_window_grads()
+                return None
+            except BaseException as e:
+                if not is_oom(e):
+                    raise
+                oom = True  # recover below, once the exception (and the frames it holds) is gone
+            assert oom
+            self._drop_window_grads()
+            free_memory(self.device)
+            if not self.config.oom_recovery:
+                raise OutOfMemoryStop(f"out of memory at micro-batch {s.micro_batch} "
+                                      "(--oom-recovery off); try a smaller --micro-batch")
+            if s.micro_batch == 1:
+                raise OutOfMemoryStop("out of memory even at micro-batch 1: the model does not fit on this device")
+            old = (s.micro_batch, s.accum)
+            s.micro_batch = max(1, s.micro_batch // 2)
+            s.accum = math.ceil(old[0] * old[1] / s.micro_batch)
+            self._emit(OomRecovered(self.step, self.epoch, old[0], old[1], s.micro_batch, s.accum))
+        return self._after_window(out, len(window), time.perf_counter() - t0)
+
+    def _train_window(self, micro: list[list[int]], window_samples: int) -> _WindowOutcome:
+        """Forward and backward every micro-batch of this rank's share, then normalise and clip.
+
+        Each micro-batch backpropagates loss_sum / (samples in the whole window), a host
+        number known to every rank; after the last one the gradients are multiplied
+        once by samples / count, so they equal the gradient of
+        (sum of the window's loss_sums) / (window's total count) for any mix of lengths
+        and a short last window. Nothing but the gradients and two device scalars
+        survives from one micro-batch to the next.
+        """
+        data, dev, world = self.task.train_data, self.device, self.ctx.world
+        host_scale = 1.0 / window_samples  # keeps gradients O(1) before the exact division (fp16-friendly)
+        totals = torch.zeros(3, device=dev, dtype=torch.float64)  # loss sum, count, stop flag
+        for i, idx in enumerate(micro):
+            if self._stop.is_set() and not self.ctx.enabled:
+                raise _StopRequested()
+            batch = to_device(self.collate([data[j] for j in idx]), dev)
+            # DDP: only the last micro-batch's backward all-reduces the gradients.
+            is_last = i == len(micro) - 1
+            sync_ctx = self.net.no_sync() if (self.ctx.enabled and not is_last) else contextlib.nullcontext()
+            with sync_ctx:
+                with self.autocast():
+                    out = self.task.loss(self.net, batch)
+                if not self._loss_checked:
+                    check_loss_output(self.task.name, out)
+                    self._loss_checked = True
+                loss_sum, count = out
+                scaled = loss_sum * host_scale
+                if self.scaler is not None:
+                    scaled = self.scaler.scale(scaled)
+                scaled.backward()
+            totals[0] += loss_sum.detach()
+            totals[1] += count
+            del batch, out, loss_sum, scaled  # this micro-batch's graph and activations go now
+        if world > 1:
+            # One small all-reduce: the window's loss sum and count over all ranks, and
+            # whether any rank was asked to stop, so every rank decides the same.
+            totals[2] = 1.0 if self._stop.is_set() else 0.0
+            D.all_reduce_sum(totals, self.ctx)
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)  # once per window, before the norm and the clip
+        grads = [p.grad for p in self.params if p.grad is not None]
+        # DDP averaged over ranks (/world) and every rank scaled by 1/window_samples:
+        # undo both and divide by the window's global count. One fused multiply per dtype.
+        _scale_grads(grads, (window_samples * world) / totals[1])
+        norm = torch.nn.utils.get_total_norm(grads, foreach=True) if grads else torch.zeros((), device=dev)
+        if self.settings.clip > 0:
+            torch.nn.utils.clip_grads_with_norm_(self.params, self.settings.clip, norm, foreach=True)
+        # The one CPU-GPU sync point of the step: loss, count and pre-clip norm to the host.
+        loss_v, count_v, stop_v, norm_v = torch.cat([totals, norm.detach().reshape(1).double()]).tolist()
+        if stop_v > 0:
+            self._stop_agreed = True
+        finite = math.isfinite(loss_v) and math.isfinite(norm_v) and count_v > 0
+        return _WindowOutcome(loss=loss_v / count_v if count_v else float("nan"), count=count_v, norm=norm_v,
+                              finite=finite, samples=window_samples)
+
+    def _after_window(self, out: _WindowOutcome, window_len: int, step_time: float) -> StepMetrics:
+        s = self.settings
+        clipped = s.clip > 0 and out.finite and out.norm > s.clip
+        nonfinite = scaler_skipped = False
+        if out.finite:
+            self.optimizer.step()
+            if self.scaler is not None:
+                self.scaler.update()
+        elif self.scaler is not None and math.isfinite(out.loss):
+            # fp16 overflow: the scaler's business, not a NaN in the model. Lower the scale, skip.
+            scaler_skipped = True
+            self.scaler.update()
+            self.scaler_skips += 1
+            self._emit(ScalerSkip(self.step + 1, self.epoch, scale=float(self.scaler.get_scale())))
+        else:
+            nonfinite = True
+            self.nonfinite_steps += 1
+            bad = [n for n, p in self.named_params if p.grad is not None and not bool(torch.isfinite(p.grad).all())]
+            if self.scaler is not None:
+                self.scaler.update(self.scaler.get_scale())  # a NaN loss is not an overflow: keep the scale
+            stop = self.config.nonfinite == "stop"
+            self._emit(NonFinite(self.step + 1, self.epoch, params=tuple(bad), loss_finite=math.isfinite(out.loss),
+                                 action="stopped" if stop else "skipped"))
+        # Skipped windows leave weights and optimizer state untouched: the gradients just go.
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        mem = self.probe.sample()  # host-side counters and one NVML query: no GPU sync
+        metrics = StepMetrics(
+            self.step, self.epoch, loss=out.loss, grad_norm=out.norm, clipped=clipped, lr=s.lr,
+            accum=math.ceil(window_len / max(1, self.ctx.world) / s.micro_batch), clip=s.clip,
+            micro_batch=s.micro_batch, samples=out.samples, tokens=int(out.count), step_time=step_time,
+            throughput=out.count / step_time if step_time > 0 else 0.0, nonfinite=nonfinite,
+            scaler_skipped=scaler_skipped, mem_allocated=mem.allocated, mem_reserved=mem.reserved,
+            mem_peak=mem.peak, mem_used=mem.used, mem_total=mem.total)
+        self._emit(metrics)
+        self._watch(metrics)
+        if nonfinite and self.config.nonfinite == "stop":
+            raise NonFiniteStop(f"non-finite loss or gradient at step {self.step}: stopped with the last good "
+                                "weights saved (--nonfinite stop)")
+        return metrics
+
+    def _drop_window_grads(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.scaler is not None:  # forget any inf checks recorded for the abandoned window
+            self.scaler._per_optimizer_states.clear()  # noqa: SLF001 - no public reset exists
+
+    def _watch(self, m: StepMetrics) -> None:
+        """Alerts that follow from the step's numbers."""
+        if m.clip > 0 and not m.nonfinite:
+            self._clipped_recent.append(m.clipped)
+            full = len(self._clipped_recent) == CLIP_SATURATION_WINDOW
+            if (full and self.step - self._last_saturation_step >= CLIP_SATURATION_WINDOW
+                    and sum(self._clipped_recent) >= CLIP_SATURATION_FRACTION * CLIP_SATURATION_WINDOW):
+                self._last_saturation_step = self.step
+                self._emit(ClipSaturation(self.step, self.epoch, fraction=sum(self._clipped_recent) /
+                                          CLIP_SATURATION_WINDOW, window=CLIP_SATURATION_WINDOW, clip=m.clip))
+        if m.mem_total and m.mem_used is not None:
+            headroom = (m.mem_total - m.mem_used) / m.mem_total
+            low = headroom < self.config.vram_low_fraction
+            if low and not self._vram_low:
+                self._emit(VramLow(self.step, self.epoch, used=m.mem_used, total=m.mem_total, headroom=headroom))
+            self._vram_low = low
+
+    # -- validation -----------------------------------------------------------------------
+    @torch.no_grad()
+    def _validate(self) -> Optional[float]:
+        val = self.task.val_data
+        if val is None or len(val) == 0:
+            return None
+        self.model.eval()
+        try:
+            size = max(1, self.settings.micro_batch)
+            shard = W.rank_share(list(range(len(val))), self.ctx.rank, self.ctx.world)
+            total = torch.zeros(2, device=self.device, dtype=torch.float64 if self.device.type == "cpu"
+                                else torch.float32)
+            for idx in W.micro_batches(shard, size):
+                batch = to_device(self.collate([val[j] for j in idx]), self.device)
+                with self.autocast():
+                    loss_sum, count = self.task.loss(self.model, batch)
+                total[0] += loss_sum.detach()
+                total[1] += count
+            D.all_reduce_sum(total, self.ctx)
+            loss, count = total.tolist()
+            return loss / count if count else None
+        finally:
+            self.model.train()
+
+    # -- commands at boundaries -----------------------------------------------------------------
+    def _poll_commands(self, force: bool = False) -> None:
+        """Take new commands off the queue (every step) and run.db (once a second). Stop acts now."""
+        while True:
+            try:
+                cmd = self.commands.get_nowait()
+            except queue.Empty:
+                break
+            self._pending.append((cmd, None))
+        now = time.monotonic()
+        if self.store is not None and (force or now - self._last_command_poll >= 1.0):
+            self._last_command_poll = now
+            for row_id, cmd, err in self.store.pending_commands():
+                if cmd is None:
+                    self.store.mark_command(row_id, "refused", self.step, err)
+                    self._emit(CommandRefused(self.step, self.epoch, command=f"row {row_id}", reason=err))
+                    continue
+                self.store.mark_command(row_id, "received", self.step)
+                self._pending.append((cmd, row_id))
+        if self.ctx.enabled and force:
+            self._share_commands()
+        if any(isinstance(c, Stop) for c, _ in self._pending):
+            self._stop.set()
+
+    def _share_commands(self) -> None:
+        """Rank 0's commands, broadcast as JSON, so every rank applies the same ones."""
+        rows = [(c.kind, c.to_json()) for c, _ in self._pending] if self.ctx.is_main else None
+        rows = D.broadcast_object(rows, self.ctx)
+        if not self.ctx.is_main:
+            self._pending = [(command_from_json(k, p), None) for k, p in rows]
+        stop = D.any_rank(self._stop.is_set(), self.ctx, self.device)
+        if stop:
+            self._stop.set()
+
+    def _epoch_boundary(self) -> None:
+        """Apply pending settings; wait here while paused."""
+        paused = False
+        while True:
+            self._poll_commands(force=True)
+            batch, self._pending = self._pending, []
+            for cmd, _ in batch:
+                if isinstance(cmd, Pause):
+                    paused = True
+                    self._emit(Paused(self.step, self.epoch - 1))
+                elif isinstance(cmd, Resume):
+                    if paused:
+                        self._emit(Resumed(self.step, self.epoch))
+                    paused = False
+            self._apply_settings([(c, r) for c, r in batch if not isinstance(c, (Pause, Resume, Stop))])
+            if not paused or self._stop.is_set():
+                return
+            time.sleep(0.05)
+
+    def _apply_settings(self, batch: list[tuple[Command, Optional[int]]]) -> None:
+        if not batch:
+            return
+        s = self.settings
+        before = dict(micro_batch=s.micro_batch, accum=s.accum, lr=s.lr, clip=s.clip, lr_scaling=s.lr_scaling)
+        explicit_lr = any(isinstance(c, SetLr) for c, _ in batch)
+        data_len = len(self.task.train_data)
+        for cmd, row_id in batch:
+            note = ""
+            if isinstance(cmd, SetAccum):
+                s.accum = cmd.steps
+            elif isinstance(cmd, SetMicroBatch):
+                if cmd.size > data_len:
+                    note = f"micro-batch {cmd.size} is larger than the data set ({data_len} samples)"
+                else:
+                    s.micro_batch = cmd.size
+            elif isinstance(cmd, SetClip):
+                s.clip = cmd.norm
+            elif isinstance(cmd, SetLr):
+                s.lr = cmd.lr
+            elif isinstance(cmd, SetLrScaling):
+                s.lr_scaling = cmd.rule
+            if note:
+                self._emit(CommandRefused(self.step, self.epoch, command=cmd.kind, reason=note))
+            if self.store is not None and row_id is not None:
+                self.store.mark_command(row_id, "refused" if note else "applied", self.step, note)
+        old_eff = before["micro_batch"] * before["accum"]
+        new_eff = s.micro_batch * s.accum
+        if new_eff != old_eff and not explicit_lr:
+            ratio = new_eff / old_eff
+            if s.lr_scaling == "linear":
+                s.lr = s.lr * ratio
+            elif s.lr_scaling == "sqrt":
+                s.lr = s.lr * math.sqrt(ratio)
+            else:
+                self._emit(LrHint(self.step, self.epoch, accum_old=before["accum"], accum_new=s.accum,
+                                  suggested_lr=s.lr * ratio))
+        self._set_lr(s.lr)
+        after = dict(micro_batch=s.micro_batch, accum=s.accum, lr=s.lr, clip=s.clip, lr_scaling=s.lr_scaling)
+        changes = tuple((k, before[k], after[k]) for k in before if before[k] != after[k])
+        if changes:
+            self._emit(SettingsApplied(self.step, self.epoch, changes=changes))
+            if "micro_batch" in {c[0] for c in changes}:
+                self._warn_batchnorm()
+        if self.store is not None:
+            self.store.commit()
+
+    def _set_lr(self, lr: float) -> None:
+        for g in self.optimizer.param_groups:
+            g["lr"] = lr
+
+    def _warn_batchnorm(self) -> None:
+        bn = (torch.nn.modules.batchnorm._BatchNorm,)
+        if self.settings.micro_batch < BN_SMALL_BATCH and any(isinstance(m, bn) and m.training
+                                                              for m in self.model.modules()):
+            self._emit(BatchNormSmallBatch(self.step, self.epoch, micro_batch=self.settings.micro_batch))
+
+    def _find_micro_batch(self) -> None:
+        from .finder import find_micro_batch
+        find_micro_batch(self)
+
+    # -- checkpoints ----------------------------------------------------------------------
+    def _save_checkpoint(self, epoch_done: Optional[int] = None) -> None:
+        if not self.ctx.is_main or self.step == 0:
+            return
+        assert self.store is not None
+        self.store.commit()  # metrics first: run.db never lags behind a checkpoint
+        state = {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scaler": self.scaler.state_dict() if self.scaler is not None else {},
+            "step": self.step,
+            "epoch": self.epoch,
+            "window": self.window_in_epoch,
+            "settings": dict(micro_batch=self.settings.micro_batch, accum=self.settings.accum,
+                             lr=self.settings.lr, clip=self.settings.clip, lr_scaling=self.settings.lr_scaling),
+            "rng": {"torch": torch.get_rng_state(),
+                    **({"cuda": torch.cuda.get_rng_state(self.device)} if self.device.type == "cuda" else {})},
+            "nonfinite_steps": self.nonfinite_steps,
+            "scaler_skips": self.scaler_skips,
+            "config": {k: v for k, v in self.config.to_dict().items()},
+        }
+        if epoch_done is not None:
+            path = ckpt.epoch_path(self.run_dir, epoch_done)
+            ckpt.save_atomic(state, path)
+        ckpt.save_atomic(state, ckpt.last_path(self.run_dir))
+        self._emit(CheckpointSaved(self.step, self.epoch, path=ckpt.last_path(self.run_dir)))
+
+    # -- events ---------------------------------------------------------------------------
+    def _emit(self, event: Event, safe: bool = False) -> None:
+        try:
+            if self.store is not None:
+                self.store.record(event)
+        except Exception:
+            if not safe:
+                raise
+        if self.sink is not None and self.ctx.is_main:
+            self.sink(event)
+
+
+class _StopRequested(Exception):
+    pass
+
+
+def _scale_grads(grads: list[torch.Tensor], factor: torch.Tensor) -> None:
+    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+    for g in grads:
+        by_dtype.setdefault(g.dtype, []).append(g)
+    for dtype, group in by_dtype.items():
+        torch._foreach_mul_(group, factor.to(dtype))
+
+
+def _default_optimizer(name: str, device: torch.device) -> Callable[[Any, float], torch.optim.Optimizer]:
+    if name == "sgd":
+        return lambda params, lr: torch.optim.SGD(params, lr=lr, momentum=0.9)
+    fused = device.type == "cuda"
+    return lambda params, lr: torch.optim.AdamW(params, lr=lr, fused=fused or None)
+
+
+def to_device(batch: Any, device: torch.device) -> Any:
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(to_device(b, device) for b in batch)
+    if isinstance(batch, dict):
+        return {k: to_device(v, device) for k, v in batch.items()}
+    return batch
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    import platform
+    return platform.processor() or platform.machine() or "CPU"
+
+
+def default_runs_root() -> str:
+    root = os.environ.get("HEADROOM_RUNS")
+    if root:
+        return root
+    base = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
+    return os.path.join(base, "headroom", "runs")
+
+
+def default_run_dir(task: str) -> str:
+    stem = os.path.splitext(os.path.basename(task.replace(":", "-")))[0] or "run"
+    base = os.path.join(default_runs_root(), time.strftime("%Y%m%d-%H%M%S") + f"-{stem}")
+    path, n = base, 1
+    while os.path.exists(path):
+        n += 1
+        path = f"{base}-{n}"
+    return path
+
+
+def check_writable_dir(path: str) -> None:
+    """Refuse a run folder we could not write. Creates the folder (the run is about to
+    start), and removes what it created if any part is not writable."""
+    if os.path.exists(path):
+        if not os.path.isdir(path):
+            raise ConfigError(f"--run-dir {path}: exists and is not a folder")
+        if os.path.exists(os.path.join(path, "run.db")):
+            raise ConfigError(f"--run-dir {path}: already holds a run (use --resume {path} to continue it)")
+    created = []
+    probe = os.path.join(path, ckpt.CKPT_DIR)
+    try:
+        missing, p = [], os.path.abspath(probe)
+        while not os.path.exists(p):
+            missing.append(p)
+            p = os.path.dirname(p)
+        for d in reversed(missing):
+            os.mkdir(d)
+            created.append(d)
+        fd, tmp = tempfile.mkstemp(prefix=".probe-", dir=probe)
+        os.close(fd)
+        os.unlink(tmp)
+    except OSError as e:
+        for d in reversed(created):
+            try:
+                os.rmdir(d)
+            except OSError:
+                pass
+        raise ConfigError(f"--run-dir {path}: not writable ({e.strerror or e})") from None
