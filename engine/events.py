@@ -196,6 +196,24 @@ class MicroBatchFound(Event):
 
 
 @dataclass(frozen=True)
+class MemoryForecast(Event):
+    """From the peaks measured so far: the largest micro-batch predicted to fit."""
+    micro_batch_max: int
+    accum_for_effective: int  # accumulation that keeps the current effective batch
+    effective_batch: int
+    capacity: int  # bytes this process may use (the --vram-limit cap, or total minus others)
+    fixed_bytes: int  # weights, gradients, optimizer state, workspace
+    per_sample_bytes: int  # activations per sample at this precision
+    precision: str
+    kind: ClassVar[str] = "memory_forecast"
+
+    def message(self) -> str:
+        return (f"fits: micro-batch up to {self.micro_batch_max} (x{self.accum_for_effective} for effective "
+                f"batch {self.effective_batch}); {self.per_sample_bytes / 2**20:.1f} MiB per sample in "
+                f"{self.precision}")
+
+
+@dataclass(frozen=True)
 class Paused(Event):
     kind: ClassVar[str] = "paused"
 

@@ -25,8 +25,9 @@ from .commands import (Command, Pause, Resume, SetAccum, SetClip, SetLr, SetLrSc
                        command_from_json)
 from .config import ConfigError, TrainConfig
 from .events import (BatchNormSmallBatch, CheckpointSaved, ClipSaturation, CommandRefused, EpochEnd, Event,
-                     LrHint, NonFinite, OomRecovered, Paused, Resumed, RunFailed, RunFinished, RunStarted,
+                     LrHint, MemoryForecast, NonFinite, OomRecovered, Paused, Resumed, RunFailed, RunFinished, RunStarted,
                      ScalerSkip, SettingsApplied, StepMetrics, VramLow)
+from .memory_model import MemoryModel
 from .oom import free_memory, is_oom
 from .store import RunStore
 from .task import Task, TaskError, check_loss_output, default_collate, load_task
@@ -122,6 +123,8 @@ class Trainer:
         self._vram_low = False
         self._loss_checked = False
         self._last_command_poll = 0.0
+        self.memory_model = MemoryModel()
+        self._forecast_key: Optional[tuple] = None
         self._stop_agreed = False  # under DDP: a stop every rank knows about (see _train_window)
 
     # -- control from other threads -------------------------------------------------------
@@ -325,6 +328,8 @@ class Trainer:
         """Train one window; on out-of-memory, halve the micro-batch and redo it from its first sample."""
         t0 = time.perf_counter()
         share = W.rank_share(window, self.ctx.rank, self.ctx.world)
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)  # so mem_peak is this window's peak
         while True:
             s = self.settings
             oom = False
@@ -444,6 +449,8 @@ class Trainer:
             mem_peak=mem.peak, mem_used=mem.used, mem_total=mem.total)
         self._emit(metrics)
         self._watch(metrics)
+        if mem.peak:
+            self._forecast(s.micro_batch, mem.peak, mem.used, mem.total, mem.reserved)
         if nonfinite and self.config.nonfinite == "stop":
             raise NonFiniteStop(f"non-finite loss or gradient at step {self.step}: stopped with the last good "
                                 "weights saved (--nonfinite stop)")
@@ -470,6 +477,29 @@ class Trainer:
             if low and not self._vram_low:
                 self._emit(VramLow(self.step, self.epoch, used=m.mem_used, total=m.mem_total, headroom=headroom))
             self._vram_low = low
+
+    def _forecast(self, micro: int, peak: int, used: Optional[int], total: Optional[int],
+                  reserved: Optional[int]) -> None:
+        """'What fits': refit when a new micro-batch size was measured, emit if the answer moved."""
+        known = micro in self.memory_model.points
+        self.memory_model.add(micro, peak)
+        if known and self._forecast_key is not None:
+            return
+        fit = self.memory_model.fit()
+        if fit is None or total is None:
+            return
+        others = max(0, (used or 0) - (reserved or 0))  # other processes and the CUDA context
+        capacity = int(min(self.config.vram_limit or total, total - others))
+        best = self.memory_model.largest_fitting(capacity, self.config.memory_margin) or 0
+        s = self.settings
+        eff = s.micro_batch * s.accum * self.ctx.world
+        accum = math.ceil(eff / max(1, best * self.ctx.world)) if best else 0
+        key = (best, accum)
+        if key != self._forecast_key:
+            self._forecast_key = key
+            self._emit(MemoryForecast(self.step, self.epoch, micro_batch_max=best, accum_for_effective=accum,
+                                      effective_batch=eff, capacity=capacity, fixed_bytes=int(fit[0]),
+                                      per_sample_bytes=int(fit[1]), precision=self.config.precision))
 
     # -- validation -----------------------------------------------------------------------
     @torch.no_grad()
