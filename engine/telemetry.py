@@ -85,3 +85,17 @@ class MemoryProbe:
                 pass
             self._nvml = None
             self._handle = None
+
+
+def nvml_status() -> str:
+    """'' if NVML answers here, else why not (no driver, no library, ...). Never raises."""
+    try:
+        import pynvml
+        pynvml.nvmlInit()
+        try:
+            pynvml.nvmlDeviceGetCount()
+        finally:
+            pynvml.nvmlShutdown()
+        return ""
+    except Exception as e:
+        return f"NVML unavailable: {e}"
