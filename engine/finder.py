@@ -83,6 +83,9 @@ def search(prober: Prober, upper: int, capacity: Optional[float], margin: float)
     if upper >= 2 and capacity is not None and prober(2):
         lo = 2
         guess = prober.model.largest_fitting(capacity, margin)
+        if guess is not None and margin > 0:
+            upper = max(1, min(upper, guess))  # the margin caps the search itself
+            lo = min(lo, upper)
         if guess is not None:
             guess = max(lo + 1, min(upper, guess))
             if guess > lo and prober(guess):
@@ -127,12 +130,6 @@ def find_micro_batch(trainer: "Trainer") -> None:
     prober = Prober(t)
     try:
         best = search(prober, upper, _capacity(t), cfg.memory_margin)
-        if t.device.type == "cuda" and cfg.memory_margin > 0 and prober.model.fit() is not None:
-            cap = _capacity(t)
-            assert cap is not None
-            allowed = prober.model.largest_fitting(cap, cfg.memory_margin)
-            if allowed is not None:
-                best = max(1, min(best, allowed))
     finally:
         t.model.load_state_dict(model_state)
         t.optimizer.load_state_dict(opt_state)
