@@ -164,7 +164,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"error: non-finite loss or gradient at step {result.steps}; stopped with the last good weights "
               f"in {result.run_dir}", file=sys.stderr)
         return EXIT_FAILED
-    if not ns.json:
+    if not ns.json and trainer.ctx.is_main:
         print(f"run {result.reason}: {result.steps} steps, final loss "
               f"{result.final_loss if result.final_loss is not None else float('nan'):.4f}, folder {result.run_dir}",
               file=sys.stderr)

@@ -54,6 +54,12 @@ def all_reduce_sum(t: torch.Tensor, ctx: DistContext) -> torch.Tensor:
     return t
 
 
+def all_reduce_max(t: torch.Tensor, ctx: DistContext) -> torch.Tensor:
+    if ctx.enabled:
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t
+
+
 def any_rank(flag: bool, ctx: DistContext, device: torch.device) -> bool:
     """True on every rank if `flag` is true on any rank (a one-number all-reduce)."""
     if not ctx.enabled:

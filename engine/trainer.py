@@ -164,7 +164,8 @@ class Trainer:
                 self.resume_state = ckpt.load(path)
         else:
             self.run_dir = cfg.run_dir or default_run_dir(cfg.task)
-            check_writable_dir(self.run_dir)
+            if self.ctx.is_main:  # rank 0 alone writes the run folder
+                check_writable_dir(self.run_dir)
 
     def _setup(self) -> None:
         cfg, task = self.config, self.task
@@ -369,7 +370,7 @@ class Trainer:
         """
         data, dev, world = self.task.train_data, self.device, self.ctx.world
         host_scale = 1.0 / window_samples  # keeps gradients O(1) before the exact division (fp16-friendly)
-        totals = torch.zeros(3, device=dev, dtype=torch.float64)  # loss sum, count, stop flag
+        totals = torch.zeros(2, device=dev, dtype=torch.float64)  # the window's loss sum and count
         for i, idx in enumerate(micro):
             if self._stop.is_set() and not self.ctx.enabled:
                 raise _StopRequested()
@@ -391,11 +392,15 @@ class Trainer:
             totals[0] += loss_sum.detach()
             totals[1] += count
             del batch, out, loss_sum, scaled  # this micro-batch's graph and activations go now
+        agree = None
         if world > 1:
-            # One small all-reduce: the window's loss sum and count over all ranks, and
-            # whether any rank was asked to stop, so every rank decides the same.
-            totals[2] = 1.0 if self._stop.is_set() else 0.0
+            # Two tiny all-reduces, read at the one sync below: the window's loss sum and
+            # count over all ranks, and (max) whether any rank was asked to stop and the
+            # smallest micro-batch any rank fell back to after an out-of-memory error.
             D.all_reduce_sum(totals, self.ctx)
+            agree = torch.tensor([1.0 if self._stop.is_set() else 0.0, -float(self.settings.micro_batch)],
+                                 device=dev, dtype=torch.float64)
+            D.all_reduce_max(agree, self.ctx)
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)  # once per window, before the norm and the clip
         grads = [p.grad for p in self.params if p.grad is not None]
@@ -404,14 +409,29 @@ class Trainer:
         _scale_grads(grads, (window_samples * world) / totals[1])
         norm = torch.nn.utils.get_total_norm(grads, foreach=True) if grads else torch.zeros((), device=dev)
         if self.settings.clip > 0:
-            torch.nn.utils.clip_grads_with_norm_(self.params, self.settings.clip, norm, foreach=True)
+            # A NaN norm would smear NaN over every gradient before the non-finite check names the
+            # bad ones; such a window is skipped anyway, so clip by a stand-in (no sync needed).
+            torch.nn.utils.clip_grads_with_norm_(self.params, self.settings.clip, torch.nan_to_num(norm, nan=0.0),
+                                                 foreach=True)
         # The one CPU-GPU sync point of the step: loss, count and pre-clip norm to the host.
-        loss_v, count_v, stop_v, norm_v = torch.cat([totals, norm.detach().reshape(1).double()]).tolist()
-        if stop_v > 0:
-            self._stop_agreed = True
+        host = torch.cat([totals, norm.detach().reshape(1).double()] + ([agree] if agree is not None else []))
+        loss_v, count_v, norm_v, *agreed = host.tolist()
+        if agreed:
+            self._agree(stop=agreed[0] > 0, micro_batch=int(-agreed[1]), window_samples=window_samples)
         finite = math.isfinite(loss_v) and math.isfinite(norm_v) and count_v > 0
         return _WindowOutcome(loss=loss_v / count_v if count_v else float("nan"), count=count_v, norm=norm_v,
                               finite=finite, samples=window_samples)
+
+    def _agree(self, stop: bool, micro_batch: int, window_samples: int) -> None:
+        """DDP: every rank takes the same stop decision and the same (smallest) micro-batch."""
+        if stop:
+            self._stop_agreed = True
+        s = self.settings
+        if micro_batch < s.micro_batch:  # another rank ran out of memory and fell back
+            old = (s.micro_batch, s.accum)
+            s.micro_batch = micro_batch
+            s.accum = math.ceil(old[0] * old[1] / micro_batch)
+            self._emit(OomRecovered(self.step, self.epoch, old[0], old[1], s.micro_batch, s.accum))
 
     def _after_window(self, out: _WindowOutcome, window_len: int, step_time: float) -> StepMetrics:
         s = self.settings
