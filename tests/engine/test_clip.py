@@ -1,0 +1,59 @@
+"""Clipping: the reported grad_norm is the norm before clipping; the update uses the clipped
+gradient, whose norm is the clip value; clip 0 is off."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine import windows as W
+from engine.store import RunReader
+
+from engine_helpers import (RecordingSGD, flat, make_task, params_of, rel_err, run_trainer, token_collate,
+                            token_loss_sum)
+
+N, MICRO, ACCUM = 12, 3, 4  # one window of 12 samples = one step per epoch
+
+
+def window_gradient():
+    """The true gradient of the first window, by hand."""
+    task = make_task(N)
+    window = W.epoch_order(N, 0, 1)[: MICRO * ACCUM]
+    loss_sum, count = token_loss_sum(task.model, token_collate([task.train_data[i] for i in window]))
+    (loss_sum / count).backward()
+    return flat([p.grad for p in task.model.parameters()])
+
+
+@pytest.mark.parametrize("how", ["below", "above", "off"])
+def test_reported_norm_is_pre_clip_and_update_is_clipped(tmp_path, how):
+    g = window_gradient()
+    norm = float(g.norm())
+    assert norm > 0.05
+    clip = {"below": norm / 4, "above": norm * 4, "off": 0.0}[how]
+    task = make_task(N, optimizer=RecordingSGD)
+    w0 = flat(params_of(task.model))
+    run = run_trainer(task, tmp_path / "run", micro_batch=MICRO, accum=ACCUM, lr=1.0, clip=clip, max_steps=1)
+    (m,) = run.steps
+    assert m.grad_norm == pytest.approx(norm, rel=1e-10)  # before clipping, whatever the clip
+    assert m.clip == clip
+    applied = flat(run.trainer.optimizer.grads[0])
+    w1 = flat(params_of(run.trainer.model))
+    assert rel_err(w0 - w1, applied) < 1e-12  # SGD lr 1: the update is the applied gradient
+    if how == "below":
+        assert m.clipped is True
+        assert float(applied.norm()) == pytest.approx(clip, rel=1e-5)  # torch's clip adds eps 1e-6
+        assert rel_err(applied, g * (clip / norm)) < 1e-5  # same direction, scaled down
+    else:
+        assert m.clipped is False
+        assert rel_err(applied, g) < 1e-10  # untouched
+    row = RunReader(run.run_dir).metrics()[0]
+    assert row["grad_norm"] == pytest.approx(norm, rel=1e-10)
+    assert row["clipped"] == (how == "below") and row["clip"] == clip
+
+
+def test_clip_saturation_event(tmp_path):
+    """A clip far below every step's norm: one clip_saturation event after 50 clipped steps."""
+    run = run_trainer(make_task(60), tmp_path / "run", micro_batch=1, accum=1, lr=0.01, clip=1e-6)
+    assert all(m.clipped for m in run.steps) and len(run.steps) == 60
+    (ev,) = run.of("clip_saturation")
+    assert ev.step == 50 and ev.fraction == 1.0 and ev.clip == 1e-6
+    assert [e["step"] for e in RunReader(run.run_dir).events(kinds=["clip_saturation"])] == [50]
