@@ -222,6 +222,7 @@ def assert_same_tree(a: Any, b: Any, path: str = "") -> None:
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.detach(), b.detach()
     return float((a - b).norm() / b.norm())
 
 
