@@ -115,6 +115,7 @@ class Trainer:
         self.step = 0
         self.epoch = 1  # the epoch being trained (1-based)
         self.window_in_epoch = 0
+        self._epoch_sums = (0.0, 0.0)  # this epoch's sum of loss x count and count so far (for resume)
         self.run_dir = ""
         self.nonfinite_steps = 0
         self.scaler_skips = 0
@@ -212,6 +213,7 @@ class Trainer:
         self.step = int(state["step"])
         self.epoch = int(state["epoch"])
         self.window_in_epoch = int(state.get("window", 0))
+        self._epoch_sums = tuple(state.get("epoch_sums", (0.0, 0.0)))
         s = state.get("settings") or {}
         for k in ("micro_batch", "accum", "lr", "clip", "lr_scaling"):
             if k in s:
@@ -294,7 +296,8 @@ class Trainer:
             epoch_start = time.perf_counter()
             plan = W.plan_epoch(len(data), cfg.seed, self.epoch, self.settings.window_samples * self.ctx.world,
                                 cfg.token_budget, self._lengths.__getitem__ if self._lengths else None)
-            epoch_loss, epoch_count = 0.0, 0.0
+            # A run resumed mid-epoch continues the epoch's train loss where the checkpoint left it.
+            epoch_loss, epoch_count = self._epoch_sums if self.window_in_epoch else (0.0, 0.0)
             for window in plan[self.window_in_epoch:]:
                 metrics = self._step(window)
                 if metrics is None:  # stopped mid-window: the partial window is dropped
@@ -305,6 +308,7 @@ class Trainer:
                     epoch_loss += metrics.loss * metrics.tokens
                     epoch_count += metrics.tokens
                 self.window_in_epoch += 1
+                self._epoch_sums = (epoch_loss, epoch_count)
                 if cfg.max_steps is not None and self.step >= cfg.max_steps:
                     self._save_checkpoint()
                     return "max_steps"
@@ -672,6 +676,7 @@ class Trainer:
             "step": self.step,
             "epoch": self.epoch,
             "window": self.window_in_epoch,
+            "epoch_sums": list(self._epoch_sums),
             "settings": dict(micro_batch=self.settings.micro_batch, accum=self.settings.accum,
                              lr=self.settings.lr, clip=self.settings.clip, lr_scaling=self.settings.lr_scaling),
             "rng": {"torch": torch.get_rng_state(),
