@@ -233,10 +233,10 @@ class Trainer:
     def run(self) -> RunResult:
         if not hasattr(self, "device"):
             self.prepare()
-        self._setup()
         losses: list[float] = []
         reason = "completed"
         try:
+            self._setup()
             self._emit(RunStarted(self.step, self.epoch, run_dir=os.path.abspath(self.run_dir),
                                   task=self.task.name, device=str(self.device), device_name=device_name(self.device),
                                   torch_version=torch.__version__, world_size=self.ctx.world,
@@ -256,6 +256,9 @@ class Trainer:
             self._save_checkpoint()
         except BaseException as e:
             msg = e.args[0] if isinstance(e, (TrainingError, ConfigError)) and e.args else f"{type(e).__name__}: {e}"
+            if self.ctx.enabled and isinstance(e, RuntimeError) and _is_peer_failure(e):
+                first = str(e).strip().splitlines()[0][:200]
+                msg = f"another rank of this {self.ctx.world}-process job died or stopped answering ({first})"
             if isinstance(e, KeyboardInterrupt):
                 msg = "interrupted"
             try:
@@ -375,6 +378,10 @@ class Trainer:
         data, dev, world = self.task.train_data, self.device, self.ctx.world
         host_scale = 1.0 / window_samples  # keeps gradients O(1) before the exact division (fp16-friendly)
         totals = torch.zeros(2, device=dev, dtype=torch.float64)  # the window's loss sum and count
+        # Hot path: add_ into views of totals (one op, not the three of `totals[i] += x`), and
+        # add int counts up on the host, exactly, flushed before any tensor count and after the loop.
+        loss_acc, count_acc = totals[0], totals[1]
+        host_count = 0
         for i, idx in enumerate(micro):
             if self._stop.is_set() and not self.ctx.enabled:
                 raise _StopRequested()
@@ -393,9 +400,17 @@ class Trainer:
                 if self.scaler is not None:
                     scaled = self.scaler.scale(scaled)
                 scaled.backward()
-            totals[0] += loss_sum.detach()
-            totals[1] += count
+            loss_acc.add_(loss_sum.detach())
+            if isinstance(count, int):
+                host_count += count
+            else:
+                if host_count:
+                    count_acc.add_(host_count)
+                    host_count = 0
+                count_acc.add_(count)
             del batch, out, loss_sum, scaled  # this micro-batch's graph and activations go now
+        if host_count:
+            count_acc.add_(host_count)
         agree = None
         if world > 1:
             # Two tiny all-reduces, read at the one sync below: the window's loss sum and
@@ -705,6 +720,12 @@ class Trainer:
 
 class _StopRequested(Exception):
     pass
+
+
+def _is_peer_failure(e: BaseException) -> bool:
+    text = str(e).lower()
+    return any(k in text for k in ("connection closed by peer", "connection reset", "broken pipe", "nccl",
+                                   "timed out", "socket", "gloo"))
 
 
 def _scale_grads(grads: list[torch.Tensor], factor: torch.Tensor) -> None:

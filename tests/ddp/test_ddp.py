@@ -1,0 +1,167 @@
+"""torchrun + DistributedDataParallel on CPU (gloo), two processes.
+
+The launcher is PyTorch's own (`python -m torch.distributed.run`); the worker
+(tests/ddp/worker.py) drives the real engine and records what each rank saw.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from engine.commands import SetLr
+from engine.config import TrainConfig
+from engine.store import RunReader, send_command
+from engine.trainer import Trainer
+from tests.ddp import varlen_task
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+
+
+def env(**extra: str) -> dict[str, str]:
+    e = {k: v for k, v in os.environ.items() if not k.startswith("HEADROOM_TEST_")}
+    e.update(extra)
+    e["PYTHONPATH"] = ROOT
+    e["OMP_NUM_THREADS"] = "1"
+    return e
+
+
+def torchrun_worker(out, timeout=180, extra_env=None, **opts):
+    args = TORCHRUN + [os.path.join(ROOT, "tests", "ddp", "worker.py"), str(out)] + [f"{k}={v}" for k, v in opts.items()]
+    r = subprocess.run(args, cwd=ROOT, env=env(**(extra_env or {})), capture_output=True, text=True, timeout=timeout)
+    assert r.returncode == 0, r.stderr[-3000:]
+    logs = [json.load(open(out / f"log-{rank}.json")) for rank in (0, 1)]
+    weights = [torch.load(out / f"weights-{rank}.pt", weights_only=True) for rank in (0, 1)]
+    return logs, weights
+
+
+def single_process(tmp_path, micro=8, accum=1, epochs=1):
+    cfg = TrainConfig(task="varlen", micro_batch=micro, accum=accum, epochs=epochs, lr=0.05, clip=0.0, device="cpu",
+                      seed=3, run_dir=str(tmp_path / f"single-{micro}x{accum}"))
+    t = Trainer(cfg, task=varlen_task.build_task(cfg.seed))
+    t.run()
+    return {k: v.detach() for k, v in t.model.state_dict().items()}
+
+
+def max_diff(a, b):
+    return max(float((a[k] - b[k]).abs().max()) for k in a)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    return single_process(tmp_path_factory.mktemp("ref"))
+
+
+def test_two_ranks_2x2_equal_one_process_8x1_and_one_allreduce_per_step(tmp_path, reference):
+    logs, weights = torchrun_worker(tmp_path, count_hook=1)
+    assert max_diff(weights[0], weights[1]) == 0.0  # ranks hold identical weights
+    assert max_diff(weights[0], reference) < 1e-6
+    for log in logs:
+        assert [e["step"] for e in log] == list(range(1, 9))
+        assert [e["allreduces"] for e in log] == [e["step"] for e in log]  # exactly one gradient all-reduce per step
+    # The samples are variable-length: the update really depends on the global count.
+    rows = RunReader(str(tmp_path / "run")).metrics()
+    assert len({r["tokens"] for r in rows}) > 1
+
+
+def test_negative_control_without_global_count_differs(tmp_path, reference):
+    _, weights = torchrun_worker(tmp_path, local_count=1)
+    assert max_diff(weights[0], reference) > 1e-4
+
+
+def test_nan_on_one_rank_skips_the_step_on_both(tmp_path, reference):
+    logs, weights = torchrun_worker(tmp_path, extra_env={"HEADROOM_TEST_NAN_AT": "1:3"})
+    for log in logs:
+        by_step = {e["step"]: e for e in log}
+        assert by_step[3]["nonfinite"] and not by_step[2]["nonfinite"] and not by_step[4]["nonfinite"]
+        assert by_step[3]["wsum"] == by_step[2]["wsum"]  # nothing moved on either rank
+    assert max_diff(weights[0], weights[1]) == 0.0
+    events = RunReader(str(tmp_path / "run")).events(kinds={"nonfinite"})
+    assert [e["step"] for e in events] == [3]
+
+
+def test_oom_on_one_rank_is_recovered_on_both(tmp_path, reference):
+    # Rank 1's third loss call is the first micro-batch of window 2.
+    logs, weights = torchrun_worker(tmp_path, timeout=120, extra_env={"HEADROOM_TEST_OOM_AT": "1:3"})
+    for log in logs:
+        assert log[0]["micro"] == 2 and all(e["micro"] == 1 and e["accum"] == 4 for e in log[1:])
+    assert max_diff(weights[0], weights[1]) == 0.0
+    assert max_diff(weights[0], reference) < 1e-6  # the redone window is exact
+    events = RunReader(str(tmp_path / "run")).events(kinds={"oom_recovered"})
+    assert len(events) == 1 and events[0]["data"]["new_micro_batch"] == 1
+
+
+def test_command_in_run_db_applies_on_both_ranks_at_the_same_boundary(tmp_path):
+    out = tmp_path
+    args = TORCHRUN + [os.path.join(ROOT, "tests", "ddp", "worker.py"), str(out), "epochs=4"]
+    proc = subprocess.Popen(args, cwd=ROOT, env=env(HEADROOM_TEST_SLOW="0.03"), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        db = out / "run" / "run.db"
+        deadline = time.time() + 90
+        while time.time() < deadline:
+            if db.exists():
+                try:
+                    if RunReader(str(out / "run")).metrics():
+                        break
+                except Exception:
+                    pass
+            time.sleep(0.1)
+        else:
+            pytest.fail("the run never logged a step")
+        send_command(str(out / "run"), SetLr(0.01))
+        _, err = proc.communicate(timeout=180)
+        assert proc.returncode == 0, err[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    logs = [json.load(open(out / f"log-{rank}.json")) for rank in (0, 1)]
+    changed = [next(e["step"] for e in log if e["lr"] == 0.01) for log in logs]
+    assert changed[0] == changed[1]
+    assert (changed[0] - 1) % 8 == 0 and changed[0] > 1  # the first step of an epoch (8 steps per epoch)
+    applied = RunReader(str(out / "run")).events(kinds={"settings_applied"})
+    assert len(applied) == 1 and applied[0]["step"] == changed[0] - 1
+    assert RunReader(str(out / "run")).commands()[0]["status"] == "applied"
+
+
+def test_killing_one_rank_ends_the_run_with_run_failed(tmp_path):
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    run_dir = tmp_path / "run"
+    args = TORCHRUN + ["-m", "engine", "--task", "tests/ddp/varlen_task.py", "--epochs", "1000", "--micro-batch", "2",
+                       "--accum", "2", "--device", "cpu", "--run-dir", str(run_dir)]
+    proc = subprocess.Popen(args, cwd=ROOT, env=env(HEADROOM_TEST_SLOW="0.02", HEADROOM_TEST_PIDS=str(pids)),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 90
+        while time.time() < deadline:
+            try:
+                if len(RunReader(str(run_dir)).metrics()) >= 10:
+                    break
+            except Exception:
+                pass
+            time.sleep(0.2)
+        else:
+            pytest.fail("the run never got going")
+        os.kill(int((pids / "rank-1.pid").read_text()), signal.SIGKILL)
+        t0 = time.time()
+        _, err = proc.communicate(timeout=60)
+        assert time.time() - t0 < 60
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0
+    assert "error: " in err and "another rank" in err
+    db = sqlite3.connect(str(run_dir / "run.db"))
+    assert db.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+    kinds = [k for (k,) in db.execute("SELECT kind FROM events ORDER BY id")]
+    assert "run_failed" in kinds
+    assert (run_dir / "checkpoints" / "last.pt").exists()

@@ -1,0 +1,85 @@
+"""A small float32 language-model-like task with variable-length samples, for DDP tests.
+
+Behaviour switches come from environment variables so the same file serves every case:
+  HEADROOM_TEST_NAN_AT=R:S   rank R returns a NaN loss on its share of window S (1-based)
+  HEADROOM_TEST_OOM_AT=R:C   rank R raises out-of-memory on its C-th loss call if the micro-batch > 1
+  HEADROOM_TEST_SLOW=SEC     sleep SEC in every loss call (to give a test time to act)
+  HEADROOM_TEST_PIDS=DIR     write DIR/rank-R.pid
+"""
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+import torch.nn.functional as F
+
+from engine import Task
+
+VOCAB, IGNORE = 32, -100
+
+
+class TinyLM(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = torch.nn.Embedding(VOCAB, 16)
+        self.mix = torch.nn.Linear(16, 16)
+        self.head = torch.nn.Linear(16, VOCAB)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.emb(x)
+        h = h + torch.tanh(self.mix(torch.cumsum(h, dim=1) / torch.arange(1, x.shape[1] + 1).view(1, -1, 1)))
+        return self.head(h)
+
+
+def make_samples(n: int = 64) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(7)
+    lengths = torch.randint(3, 40, (n,), generator=g)
+    return [torch.randint(0, VOCAB, (int(k),), generator=g) for k in lengths]
+
+
+def collate(samples):
+    T = max(len(s) for s in samples) - 1
+    x = torch.zeros(len(samples), T, dtype=torch.long)
+    y = torch.full((len(samples), T), IGNORE, dtype=torch.long)
+    for i, s in enumerate(samples):
+        x[i, :len(s) - 1] = s[:-1]
+        y[i, :len(s) - 1] = s[1:]
+    return x, y
+
+
+def build_task(seed: int) -> Task:
+    rank = int(os.environ.get("RANK", "0"))
+    pids = os.environ.get("HEADROOM_TEST_PIDS")
+    if pids:
+        with open(os.path.join(pids, f"rank-{rank}.pid"), "w") as f:
+            f.write(str(os.getpid()))
+    nan_at = os.environ.get("HEADROOM_TEST_NAN_AT")
+    oom_at = os.environ.get("HEADROOM_TEST_OOM_AT")
+    slow = float(os.environ.get("HEADROOM_TEST_SLOW", "0"))
+    calls = {"n": 0}
+
+    def loss(model, batch):
+        x, y = batch
+        calls["n"] += 1
+        if slow:
+            time.sleep(slow)
+        if oom_at:
+            r, c = map(int, oom_at.split(":"))
+            if r == rank and calls["n"] == c and len(x) > 1:
+                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.00 GiB (injected)")
+        logits = model(x)
+        s = F.cross_entropy(logits.reshape(-1, VOCAB), y.reshape(-1), ignore_index=IGNORE, reduction="sum")
+        if nan_at and model.training:
+            r, step = map(int, nan_at.split(":"))
+            if r == rank and _window[0] == step:
+                s = s * float("nan")
+        return s, (y != IGNORE).sum()
+
+    torch.manual_seed(seed)
+    return Task(model=TinyLM(), train_data=make_samples(), loss=loss, collate=collate,
+                optimizer=lambda p, lr: torch.optim.SGD(p, lr=lr),
+                sample_length=lambda s: len(s) - 1, name="varlen")
+
+
+_window = [0]  # set by the worker: the window (optimizer step, 1-based) being trained

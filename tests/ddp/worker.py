@@ -1,0 +1,73 @@
+"""Run by the DDP tests under torchrun: trains tests/ddp/varlen_task.py with the engine and
+writes what each rank saw to OUT_DIR (weights, steps, all-reduce counts).
+
+usage: python -m torch.distributed.run --nproc-per-node 2 tests/ddp/worker.py OUT_DIR [key=value ...]
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from torch.nn.parallel import DistributedDataParallel  # noqa: E402
+
+import engine.distributed as D  # noqa: E402
+from engine.config import TrainConfig  # noqa: E402
+from engine.trainer import Trainer  # noqa: E402
+from tests.ddp import varlen_task  # noqa: E402
+
+
+def main() -> None:
+    out = sys.argv[1]
+    opts = dict(a.split("=", 1) for a in sys.argv[2:])
+    rank = int(os.environ["RANK"])
+    allreduces = {"n": 0}
+    if opts.get("count_hook") == "1":
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+        original_init = DistributedDataParallel.__init__
+
+        def counting_hook(state, bucket):
+            allreduces["n"] += 1
+            return allreduce_hook(state, bucket)
+
+        def init(self, *a, **k):
+            original_init(self, *a, **k)
+            self.register_comm_hook(None, counting_hook)
+
+        DistributedDataParallel.__init__ = init
+    if opts.get("local_count") == "1":
+        # Negative control: normalise by each rank's own count, not the all-reduced one.
+        D.all_reduce_sum = lambda t, ctx: t
+    cfg = TrainConfig(task="tests/ddp/varlen_task.py", micro_batch=int(opts.get("micro", 2)),
+                      accum=int(opts.get("accum", 2)), epochs=int(opts.get("epochs", 1)), lr=0.05, clip=0.0,
+                      run_dir=os.path.join(out, "run"), device="cpu", seed=3)
+    trainer = Trainer(cfg, task=varlen_task.build_task(cfg.seed))
+    signal.signal(signal.SIGTERM, lambda *_: trainer.request_stop())
+    log = []
+    original_step = trainer._step
+
+    def step(window):
+        varlen_task._window[0] = trainer.step + 1
+        m = original_step(window)
+        log.append(dict(step=trainer.step, epoch=trainer.epoch, micro=trainer.settings.micro_batch,
+                        accum=trainer.settings.accum, lr=trainer.settings.lr, allreduces=allreduces["n"],
+                        nonfinite=bool(m.nonfinite) if m is not None else None,
+                        wsum=float(sum(p.detach().double().sum() for p in trainer.model.parameters()))))
+        return m
+
+    trainer._step = step
+    trainer.run()
+    torch.save({k: v.detach().clone() for k, v in trainer.model.state_dict().items()},
+               os.path.join(out, f"weights-{rank}.pt"))
+    with open(os.path.join(out, f"log-{rank}.json"), "w") as f:
+        json.dump(log, f)
+    assert not dist.is_initialized()
+
+
+if __name__ == "__main__":
+    main()
