@@ -103,8 +103,11 @@ class RunStore:
             self._metrics.clear()
 
     def commit(self) -> None:
-        self._flush_metrics()
-        self._db.commit()
+        try:
+            self._flush_metrics()
+            self._db.commit()
+        except sqlite3.Error as e:
+            raise StoreError(f"could not write {self.path}: {e}") from None
         self._last_commit = time.monotonic()
 
     def truncate_after(self, step: int) -> None:

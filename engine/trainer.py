@@ -155,6 +155,17 @@ class Trainer:
         if cfg.micro_batch > len(self.task.train_data):
             raise ConfigError(f"--micro-batch {cfg.micro_batch} is larger than the data set "
                               f"({len(self.task.train_data)} samples)")
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+            if cfg.vram_limit is not None:  # before the first allocation
+                total = torch.cuda.get_device_properties(self.device).total_memory
+                torch.cuda.set_per_process_memory_fraction(min(1.0, cfg.vram_limit / total), self.device)
+        self.model = self.task.model.to(self.device)
+        self.collate = self.task.collate or default_collate
+        amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.precision)
+        self.autocast = ((lambda: torch.autocast(self.device.type, dtype=amp_dtype)) if amp_dtype
+                         else contextlib.nullcontext)
+        self._check_loss()
         self.resume_state: Optional[dict[str, Any]] = None
         if cfg.resume:
             self.run_dir = cfg.resume
@@ -168,16 +179,35 @@ class Trainer:
             if self.ctx.is_main:  # rank 0 alone writes the run folder
                 check_writable_dir(self.run_dir)
 
+    @torch.no_grad()
+    def _check_loss(self) -> None:
+        """One forward of the loss on two samples: a malformed task is bad input, found
+        before the run folder exists, not a failure halfway through the first window."""
+        task = self.task
+        data = task.train_data
+        name = task.name
+        try:
+            batch = to_device(self.collate([data[i] for i in range(min(2, len(data)))]), self.device)
+        except Exception as e:
+            raise TaskError(f"task {name}: building a first batch failed: {type(e).__name__}: {e}") from None
+        was_training = self.model.training
+        self.model.eval()  # no BatchNorm statistics or dropout draws spent on a check
+        try:
+            with self.autocast():
+                out = task.loss(self.model, batch)
+        except Exception as e:
+            if is_oom(e):
+                return  # the run's own out-of-memory handling decides
+            raise TaskError(f"task {name}: loss(model, batch) failed on a first batch: {type(e).__name__}: {e}") from None
+        finally:
+            self.model.train(was_training)
+        check_loss_output(name, out)
+        self._loss_checked = True
+
     def _setup(self) -> None:
         cfg, task = self.config, self.task
         assert task is not None
-        if self.device.type == "cuda":
-            torch.cuda.set_device(self.device)
-            if cfg.vram_limit is not None:
-                total = torch.cuda.get_device_properties(self.device).total_memory
-                torch.cuda.set_per_process_memory_fraction(min(1.0, cfg.vram_limit / total), self.device)
         D.init(self.ctx, self.device)
-        self.model = task.model.to(self.device)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.named_params = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
         self.settings = Settings(cfg.micro_batch, cfg.accum, cfg.lr, cfg.clip, cfg.lr_scaling)
@@ -187,10 +217,6 @@ class Trainer:
             self.net = DDP(self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
         make_opt = task.optimizer or _default_optimizer(cfg.optimizer, self.device)
         self.optimizer = make_opt(self.params, cfg.lr)
-        self.collate = task.collate or default_collate
-        amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.precision)
-        self.autocast = ((lambda: torch.autocast(self.device.type, dtype=amp_dtype)) if amp_dtype
-                         else contextlib.nullcontext)
         self.scaler = torch.amp.GradScaler(self.device.type) if cfg.precision == "fp16" else None
         self.probe = MemoryProbe(self.device)
         if self.ctx.is_main:
@@ -290,6 +316,8 @@ class Trainer:
     def _train_epochs(self, losses: list[float]) -> str:
         cfg = self.config
         data = self.task.train_data
+        if cfg.max_steps is not None and self.step >= cfg.max_steps:  # resumed at or past the limit
+            return "max_steps"
         while self.epoch <= cfg.epochs:
             if self.window_in_epoch == 0:
                 self._epoch_boundary()
@@ -700,10 +728,16 @@ class Trainer:
             "scaler_skips": self.scaler_skips,
             "config": {k: v for k, v in self.config.to_dict().items()},
         }
-        if epoch_done is not None:
-            path = ckpt.epoch_path(self.run_dir, epoch_done)
+        path = ckpt.last_path(self.run_dir)
+        try:
+            if epoch_done is not None:
+                path = ckpt.epoch_path(self.run_dir, epoch_done)
+                ckpt.save_atomic(state, path)
+                path = ckpt.last_path(self.run_dir)
             ckpt.save_atomic(state, path)
-        ckpt.save_atomic(state, ckpt.last_path(self.run_dir))
+        except OSError as e:
+            raise TrainingError(f"could not write checkpoint {path}: {e.strerror or e}; the previous checkpoint "
+                                "is kept") from None
         self._emit(CheckpointSaved(self.step, self.epoch, path=ckpt.last_path(self.run_dir)))
 
     # -- events ---------------------------------------------------------------------------
