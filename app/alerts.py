@@ -1,0 +1,113 @@
+"""The alerts panel: one row per occurrence (time, step, what, message), never a dialog flood."""
+from __future__ import annotations
+
+import time
+from typing import Optional, Sequence
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtWidgets import (QAbstractItemView, QHBoxLayout, QHeaderView, QLabel, QPushButton, QTableWidget,
+                               QTableWidgetItem, QVBoxLayout, QWidget)
+
+from . import assets
+from .runmodel import Note
+
+MAX_ROWS = 5000  # the oldest rows go first; run.db keeps every event
+TITLES = {
+    "nonfinite": "Non-finite", "clip_saturation": "Clip saturation", "vram_low": "GPU memory low",
+    "batchnorm_small_batch": "BatchNorm, small batch", "lr_hint": "lr hint", "oom_recovered": "Out of memory",
+    "command_refused": "Refused", "scaler_skip": "fp16 overflow", "run_failed": "Run failed",
+}
+SEVERITY = {"nonfinite": "error", "run_failed": "error", "oom_recovered": "alert", "vram_low": "alert",
+            "clip_saturation": "alert", "command_refused": "alert", "batchnorm_small_batch": "info",
+            "lr_hint": "info", "scaler_skip": "info"}
+
+
+class AlertsPanel(QWidget):
+    count_changed = Signal(int)
+    step_clicked = Signal(int)
+
+    def __init__(self, parent: Optional[QWidget] = None) -> None:
+        super().__init__(parent)
+        self.table = QTableWidget(0, 4)
+        self.table.setHorizontalHeaderLabels(["Time", "Step", "Alert", "Details"])
+        self.table.verticalHeader().setVisible(False)
+        self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+        self.table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
+        self.table.setAlternatingRowColors(True)
+        self.table.setWordWrap(False)
+        h = self.table.horizontalHeader()
+        h.setSectionResizeMode(0, QHeaderView.ResizeMode.ResizeToContents)
+        h.setSectionResizeMode(1, QHeaderView.ResizeMode.ResizeToContents)
+        h.setSectionResizeMode(2, QHeaderView.ResizeMode.ResizeToContents)
+        h.setSectionResizeMode(3, QHeaderView.ResizeMode.Stretch)
+        self.table.cellDoubleClicked.connect(self._double_clicked)
+        self.summary = QLabel("No alerts")
+        self.summary.setObjectName("hint")
+        clear = QPushButton("Clear")
+        clear.setToolTip("Clear the list (run.db keeps every event)")
+        clear.clicked.connect(self.clear)
+        top = QHBoxLayout()
+        top.setContentsMargins(4, 2, 4, 0)
+        top.addWidget(self.summary, 1)
+        top.addWidget(clear)
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(0, 0, 0, 0)
+        lay.setSpacing(2)
+        lay.addLayout(top)
+        lay.addWidget(self.table, 1)
+        self.total = 0
+        self.by_kind: dict[str, int] = {}
+
+    def add(self, notes: Sequence[Note]) -> None:
+        if not notes:
+            return
+        t = self.table
+        t.setUpdatesEnabled(False)
+        try:
+            for n in notes:
+                row = t.rowCount()
+                t.insertRow(row)
+                when = time.strftime("%H:%M:%S", time.localtime(n.time or time.time()))
+                items = [QTableWidgetItem(when), QTableWidgetItem(str(n.step)),
+                         QTableWidgetItem(assets.icon(SEVERITY.get(n.kind, "info")), TITLES.get(n.kind, n.kind)),
+                         QTableWidgetItem(n.message)]
+                items[1].setTextAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
+                items[3].setToolTip(n.message)
+                items[2].setData(Qt.ItemDataRole.UserRole, n.kind)
+                for col, it in enumerate(items):
+                    t.setItem(row, col, it)
+                self.total += 1
+                self.by_kind[n.kind] = self.by_kind.get(n.kind, 0) + 1
+            excess = t.rowCount() - MAX_ROWS
+            for _ in range(max(0, excess)):
+                t.removeRow(0)
+        finally:
+            t.setUpdatesEnabled(True)
+        t.scrollToBottom()
+        self._update_summary()
+
+    def clear(self) -> None:
+        self.table.setRowCount(0)
+        self.total = 0
+        self.by_kind = {}
+        self._update_summary()
+
+    def kinds(self) -> list[str]:
+        return [self.table.item(r, 2).data(Qt.ItemDataRole.UserRole) for r in range(self.table.rowCount())]
+
+    def rows(self) -> list[tuple[str, int, str]]:
+        return [(self.table.item(r, 2).data(Qt.ItemDataRole.UserRole), int(self.table.item(r, 1).text()),
+                 self.table.item(r, 3).text()) for r in range(self.table.rowCount())]
+
+    def _update_summary(self) -> None:
+        if not self.total:
+            self.summary.setText("No alerts")
+        else:
+            parts = ", ".join(f"{TITLES.get(k, k)}: {v}" for k, v in sorted(self.by_kind.items()))
+            self.summary.setText(f"{self.total} alert{'s' if self.total != 1 else ''} ({parts})")
+        self.count_changed.emit(self.total)
+
+    def _double_clicked(self, row: int, _col: int) -> None:
+        item = self.table.item(row, 1)
+        if item is not None:
+            self.step_clicked.emit(int(item.text()))

@@ -1,0 +1,36 @@
+"""Files under resources/: stylesheets, icons, the app icon. Missing files degrade to nothing."""
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+
+from PySide6.QtGui import QIcon
+
+RESOURCES = os.environ.get("HEADROOM_RESOURCES") or os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "resources")
+
+
+def path(*parts: str) -> str:
+    return os.path.join(RESOURCES, *parts)
+
+
+@lru_cache(maxsize=None)
+def icon(name: str) -> QIcon:
+    p = path("icons", f"{name}.svg")
+    return QIcon(p) if os.path.isfile(p) else QIcon()
+
+
+def app_icon() -> QIcon:
+    p = path("headroom.svg")
+    return QIcon(p) if os.path.isfile(p) else QIcon()
+
+
+def stylesheet(theme: str) -> str:
+    """The theme's QSS, with @RES@ replaced by the resources folder (QSS url()s need a full path)."""
+    p = path(f"{theme}.qss")
+    try:
+        with open(p, encoding="utf-8") as f:
+            text = f.read()
+    except OSError:
+        return ""
+    return text.replace("@RES@", RESOURCES.replace(os.sep, "/"))

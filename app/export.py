@@ -1,0 +1,56 @@
+"""Export: the metrics as CSV, the plots (or the whole window) as PNG."""
+from __future__ import annotations
+
+import csv
+import math
+import os
+from typing import Optional
+
+from PySide6.QtWidgets import QWidget
+
+from .metrics import STEP_COLUMNS, MetricsBuffer
+from .runmodel import RunModel
+
+CSV_COLUMNS = (*STEP_COLUMNS, "loss_ema")
+INT_COLUMNS = {"step", "epoch", "accum", "micro_batch", "samples", "tokens", "clipped", "nonfinite",
+               "mem_allocated", "mem_reserved", "mem_peak", "mem_used", "mem_total"}
+
+
+def _cell(name: str, v: float) -> str:
+    if isinstance(v, float) and math.isnan(v):
+        return ""
+    if name in INT_COLUMNS and math.isfinite(v):
+        return str(int(v))
+    return repr(float(v))
+
+
+def write_csv(model: RunModel, path: str) -> int:
+    """One row per optimizer step, plus val_loss on each epoch's last step. Returns the row count."""
+    buf: MetricsBuffer = model.metrics
+    val = {step: v for _e, step, _t, v in model.epochs}
+    tmp = path + ".tmp"
+    with open(tmp, "w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f)
+        w.writerow([*CSV_COLUMNS, "val_loss"])
+        n = 0
+        for row in buf.rows(CSV_COLUMNS):
+            step = int(row[0])
+            v = val.get(step)
+            w.writerow([_cell(c, x) for c, x in zip(CSV_COLUMNS, row)] + ["" if v is None else repr(float(v))])
+            n += 1
+    os.replace(tmp, path)
+    return n
+
+
+def write_png(widget: QWidget, path: str) -> bool:
+    """A PNG of what the widget shows now."""
+    if not path.lower().endswith(".png"):
+        path += ".png"
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    return bool(widget.grab().save(path, "PNG"))
+
+
+def default_name(model: Optional[RunModel], suffix: str) -> str:
+    run_dir = (model.info.get("run_dir") if model else None) or "headroom"
+    return os.path.basename(os.path.normpath(str(run_dir))) + suffix

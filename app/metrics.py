@@ -1,0 +1,213 @@
+"""The metrics buffer: one growable numpy array per column, doubling when full.
+
+The GUI timer appends a batch of steps at a time; plots read `view(name)`, a
+zero-copy slice of the filled part. Appending never touches what is already there,
+so a slice handed to a plot stays valid (a regrowth leaves the old array to the plot
+until its next update).
+"""
+from __future__ import annotations
+
+import math
+import time
+from typing import Any, Callable, Iterable, Optional, Sequence
+
+import numpy as np
+
+from .decimate import PeakPyramid
+
+# Columns kept per optimizer step. None (no GPU, say) is stored as NaN.
+STEP_COLUMNS = (
+    "step", "epoch", "loss", "grad_norm", "lr", "accum", "clip", "micro_batch", "samples", "tokens",
+    "clipped", "nonfinite", "throughput", "step_time", "mem_allocated", "mem_reserved", "mem_peak",
+    "mem_used", "mem_total", "time",
+)
+EMA_BETA = 0.9
+
+
+class GrowableArray:
+    """A 1-D float64 array with amortised O(1) appends: capacity doubles when full."""
+
+    def __init__(self, capacity: int = 1024, dtype: Any = np.float64) -> None:
+        self._data = np.empty(max(1, int(capacity)), dtype=dtype)
+        self._n = 0
+
+    def __len__(self) -> int:
+        return self._n
+
+    @property
+    def capacity(self) -> int:
+        return len(self._data)
+
+    def _reserve(self, n: int) -> None:
+        if n > len(self._data):
+            cap = len(self._data)
+            while cap < n:
+                cap *= 2
+            grown = np.empty(cap, dtype=self._data.dtype)
+            grown[: self._n] = self._data[: self._n]
+            self._data = grown
+
+    def append(self, value: float) -> None:
+        self._reserve(self._n + 1)
+        self._data[self._n] = value
+        self._n += 1
+
+    def extend(self, values: Any) -> None:
+        values = np.asarray(values, dtype=self._data.dtype)
+        m = len(values)
+        if m == 0:
+            return
+        self._reserve(self._n + m)
+        self._data[self._n: self._n + m] = values
+        self._n += m
+
+    def set_tail(self, start: int, values: Any) -> None:
+        """Overwrite from `start` on (start <= len) and set the length to start + len(values)."""
+        values = np.asarray(values, dtype=self._data.dtype)
+        end = start + len(values)
+        self._reserve(end)
+        self._data[start:end] = values
+        self._n = end
+
+    def view(self) -> np.ndarray:
+        return self._data[: self._n]
+
+    def clear(self) -> None:
+        self._n = 0
+
+
+def _num(v: Any) -> float:
+    if v is None:
+        return math.nan
+    return float(v)
+
+
+class MetricsBuffer:
+    """All per-step metrics of one run, plus the loss EMA, as growable columns.
+
+    Also keeps derived series that plots need as points: clipped steps (x, grad norm)
+    and non-finite steps. Each plotted series has a peak (min/max) pyramid so a
+    million-point curve is drawn from a few thousand points.
+    """
+
+    def __init__(self, capacity: int = 1024) -> None:
+        self.cols: dict[str, GrowableArray] = {c: GrowableArray(capacity) for c in STEP_COLUMNS}
+        self.cols["loss_ema"] = GrowableArray(capacity)
+        self.cols["clip_line"] = GrowableArray(capacity)  # clip norm, NaN where clipping is off
+        self.clipped_x = GrowableArray(64)
+        self.clipped_y = GrowableArray(64)
+        self.nonfinite_steps: list[int] = []
+        self._ema = 0.0
+        self._ema_n = 0
+        self._pyramids: dict[str, PeakPyramid] = {}
+        self.version = 0  # bumps on every change; plots compare it
+
+    def __len__(self) -> int:
+        return len(self.cols["step"])
+
+    def view(self, name: str) -> np.ndarray:
+        return self.cols[name].view()
+
+    def last_step(self) -> int:
+        s = self.view("step")
+        return int(s[-1]) if len(s) else 0
+
+    def pyramid(self, name: str) -> PeakPyramid:
+        """The min/max pyramid of a column (or of 'clipped_y'), brought up to date."""
+        p = self._pyramids.get(name)
+        if p is None:
+            arr = self.clipped_y if name == "clipped_y" else self.cols[name]
+            p = self._pyramids[name] = PeakPyramid(arr)
+        p.update()
+        return p
+
+    # -- appending -----------------------------------------------------------------------
+    def extend_records(self, records: Sequence[Any], get: Callable[[Any, str], Any]) -> int:
+        """Append steps from StepMetrics objects (get=getattr) or run.db rows (get=dict.get).
+
+        A step at or before the last one kept (a resumed run rewinding) truncates first.
+        Returns the number of steps appended.
+        """
+        if not records:
+            return 0
+        first = int(get(records[0], "step"))
+        steps = self.view("step")
+        if len(steps) and first <= steps[-1]:
+            self.truncate_after(first - 1)
+        n_before = len(self)
+        columns = {c: np.fromiter((_num(get(r, c)) for r in records), dtype=np.float64, count=len(records))
+                   for c in STEP_COLUMNS if c != "time"}
+        if isinstance(records[0], dict):
+            columns["time"] = np.array([_num(r.get("time")) for r in records], dtype=np.float64)
+        else:  # a live event: stamped when the GUI drains it (run.db has the engine's own time)
+            columns["time"] = np.full(len(records), time.time())
+        for c, values in columns.items():
+            self.cols[c].extend(values)
+        self.cols["loss_ema"].extend(self._ema_of(columns["loss"]))
+        clip = columns["clip"]
+        self.cols["clip_line"].extend(np.where(clip > 0, clip, np.nan))
+        clipped = columns["clipped"] > 0
+        if clipped.any():
+            self.clipped_x.extend(columns["step"][clipped])
+            self.clipped_y.extend(columns["grad_norm"][clipped])
+        bad = columns["nonfinite"] > 0
+        if bad.any():
+            self.nonfinite_steps.extend(int(s) for s in columns["step"][bad])
+        self.version += 1
+        return len(self) - n_before
+
+    def _ema_of(self, loss: np.ndarray) -> np.ndarray:
+        """Debiased exponential moving average; non-finite losses hold the previous value."""
+        out = np.empty(len(loss))
+        ema, n, beta = self._ema, self._ema_n, EMA_BETA
+        for i, v in enumerate(loss.tolist()):
+            if math.isfinite(v):
+                ema = beta * ema + (1 - beta) * v
+                n += 1
+            out[i] = ema / (1 - beta ** n) if n else math.nan
+        self._ema, self._ema_n = ema, n
+        return out
+
+    def truncate_after(self, step: int) -> None:
+        """Drop steps after `step` (a resumed run supersedes them)."""
+        steps = self.view("step")
+        keep = int(np.searchsorted(steps, step, side="right"))
+        for arr in self.cols.values():
+            arr.set_tail(keep, [])
+        cx = self.clipped_x.view()
+        ck = int(np.searchsorted(cx, step, side="right"))
+        self.clipped_x.set_tail(ck, [])
+        self.clipped_y.set_tail(ck, [])
+        self.nonfinite_steps = [s for s in self.nonfinite_steps if s <= step]
+        self._ema, self._ema_n = 0.0, 0
+        loss = self.view("loss")
+        self.cols["loss_ema"].set_tail(0, [])
+        self.cols["loss_ema"].extend(self._ema_of(loss.copy()))
+        for p in self._pyramids.values():
+            p.reset()
+        self.version += 1
+
+    def clear(self) -> None:
+        for arr in list(self.cols.values()) + [self.clipped_x, self.clipped_y]:
+            arr.clear()
+        self.nonfinite_steps = []
+        self._ema, self._ema_n = 0.0, 0
+        for p in self._pyramids.values():
+            p.reset()
+        self.version += 1
+
+    # -- reading -------------------------------------------------------------------------
+    def has_gpu_memory(self) -> bool:
+        total = self.view("mem_total")
+        return bool(len(total)) and bool(np.isfinite(total).any())
+
+    def counts_tokens(self) -> bool:
+        """True when the task's loss counts tokens (count differs from samples)."""
+        t, s = self.view("tokens"), self.view("samples")
+        return bool(len(t)) and bool(np.any(t != s))
+
+    def rows(self, columns: Optional[Iterable[str]] = None) -> Iterable[list[float]]:
+        names = list(columns or (*STEP_COLUMNS, "loss_ema"))
+        arrays = [self.view(c) for c in names]
+        for i in range(len(self)):
+            yield [a[i] for a in arrays]

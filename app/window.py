@@ -1,0 +1,649 @@
+"""The main window: controls, live plots, alerts, run history, status bar.
+
+One ~30 Hz QTimer drains the current source (the engine's EventBuffer, or a run
+folder's run.db) into the RunModel and updates only what changed. No training logic
+lives here: the window sends commands and draws events. torch is never imported here.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from typing import Any, Callable, Optional
+
+from PySide6.QtCore import QByteArray, Qt, QTimer
+from PySide6.QtGui import QAction, QCloseEvent, QKeySequence
+from PySide6.QtWidgets import (QApplication, QDockWidget, QFileDialog, QMainWindow, QMessageBox, QScrollArea,
+                               QWidget)
+
+from engine.commands import Pause, Resume, Stop
+from engine.config import ConfigError, TrainConfig
+from engine.store import RunReader, StoreError
+
+from . import assets, compat, export, logs  # noqa: F401 - compat: see app/compat.py
+from .alerts import AlertsPanel
+from .controls import LIVE_FIELDS, ControlsPanel, make_command
+from .history import HistoryPanel
+from .metrics import MetricsBuffer
+from .plots import PlotPanel
+from .runmodel import Delta, RunModel
+from .runs import runs_root
+from .settings import Settings
+from .shortcuts import SHORTCUTS
+from .sources import FolderSource, LiveSource
+from .statusbar import StatusBar
+from .theme import THEMES, apply_stylesheet
+from .worker import EngineRunner
+
+log = logging.getLogger("headroom.window")
+TICK_MS = 33  # ~30 Hz: drain events, repaint what changed
+STATUS_EVERY = 8  # status bar every 8th tick (~4 Hz)
+JOIN_S = 2.0
+
+
+class MainWindow(QMainWindow):
+    def __init__(self, base_config: Optional[dict[str, Any]] = None, theme: Optional[str] = None,
+                 settings: Optional[Settings] = None, restore_settings: bool = True) -> None:
+        """base_config: run flags given on the command line (TrainConfig fields); they fill
+        the form and the fields the form has no widget for (max_steps, seed, run_dir...)."""
+        super().__init__()
+        self.settings = settings or Settings()
+        self.base_config = dict(base_config or {})
+        self.theme = theme if theme in THEMES else (self.settings.theme() or "light")
+        self.runner = EngineRunner(self)
+        self.model = RunModel()
+        self.source: Any = None
+        self.run_outcome: Optional[dict[str, Any]] = None  # how the last run of this window ended
+        self.last_error: Optional[tuple[str, str]] = None  # (title, message) of the last error dialog
+        self.dialogs: list[QMessageBox] = []
+        self.run_done_callbacks: list[Callable[[dict[str, Any]], None]] = []
+        self._pause_sent = False
+        self._stop_sent = False
+        self._close_when_done = False
+        self._really_closing = False
+        self._run_dir_used = False
+        self._tick_n = 0
+        self._tick_failed = False
+        self._last_seen_epoch = 0
+
+        self.setWindowTitle("Headroom")
+        self.setWindowIcon(assets.app_icon())
+        self.setObjectName("MainWindow")
+        apply_stylesheet(self.theme)
+
+        self.plots = PlotPanel(self.theme)
+        self.setCentralWidget(self.plots)
+        self.controls = ControlsPanel()
+        self.alerts = AlertsPanel()
+        self.history = HistoryPanel(runs_root())
+        self.status = StatusBar(self)
+        self.setStatusBar(self.status)
+
+        scroll = QScrollArea()
+        scroll.setWidget(self.controls)
+        scroll.setWidgetResizable(True)
+        scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        scroll.setMinimumWidth(self.controls.sizeHint().width() + 24)
+        self.setCorner(Qt.Corner.BottomLeftCorner, Qt.DockWidgetArea.LeftDockWidgetArea)
+        self.controls_dock = self._dock("Controls", "controls", scroll, Qt.DockWidgetArea.LeftDockWidgetArea)
+        self.alerts_dock = self._dock("Alerts", "alerts", self.alerts, Qt.DockWidgetArea.BottomDockWidgetArea)
+        self.history_dock = self._dock("Run history", "history", self.history, Qt.DockWidgetArea.BottomDockWidgetArea)
+        self.tabifyDockWidget(self.alerts_dock, self.history_dock)
+        self.alerts_dock.raise_()
+        self._build_actions()
+
+        self.controls.start_clicked.connect(self.start_run)
+        self.controls.pause_clicked.connect(self.pause_run)
+        self.controls.resume_clicked.connect(self.resume_run)
+        self.controls.stop_clicked.connect(self.stop_run)
+        self.controls.apply_clicked.connect(self.apply_changes)
+        self.controls.task_file_wanted.connect(self.choose_task_file)
+        self.alerts.count_changed.connect(self._alerts_count)
+        self.alerts.step_clicked.connect(self._zoom_to_step)
+        self.history.open_requested.connect(self.open_run)
+        self.history.browse_requested.connect(self.choose_run_folder)
+        self.history.overlay_toggled.connect(self.set_overlay)
+        self.plots.log_scale_changed.connect(self.log_action.setChecked)
+
+        self.runner.prepared.connect(self._on_prepared)
+        self.runner.bad_input.connect(self._on_bad_input)
+        self.runner.failed.connect(self._on_failed)
+        self.runner.finished.connect(self._on_finished)
+        self.runner.stopped.connect(self._on_thread_stopped)
+
+        self.timer = QTimer(self)
+        self.timer.setTimerType(Qt.TimerType.PreciseTimer)
+        self.timer.setInterval(TICK_MS)
+        self.timer.timeout.connect(self.tick)
+        self.timer.start()
+
+        for t in self.settings.recent("recent_tasks"):
+            if os.path.isfile(t):
+                self.controls.set_task(t)
+        restored = self._restore_settings() if restore_settings else False
+        self.controls.set_values(self.base_config)
+        self.controls.set_task(str(self.base_config.get("task") or self.controls.task_spec()))
+        self.plots.set_model(self.model)
+        if not restored:
+            self.resize(1440, 900)
+            self.default_layout()
+        QTimer.singleShot(0, self.history.refresh)  # after the window shows
+        self._update_state()
+
+    # -- construction ----------------------------------------------------------------------
+    def _dock(self, title: str, name: str, widget: QWidget, area: Qt.DockWidgetArea) -> QDockWidget:
+        d = QDockWidget(title, self)
+        d.setObjectName(f"dock_{name}")
+        d.setWidget(widget)
+        d.setFeatures(QDockWidget.DockWidgetFeature.DockWidgetMovable
+                      | QDockWidget.DockWidgetFeature.DockWidgetFloatable
+                      | QDockWidget.DockWidgetFeature.DockWidgetClosable)
+        self.addDockWidget(area, d)
+        return d
+
+    def _action(self, text: str, key: str, slot: Callable, icon: str = "", tip: str = "") -> QAction:
+        a = QAction(assets.icon(icon) if icon else assets.icon("none"), text, self)
+        if key in SHORTCUTS:
+            a.setShortcut(QKeySequence(SHORTCUTS[key]))
+            a.setShortcutContext(Qt.ShortcutContext.ApplicationShortcut)
+        a.setToolTip(f"{tip or text} ({SHORTCUTS[key]})" if key in SHORTCUTS else (tip or text))
+        a.triggered.connect(lambda *_: slot())
+        self.addAction(a)
+        return a
+
+    def _build_actions(self) -> None:
+        self.start_action = self._action("Start", "start", self.start_run, "start", "Start a run")
+        self.pause_action = self._action("Pause", "pause", self.pause_run, "pause", "Pause after this epoch")
+        self.resume_action = self._action("Resume", "resume", self.resume_run, "resume", "Resume")
+        self.stop_action = self._action("Stop", "stop", self.stop_run, "stop", "Stop at the next step")
+        self.apply_action = self._action("Apply changes", "apply", self.apply_changes, "apply",
+                                         "Send the edited settings to the run")
+        self.open_run_action = self._action("Open run folder...", "open_run", self.choose_run_folder, "open")
+        self.open_task_action = self._action("Open task file...", "open_task", self.choose_task_file, "open")
+        self.csv_action = self._action("Export metrics (CSV)...", "export_csv", self.export_csv_dialog,
+                                       "export-csv")
+        self.png_action = self._action("Export plots (PNG)...", "export_png", self.export_png_dialog,
+                                       "export-png")
+        self.log_action = self._action("Log scale (loss)", "log_scale", lambda: None)
+        self.log_action.setCheckable(True)
+        self.log_action.toggled.connect(self.plots.set_log_scale)
+        self.theme_action = self._action("Dark theme", "theme", lambda: None, "theme", "Switch light/dark")
+        self.theme_action.setCheckable(True)
+        self.theme_action.setChecked(self.theme == "dark")
+        self.theme_action.toggled.connect(lambda on: self.set_theme("dark" if on else "light"))
+        self.quit_action = self._action("Quit", "quit", self.close)
+        self.fit_action = self._action("Fit all", "", self.plots.fit)
+
+        tb = self.addToolBar("Run")
+        tb.setObjectName("toolbar_run")
+        tb.setMovable(False)
+        tb.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextBesideIcon)
+        for a in (self.start_action, self.pause_action, self.resume_action, self.stop_action):
+            tb.addAction(a)
+        tb.addSeparator()
+        for a in (self.open_run_action, self.open_task_action):
+            tb.addAction(a)
+        tb.addSeparator()
+        for a in (self.csv_action, self.png_action):
+            tb.addAction(a)
+        tb.addSeparator()
+        tb.addAction(self.theme_action)
+
+        mb = self.menuBar()
+        m = mb.addMenu("&File")
+        for a in (self.open_run_action, self.open_task_action, None, self.csv_action, self.png_action, None,
+                  self.quit_action):
+            m.addSeparator() if a is None else m.addAction(a)
+        m = mb.addMenu("&Run")
+        for a in (self.start_action, self.pause_action, self.resume_action, self.stop_action, None,
+                  self.apply_action):
+            m.addSeparator() if a is None else m.addAction(a)
+        m = mb.addMenu("&View")
+        for a in (self.log_action, self.fit_action, self.theme_action, None):
+            m.addSeparator() if a is None else m.addAction(a)
+        for d in (self.controls_dock, self.alerts_dock, self.history_dock):
+            m.addAction(d.toggleViewAction())
+
+    # -- settings ------------------------------------------------------------------------
+    def default_layout(self) -> None:
+        self.resizeDocks([self.alerts_dock], [170], Qt.Orientation.Vertical)
+        self.resizeDocks([self.controls_dock], [340], Qt.Orientation.Horizontal)
+
+    def _restore_settings(self) -> bool:
+        """Window layout and last settings. True if a saved layout was restored."""
+        restored = False
+        geo = self.settings.get_bytes("geometry")
+        if isinstance(geo, (QByteArray, bytes)):
+            restored = bool(self.restoreGeometry(geo))
+        st = self.settings.get_bytes("window_state")
+        if isinstance(st, (QByteArray, bytes)):
+            restored = bool(self.restoreState(st)) and restored
+        last = self.settings.get_json("last_config", {})
+        if isinstance(last, dict) and not self.base_config:
+            self.controls.set_values(last)
+        if self.settings.get_json("log_scale", False):
+            self.log_action.setChecked(True)
+        return restored
+
+    def save_settings(self) -> None:
+        self.settings.set_bytes("geometry", self.saveGeometry())
+        self.settings.set_bytes("window_state", self.saveState())
+        values, _err = self.controls.values()
+        if values:
+            self.settings.set_json("last_config", values)
+        self.settings.set_theme(self.theme)
+        self.settings.set_json("log_scale", self.log_action.isChecked())
+        self.settings.sync()
+
+    def set_theme(self, theme: str) -> None:
+        if theme == self.theme:
+            return
+        self.theme = theme
+        apply_stylesheet(theme)
+        self.plots.set_theme(theme)
+        if self.theme_action.isChecked() != (theme == "dark"):
+            self.theme_action.setChecked(theme == "dark")
+
+    # -- running -------------------------------------------------------------------------
+    def is_running(self) -> bool:
+        """A run of this window's own engine is going (its thread is alive)."""
+        return self.runner.is_busy()
+
+    def _controlling_remote(self) -> bool:
+        return isinstance(self.source, FolderSource) and self.source.running
+
+    def start_run(self) -> bool:
+        if self.is_running() or self._controlling_remote():
+            return False
+        values, err = self.controls.values()
+        if values is None:
+            self.show_error("Cannot start", err)
+            return False
+        cfg = {k: v for k, v in self.base_config.items() if k not in ("resume",) or not self._run_dir_used}
+        if self._run_dir_used:
+            cfg.pop("run_dir", None)  # the command line's --run-dir is for the first run only
+        cfg.update(values)
+        try:
+            config = TrainConfig.from_dict(cfg).validate()
+        except ConfigError as e:
+            self.show_error("Cannot start", str(e))
+            return False
+        self._run_dir_used = True
+        self.settings.set_json("last_config", values)
+        self._reset_view()
+        self.model.state = "starting"
+        self.source = LiveSource(self.runner.buffer, self.runner.send)
+        self.controls.remote = False
+        self._pause_sent = self._stop_sent = False
+        self.run_outcome = None
+        log.info("start: %s", config.to_dict())
+        self.runner.start(config)
+        self._update_state()
+        return True
+
+    def _reset_view(self) -> None:
+        if self.source is not None:
+            self.source.close()
+        self.source = None
+        self.model = RunModel()
+        self.alerts.clear()
+        self.plots.set_model(self.model)
+        self.controls.engine = {}
+        self.controls.pending.clear()
+        self._last_seen_epoch = 0
+
+    def pause_run(self) -> None:
+        if self.source is None or not self._run_is_live() or self._pause_sent:
+            return
+        self.source.send(Pause())
+        self._pause_sent = True
+        self._update_state()
+
+    def resume_run(self) -> None:
+        if self.source is None or not self._run_is_live():
+            return
+        self.source.send(Resume())
+        self._pause_sent = False
+        self._update_state()
+
+    def stop_run(self) -> None:
+        if self.source is None or not self._run_is_live():
+            return
+        self._stop_sent = True
+        if isinstance(self.source, LiveSource):
+            self.runner.stop()
+        else:
+            self.source.send(Stop())
+        self._update_state()
+
+    def _run_is_live(self) -> bool:
+        return self.is_running() or self._controlling_remote()
+
+    def _target_epoch(self) -> int:
+        """The epoch a change sent now will first apply to (the engine reads commands at boundaries)."""
+        m = self.model
+        if not m.step:
+            return 1
+        if m.state == "paused" or self._pause_sent:
+            return m.epoch + 1  # the engine waits at that boundary and applies changes there
+        if m.epochs and m.epochs[-1][0] == m.epoch:
+            return m.epoch + 2  # epoch E ended: the engine is already past boundary E+1
+        return m.epoch + 1
+
+    def apply_changes(self) -> None:
+        if self.source is None or not self._run_is_live() or self._stop_sent:
+            return
+        changed = self.controls.changed_fields()
+        if not changed:
+            return
+        target = self._target_epoch()
+        for name in LIVE_FIELDS:  # a fixed order: micro-batch and accum before lr
+            if name not in changed:
+                continue
+            value = changed[name]
+            try:
+                cmd = make_command(name, value)
+            except ConfigError as e:
+                self.controls.on_refused({"micro_batch": "set_micro_batch", "accum": "set_accum", "lr": "set_lr",
+                                          "clip": "set_clip", "lr_scaling": "set_lr_scaling"}[name], str(e))
+                continue
+            try:
+                self.source.send(cmd)
+            except (ConfigError, OSError) as e:
+                self.show_error("Could not send the change", str(e))
+                return
+            self.controls.mark_pending(name, value, target)
+
+    # -- engine thread signals -------------------------------------------------------------
+    def _on_prepared(self, run_dir: str) -> None:
+        if isinstance(self.source, LiveSource):
+            self.source.run_dir = run_dir
+        self.history.add_extra(run_dir)
+        self.settings.add_recent("recent_runs", run_dir)
+        self.setWindowTitle(f"Headroom - {os.path.basename(os.path.normpath(run_dir))}")
+
+    def _on_bad_input(self, message: str) -> None:
+        self.tick()
+        self.run_outcome = {"status": "bad_input", "message": message}
+        self.model.state = "idle"
+        self.show_error("Could not start the run", message)
+
+    def _on_failed(self, message: str) -> None:
+        self.tick()
+        self.run_outcome = {"status": "failed", "message": message}
+        self.show_error("The run failed", f"{message}\n\nThe metrics and the last checkpoint stay in the run "
+                                          f"folder. The full traceback is in {logs.log_path()}.")
+
+    def _on_finished(self, result: dict) -> None:
+        self.tick()
+        self.run_outcome = {"status": "finished", **result}
+
+    def _on_thread_stopped(self) -> None:
+        self.tick()
+        if self.run_outcome is None:
+            self.run_outcome = {"status": "finished", "reason": self.model.finish_reason}
+        self._pause_sent = self._stop_sent = False
+        if self.model.state in ("starting", "training", "paused") and not self.model.step:
+            self.model.state = "idle"
+        self._update_state()
+        self.history.refresh()
+        outcome = dict(self.run_outcome)
+        for fn in list(self.run_done_callbacks):
+            fn(outcome)
+        if self._close_when_done:
+            self._really_closing = True
+            self.close()
+
+    # -- the timer -----------------------------------------------------------------------
+    def tick(self) -> None:
+        """Drain the source, feed the model, update what changed. ~30 times a second."""
+        try:
+            self._tick()
+        except Exception as e:  # never a traceback per tick: log it, say it once
+            log.exception("updating the window failed")
+            if not self._tick_failed:
+                self._tick_failed = True
+                self.show_error("Display error", f"{type(e).__name__}: {e}\n\nThe run goes on; details are in "
+                                                 f"{logs.log_path()}.")
+
+    def _tick(self) -> None:
+        self._tick_n += 1
+        src = self.source
+        if src is not None:
+            items = src.poll()
+            if items:
+                delta = self.model.ingest(items, src.step_get)
+                self._apply_delta(delta)
+            if isinstance(src, FolderSource) and not src.running and self.model.is_live:
+                # the other process is gone without writing run_finished: say so
+                self.model.state = "interrupted"
+                self._update_state()
+        if self._tick_n % STATUS_EVERY == 0:
+            self._update_status()
+
+    def _apply_delta(self, delta: Delta) -> None:
+        m = self.model
+        for note in delta.notes:
+            k, d = note.kind, note.data
+            if k == "run_started":
+                cfg = d.get("config") or {}
+                self.controls.world_size = int(d.get("world_size") or 1)
+                self.controls.set_engine_values({n: cfg.get(n) for n in LIVE_FIELDS})
+            elif k == "settings_applied":
+                # the engine stamps it with the epoch about to start: the first one with the new values
+                self.controls.on_settings_applied(tuple(tuple(c) for c in d.get("changes") or ()), note.step,
+                                                  note.epoch)
+            elif k == "oom_recovered":
+                self.controls.set_engine_values({"micro_batch": d.get("new_micro_batch"),
+                                                 "accum": d.get("new_accum")})
+            elif k == "command_refused":
+                self.controls.on_refused(str(d.get("command")), str(d.get("reason")))
+            elif k == "paused":
+                self._pause_sent = False
+        if delta.steps:
+            buf = m.metrics
+            last_lr, last_clip, last_mb = (float(buf.view(c)[-1]) for c in ("lr", "clip", "micro_batch"))
+            if not self.controls.engine or self._last_seen_epoch == 0:
+                self.controls.set_engine_values({"lr": last_lr, "clip": last_clip, "micro_batch": int(last_mb)})
+            if m.epoch != self._last_seen_epoch:
+                self._last_seen_epoch = m.epoch
+                self.controls.on_boundary_passed(m.epoch)
+        if delta.alerts:
+            self.alerts.add(delta.alerts)
+        if delta.state or delta.info or delta.notes:
+            self._update_state()
+        self.plots.refresh()
+
+    # -- state ---------------------------------------------------------------------------
+    def ui_state(self) -> str:
+        live = self._run_is_live()
+        if not live:
+            return "viewing" if len(self.model.metrics) and not isinstance(self.source, LiveSource) else "idle"
+        if self._stop_sent:
+            return "stopping"
+        if self.model.state == "paused":
+            return "paused"
+        if self._pause_sent:
+            return "pausing"
+        if self.model.state == "starting" or (not self.model.info and not self.model.step):
+            return "starting"
+        return "training"
+
+    def _state_text(self) -> str:
+        st = self.ui_state()
+        m = self.model
+        if st == "idle" and m.state in ("finished", "failed", "interrupted"):
+            st = m.state
+        return {"idle": "Ready", "starting": "Starting", "training": "Training", "pausing": "Pausing",
+                "paused": f"Paused after epoch {m.epoch}", "stopping": "Stopping",
+                "viewing": f"Viewing ({m.state})" if m.state not in ("idle",) else "Viewing",
+                "finished": f"Finished ({m.finish_reason})", "failed": "Failed",
+                "interrupted": "Interrupted"}.get(st, st)
+
+    def _update_state(self) -> None:
+        st = self.ui_state()
+        controls_state = "idle" if st == "viewing" else st
+        self.controls.remote = self._controlling_remote()
+        m = self.model
+        detail = ""
+        if controls_state == "idle" and m.state in ("finished", "failed", "interrupted"):
+            detail = {"finished": f"Last run finished ({m.finish_reason}) at step {m.step:,}.",
+                      "failed": f"Last run failed at step {m.step:,}: {m.finish_reason}",
+                      "interrupted": f"This run stopped at step {m.step:,} without finishing (its process ended)."
+                      }[m.state]
+        self.controls.set_state(controls_state, detail)
+        live = self._run_is_live()
+        self.start_action.setEnabled(not live)
+        self.stop_action.setEnabled(live and st != "stopping")
+        self.pause_action.setEnabled(st == "training")
+        self.resume_action.setEnabled(st in ("pausing", "paused"))
+        self.apply_action.setEnabled(live)
+        self._update_status()
+
+    def _update_status(self) -> None:
+        self.status.update_from(self.model, self._state_text())
+
+    def _alerts_count(self, n: int) -> None:
+        self.alerts_dock.setWindowTitle(f"Alerts ({n})" if n else "Alerts")
+        if n:
+            self.alerts_dock.raise_()
+
+    def _zoom_to_step(self, step: int) -> None:
+        half = max(10, len(self.model.metrics) // 50)
+        self.plots.loss_plot.setXRange(step - half, step + half)
+
+    # -- dialogs -------------------------------------------------------------------------
+    def show_error(self, title: str, message: str) -> QMessageBox:
+        """A non-blocking dialog: the window (and any run) keeps going behind it."""
+        self.last_error = (title, message)
+        log.warning("%s: %s", title, message)
+        box = QMessageBox(QMessageBox.Icon.Critical, title, message, QMessageBox.StandardButton.Ok, self)
+        box.setWindowModality(Qt.WindowModality.WindowModal)
+        box.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        box.finished.connect(lambda *_: self.dialogs.remove(box) if box in self.dialogs else None)
+        self.dialogs.append(box)
+        box.open()
+        return box
+
+    def choose_task_file(self) -> None:
+        start = os.path.dirname(self.settings.recent("recent_tasks")[0]) if self.settings.recent("recent_tasks") \
+            else assets.RESOURCES
+        path, _ = QFileDialog.getOpenFileName(self, "Open a task file", start, "Python files (*.py)")
+        if path:
+            self.controls.set_task(path)
+            self.settings.add_recent("recent_tasks", path)
+
+    def choose_run_folder(self) -> None:
+        path = QFileDialog.getExistingDirectory(self, "Open a run folder", self.history.root)
+        if path:
+            self.open_run(path)
+
+    # -- run folders ---------------------------------------------------------------------
+    def open_run(self, path: str) -> bool:
+        """Show a run folder's plots (finished, or training in another process)."""
+        if self.is_running():
+            self.show_error("A run is going", "This window is training a run. Stop it first, or tick "
+                                              "'Compare' in the run history to overlay the other run's loss.")
+            return False
+        try:
+            src = FolderSource(path)
+        except (StoreError, ConfigError) as e:
+            self.show_error("Cannot open the run folder", str(e))
+            return False
+        self._reset_view()
+        self.source = src
+        self.history.add_extra(path)
+        self.settings.add_recent("recent_runs", path)
+        items = src.poll(force=True)
+        delta = self.model.ingest(items, src.step_get)
+        if src.interrupted():
+            self.model.state = "interrupted"
+        if not self.model.info:
+            self.model.info = dict(src.info)
+        self._apply_delta(delta)
+        self.plots.fit()
+        self.plots.refresh(force=True)
+        self.setWindowTitle(f"Headroom - {os.path.basename(os.path.normpath(path))}")
+        self._update_state()
+        return True
+
+    def set_overlay(self, path: str, on: bool) -> None:
+        name = os.path.basename(os.path.normpath(path))
+        if not on:
+            self.plots.remove_overlay(name)
+            return
+        try:
+            reader = RunReader(path)
+            try:
+                rows = reader.metrics()
+            finally:
+                reader.close()
+        except StoreError as e:
+            self.show_error("Cannot overlay the run", str(e))
+            return
+        buf = MetricsBuffer(max(16, len(rows)))
+        buf.extend_records(rows, dict.get)
+        self.plots.add_overlay(name, buf)
+
+    # -- export --------------------------------------------------------------------------
+    def export_csv(self, path: str) -> int:
+        return export.write_csv(self.model, path)
+
+    def export_png(self, path: str, whole_window: bool = False) -> bool:
+        self.plots.refresh(force=True)
+        QApplication.processEvents()
+        return export.write_png(self if whole_window else self.plots, path)
+
+    def export_csv_dialog(self) -> None:
+        path, _ = QFileDialog.getSaveFileName(self, "Export metrics", export.default_name(self.model, ".csv"),
+                                              "CSV (*.csv)")
+        if path:
+            try:
+                n = self.export_csv(path)
+                self.statusBar().showMessage(f"Wrote {n} rows to {path}", 5000)
+            except OSError as e:
+                self.show_error("Export failed", str(e))
+
+    def export_png_dialog(self) -> None:
+        path, _ = QFileDialog.getSaveFileName(self, "Export plots", export.default_name(self.model, ".png"),
+                                              "PNG (*.png)")
+        if path and not self.export_png(path):
+            self.show_error("Export failed", f"could not write {path}")
+
+    def screenshot(self, path: str) -> bool:
+        """PNG of the whole window as it is now (--screenshot)."""
+        self.tick()
+        self._update_status()
+        self.plots.refresh(force=True)
+        QApplication.processEvents()
+        return export.write_png(self, path)
+
+    # -- closing -------------------------------------------------------------------------
+    def closeEvent(self, event: QCloseEvent) -> None:  # noqa: N802 - Qt name
+        if self.runner.is_busy() and not self._really_closing:
+            self.runner.stop()  # at the next micro-batch, with a checkpoint
+            t0 = time.perf_counter()
+            if not self.runner.join(JOIN_S):
+                # Still inside something it cannot leave yet (torch loading, a long micro-batch):
+                # never terminate() it; hide and close once it has stopped.
+                log.warning("engine thread still busy after %.1fs; closing when it stops", JOIN_S)
+                self._close_when_done = True
+                self.save_settings()
+                self.hide()
+                event.ignore()
+                return
+            log.info("engine thread joined in %.2fs", time.perf_counter() - t0)
+            self.tick()
+        self.timer.stop()
+        self.save_settings()
+        if self.source is not None:
+            self.source.close()
+        for box in list(self.dialogs):
+            box.close()
+        event.accept()
+        super().closeEvent(event)
+
+
+def print_error(message: str) -> None:
+    print(f"error: {message}", file=sys.stderr)

@@ -1,0 +1,170 @@
+"""The engine in a QThread: one worker QObject moved to one QThread. The only file that touches QThread.
+
+- torch loads here, in the worker thread, when a run starts (never on the GUI's start-up path).
+- Events go from the trainer straight into an `engine.events.EventBuffer` (the trainer's
+  sink); the GUI drains it on its own timer. The signals below fire once per run, never
+  once per step.
+- Anything raised in the thread is caught there, logged with its traceback, and re-emitted
+  as a one-line message.
+- Stop is a flag (the trainer stops at the next micro-batch and writes its checkpoint);
+  `join` waits for the thread with a timeout. Nothing here calls QThread.terminate().
+"""
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+import traceback
+from typing import Any, Optional
+
+from PySide6.QtCore import QObject, Qt, QThread, Signal, Slot
+
+from engine.commands import Command
+from engine.config import ConfigError, TrainConfig
+from engine.events import EventBuffer
+
+log = logging.getLogger("headroom.worker")
+
+
+class EngineWorker(QObject):
+    """Runs one `engine.Trainer` on the thread it is moved to."""
+
+    prepared = Signal(str)  # run folder, once the task has loaded and the run is about to start
+    bad_input = Signal(str)  # the config or task was refused before anything ran (one line)
+    failed = Signal(str)  # the run failed after it started (one line; traceback in the log)
+    finished = Signal(object)  # dict: reason, steps, run_dir, final_loss
+    done = Signal()  # always last, after one of the three above
+
+    def __init__(self, config: TrainConfig, buffer: EventBuffer, commands: "queue.Queue[Command]") -> None:
+        super().__init__()
+        self.config = config
+        self.buffer = buffer
+        self.commands = commands
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._trainer: Any = None
+
+    def request_stop(self) -> None:
+        """Thread-safe: stop at the next micro-batch (or before the run starts)."""
+        self._stop.set()
+        with self._lock:
+            trainer = self._trainer
+        if trainer is not None:
+            trainer.request_stop()
+
+    @Slot()
+    def run(self) -> None:
+        try:
+            self._run()
+        finally:
+            self.done.emit()
+
+    def _run(self) -> None:
+        t0 = time.perf_counter()
+        try:
+            from engine.trainer import Trainer  # torch loads here, on this thread
+            trainer = Trainer(self.config, sink=self.buffer.put, commands=self.commands)
+            trainer.prepare()
+        except ConfigError as e:  # TaskError too: a bad task file, an unknown task, a value out of range
+            log.info("run refused: %s", e)
+            self.bad_input.emit(str(e))
+            return
+        except BaseException as e:  # noqa: BLE001 - anything from the task's own code
+            log.error("run could not start:\n%s", traceback.format_exc())
+            self.bad_input.emit(f"{type(e).__name__}: {e}")
+            return
+        with self._lock:
+            self._trainer = trainer
+        if self._stop.is_set():
+            trainer.request_stop()
+        log.info("run prepared in %.2fs: %s", time.perf_counter() - t0, trainer.run_dir)
+        self.prepared.emit(str(trainer.run_dir))
+        try:
+            result = trainer.run()
+        except BaseException as e:  # noqa: BLE001 - report everything, never let it kill the thread
+            message = str(e.args[0]) if isinstance(e, ConfigError) and e.args else (
+                str(e) if type(e).__name__ in ("TrainingError", "NonFiniteStop", "OutOfMemoryStop")
+                else f"{type(e).__name__}: {e}")
+            log.error("run failed at step %s:\n%s", getattr(trainer, "step", "?"), traceback.format_exc())
+            self.failed.emit(message)
+            return
+        finally:
+            with self._lock:
+                self._trainer = None
+        self.finished.emit({"reason": result.reason, "steps": result.steps, "run_dir": str(result.run_dir),
+                            "final_loss": result.final_loss})
+
+
+class EngineRunner(QObject):
+    """Owns the QThread and the worker of the current run. Lives on the GUI thread."""
+
+    prepared = Signal(str)
+    bad_input = Signal(str)
+    failed = Signal(str)
+    finished = Signal(object)
+    stopped = Signal()  # the thread has ended (after one of the signals above)
+
+    def __init__(self, parent: Optional[QObject] = None) -> None:
+        super().__init__(parent)
+        self.buffer = EventBuffer()
+        self.commands: "queue.Queue[Command]" = queue.Queue()
+        self._thread: Optional[QThread] = None
+        self._worker: Optional[EngineWorker] = None
+
+    def is_running(self) -> bool:
+        return self._thread is not None and self._thread.isRunning()
+
+    def is_busy(self) -> bool:
+        """A run was started and its thread has not been cleaned up yet."""
+        return self._thread is not None
+
+    def start(self, config: TrainConfig) -> None:
+        if self._thread is not None:
+            raise RuntimeError("a run is already going")
+        self.buffer.drain()  # nothing from an earlier run
+        self.commands = queue.Queue()
+        thread = QThread()
+        thread.setObjectName("headroom-engine")
+        worker = EngineWorker(config, self.buffer, self.commands)
+        worker.moveToThread(thread)
+        thread.started.connect(worker.run)
+        worker.prepared.connect(self.prepared)
+        worker.bad_input.connect(self.bad_input)
+        worker.failed.connect(self.failed)
+        worker.finished.connect(self.finished)
+        # Direct: quit from the worker thread itself, so join() (GUI thread blocked in wait) cannot deadlock.
+        worker.done.connect(thread.quit, Qt.ConnectionType.DirectConnection)
+        thread.finished.connect(self._on_thread_finished)
+        self._thread, self._worker = thread, worker
+        thread.start()
+
+    def send(self, command: Command) -> None:
+        """Thread-safe hand-off; the trainer reads the queue at its boundaries."""
+        self.commands.put(command)
+
+    def stop(self) -> None:
+        if self._worker is not None:
+            self._worker.request_stop()
+
+    def join(self, timeout_s: float = 2.0) -> bool:
+        """Wait for the engine thread to end. True if it has (or none was running)."""
+        thread = self._thread
+        if thread is None:
+            return True
+        ok = thread.wait(int(timeout_s * 1000))
+        if ok:
+            self._on_thread_finished()
+        return ok
+
+    @Slot()
+    def _on_thread_finished(self) -> None:
+        thread, worker = self._thread, self._worker
+        if thread is None or thread.isRunning():
+            return
+        thread.wait()  # already ended: returns at once, and makes sure Qt agrees
+        self._thread = self._worker = None
+        if worker is not None:
+            worker.deleteLater()
+        thread.deleteLater()
+        self.stopped.emit()
