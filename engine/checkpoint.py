@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import os
 import pickle
+import re
 import tempfile
+import warnings
 import zipfile
 from typing import Any
 
@@ -27,7 +29,10 @@ def save_atomic(obj: dict[str, Any], path: str) -> None:
     folder = os.path.dirname(path) or "."
     os.makedirs(folder, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".pt", dir=folder)
+    umask = os.umask(0)
+    os.umask(umask)
     try:
+        os.fchmod(fd, 0o666 & ~umask)  # as open() would, not mkstemp's 0600
         with os.fdopen(fd, "wb") as f:
             torch.save(obj, f)
             f.flush()
@@ -54,11 +59,14 @@ def load(path: str, map_location: Any = "cpu") -> dict[str, Any]:
     if not os.path.isfile(path):
         raise CheckpointError(f"checkpoint {path}: no such file")
     try:
-        obj = torch.load(path, map_location=map_location, weights_only=True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # e.g. "Detected pickle protocol 5": the error below says it all
+            obj = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else "unsupported content"
-        raise CheckpointError(f"checkpoint {path} refused: it holds more than tensors and plain data "
-                              f"({first})") from None
+        found = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(e))
+        what = f"it refers to {found.group(1)}" if found else "it holds more than tensors and plain data"
+        raise CheckpointError(f"checkpoint {path} refused: {what}; Headroom loads weights only and never "
+                              "runs code from a checkpoint") from None
     except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise CheckpointError(f"checkpoint {path} is damaged or truncated: {first}") from None

@@ -96,6 +96,7 @@ def config_from_args(ns: argparse.Namespace) -> TrainConfig:
         if not isinstance(saved, dict):
             saved = {}
         saved.pop("run_dir", None)
+        saved.pop("max_steps", None)  # the limit that stopped the run is not one for its continuation
         base = {**saved, **given}
         base.pop("find_micro_batch", None)
         return TrainConfig.from_dict(base).validate()
@@ -150,8 +151,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     def on_signal(signum: int, _frame: Any) -> None:
         trainer.request_stop()  # stop at the next micro-batch, with a checkpoint
 
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         result = trainer.run()
     except (TrainingError, ConfigError) as e:
@@ -160,6 +160,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except Exception as e:  # the task's own code failed mid-run: run.db already holds run_failed
         print(f"error: run failed at step {trainer.step}: {type(e).__name__}: {e}", file=sys.stderr)
         return EXIT_FAILED
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
     if result.reason == "nonfinite":
         print(f"error: non-finite loss or gradient at step {result.steps}; stopped with the last good weights "
               f"in {result.run_dir}", file=sys.stderr)

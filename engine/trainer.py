@@ -349,11 +349,12 @@ class Trainer:
                     return "stopped"
             val = self._validate()
             train_loss = epoch_loss / epoch_count if epoch_count else float("nan")
-            self._emit(EpochEnd(self.step, self.epoch, train_loss=train_loss, val_loss=val,
-                                seconds=time.perf_counter() - epoch_start))
+            done = EpochEnd(self.step, self.epoch, train_loss=train_loss, val_loss=val,
+                            seconds=time.perf_counter() - epoch_start)
             self.epoch += 1
             self.window_in_epoch = 0
-            self._save_checkpoint(epoch_done=self.epoch - 1)
+            self._save_checkpoint(epoch_done=self.epoch - 1)  # before the event: seen = saved
+            self._emit(done)
         return "completed"
 
     def _should_stop(self) -> bool:
