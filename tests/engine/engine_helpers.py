@@ -133,6 +133,10 @@ class Recorder:
         self._current.append(ids)
         return token_collate(samples)
 
+    def reset(self) -> None:
+        """Forget what was collated before training (the engine's pre-flight check of the loss)."""
+        self.__init__()
+
     def cut(self) -> None:
         self.window_micro.append(self._current)
         self.windows.append([i for mb in self._current for i in mb])
@@ -184,6 +188,8 @@ def run_trainer(task: Task, run_dir, on_event: Optional[Callable[[Any, Any], Non
 
     def sink(e):
         events.append(e)
+        if recorder is not None and e.kind == "run_started":
+            recorder.reset()
         if recorder is not None and e.kind == "step":
             recorder.cut()
         if on_event is not None:

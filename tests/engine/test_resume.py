@@ -114,3 +114,14 @@ def test_resume_keeps_settings_changed_by_commands(tmp_path):
     run_trainer(fresh_task(), run_dir, on_event=on_event, **CFG)
     final = run_trainer(fresh_task(), None, resume=str(run_dir), **CFG)
     assert {(m.accum, m.lr, m.samples) for m in final.steps} == {(5, 0.002, 10)}
+
+
+@pytest.mark.parametrize("limit, trained", [(5, []), (3, []), (8, [6, 7, 8])])
+def test_resume_honours_max_steps_as_a_step_counter_limit(tmp_path, limit, trained):
+    """Resuming a run at step 5 with max_steps=5 (or less) trains nothing more; with 8, exactly 6..8."""
+    run_dir = tmp_path / "run"
+    run_trainer(fresh_task(), run_dir, max_steps=5, **CFG)
+    again = run_trainer(fresh_task(), None, resume=str(run_dir), **{**CFG, "max_steps": limit})
+    assert [m.step for m in again.steps] == trained
+    assert again.result.reason == "max_steps"
+    assert [r["step"] for r in RunReader(str(run_dir)).metrics()] == list(range(1, 6 + len(trained)))
