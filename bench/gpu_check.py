@@ -460,7 +460,7 @@ def section_f(ctx: Ctx) -> None:
                "--task", "mlp", "--device", "cuda" if ctx.gpu else "cpu", "--epochs", "1", "--run-dir", rd]
         env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
         t0 = time.perf_counter()
-        p = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
+        p = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=150)
         dt = time.perf_counter() - t0
         kinds, info = [], {}
         db = os.path.join(rd, "run.db")
@@ -492,6 +492,8 @@ def main() -> int:
     ap.add_argument("--small", action="store_true", help="tiny GPT, simulated cap: checks the logic (CPU is fine)")
     ap.add_argument("--only", default="abcdef", help="sections to run, e.g. ab")
     ap.add_argument("--device", default="auto")
+    ap.add_argument("--budget", type=float, default=330.0,
+                    help="seconds; sections not started by then are skipped (default 330)")
     ns = ap.parse_args()
     if ns.device == "auto":
         dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -521,6 +523,9 @@ def main() -> int:
     for key in ns.only:
         fn = SECTIONS.get(key)
         if fn is None:
+            continue
+        if time.time() - check.t0 > ns.budget:
+            check.skip(key, "section", f"time budget of {ns.budget:.0f} s spent before this section")
             continue
         t0 = time.perf_counter()
         try:
