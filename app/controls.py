@@ -276,8 +276,12 @@ class ControlsPanel(QWidget):
     # -- run state -------------------------------------------------------------------------
     def set_state(self, state: str, detail: str = "") -> None:
         """idle | starting | training | pausing | paused | stopping | viewing (a finished run)."""
+        was_running = self.is_running()
         self.state = state
         running = state in ("starting", "training", "pausing", "paused", "stopping")
+        if running and not was_running:  # a new run: forget the last run's statuses
+            for name in LIVE_FIELDS:
+                self._set_status(name, "", "")
         controllable = running and (not self.remote or state != "starting")
         self.start_button.setEnabled(not running)
         self.stop_button.setEnabled(running and state != "stopping")
@@ -295,10 +299,10 @@ class ControlsPanel(QWidget):
         if self.remote and running:
             text += " (run in another process: commands go through its run.db)"
         self.run_state.setText(text + (f"\n{detail}" if detail else ""))
-        if not running:
+        if not running and self.pending:  # the run ended before its boundary: say so, keep the rest
+            for name, (value, _epoch) in self.pending.items():
+                self._set_status(name, "refused", f"not applied: the run ended first ({fmt_value(value)})")
             self.pending.clear()
-            for name in LIVE_FIELDS:
-                self._set_status(name, "", "")
         self._edited()
 
     def is_running(self) -> bool:

@@ -79,8 +79,8 @@ class PeakPyramid:
     def decimate(self, i0: int, i1: int, target: int) -> tuple[np.ndarray, np.ndarray]:
         """(indices into the source, values) covering source[i0:i1] in at most ~target points.
 
-        Indices point at the first source entry of each bucket (twice: min then max), so
-        x = x_column[indices] places the pair where the bucket starts.
+        Each bucket gives two points: its minimum at the bucket's first entry and its
+        maximum at its last, so x = x_column[indices] spans the data end to end.
         """
         n = len(self.source)
         i0, i1 = max(0, i0), min(n, i1)
@@ -102,5 +102,8 @@ class PeakPyramid:
         values = np.empty(2 * len(lo))
         values[0::2] = lo
         values[1::2] = hi
-        idx = np.repeat(np.arange(b0, b1, dtype=np.int64) * bucket, 2)
+        starts = np.arange(b0, b1, dtype=np.int64) * bucket
+        idx = np.empty(2 * len(starts), dtype=np.int64)
+        idx[0::2] = starts
+        idx[1::2] = np.minimum(starts + bucket - 1, n - 1)
         return idx, values

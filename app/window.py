@@ -48,6 +48,7 @@ class MainWindow(QMainWindow):
         """base_config: run flags given on the command line (TrainConfig fields); they fill
         the form and the fields the form has no widget for (max_steps, seed, run_dir...)."""
         super().__init__()
+        logs.setup()
         self.settings = settings or Settings()
         self.base_config = dict(base_config or {})
         self.theme = theme if theme in THEMES else (self.settings.theme() or "light")

@@ -1,0 +1,59 @@
+"""Task files the app tests write to tmp_path: small, fast, and each with one behaviour."""
+from __future__ import annotations
+
+from pathlib import Path
+
+TINY = '''
+import torch
+import torch.nn.functional as F
+from engine import Task
+
+N = {n}
+BAD_CALLS = {bad_calls}
+RAISE_AT = {raise_at}
+calls = {{"n": 0}}
+
+
+class Data(torch.utils.data.Dataset):
+    def __init__(self, n, seed):
+        g = torch.Generator().manual_seed(seed)
+        self.x = torch.randn(n, 8, generator=g)
+        self.y = (self.x.sum(1) > 0).long()
+
+    def __len__(self):
+        return len(self.y)
+
+    def __getitem__(self, i):
+        return self.x[i], self.y[i]
+
+
+def loss(model, batch):
+    x, y = batch
+    out = F.cross_entropy(model(x), y, reduction="sum")
+    if not torch.is_grad_enabled():  # the engine's pre-flight check and validation: not counted
+        return out, len(y)
+    calls["n"] += 1  # training micro-batches only: two per step here
+    if RAISE_AT and calls["n"] == RAISE_AT:
+        raise RuntimeError("boom in the task's loss")
+    if calls["n"] in BAD_CALLS:
+        out = out * float("nan")
+    return out, len(y)
+
+
+def build_task(seed):
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+    return Task(model=model, train_data=Data(N, 1), val_data=Data(128, 2), loss=loss, name="tiny")
+'''
+
+
+def tiny_task(folder: Path, name: str = "tiny.py", n: int = 1024, bad_calls: tuple = (), raise_at: int = 0) -> str:
+    path = folder / name
+    path.write_text(TINY.format(n=n, bad_calls=set(bad_calls) or "set()", raise_at=raise_at))
+    return str(path)
+
+
+def broken_task(folder: Path) -> str:
+    path = folder / "broken.py"
+    path.write_text("import torch\n\ndef build_task(seed)\n    return None\n")  # a syntax error on line 3
+    return str(path)

@@ -1,0 +1,64 @@
+"""`python -m app`: bad flags are one error line and exit 2; --screenshot writes a PNG;
+the window shows without importing torch."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+from PySide6.QtGui import QImage
+
+from conftest import ROOT
+from tasks import broken_task
+
+
+def _app(*args, env_extra=None, timeout=120):
+    env = {**os.environ, "QT_QPA_PLATFORM": "offscreen", **(env_extra or {})}
+    return subprocess.run([sys.executable, "-m", "app", *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--lr", "-1"], "--lr"),
+    (["--lr", "abc"], "--lr"),
+    (["--accum", "0"], "--accum"),
+    (["--task", "nope"], "unknown task"),
+    (["--task", "missing/file.py"], "no such file"),
+    (["--bogus"], "unrecognized"),
+    (["--quit-when-done"], "--autostart"),
+    (["--precision", "fp8"], "--precision"),
+])
+def test_bad_flags_are_one_error_line_and_exit_2(args, words):
+    r = _app(*args, timeout=30)
+    assert r.returncode == 2, r
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and words in lines[0], r.stderr
+    assert r.stdout == ""
+
+
+def test_a_task_file_that_fails_to_load_exits_2_when_scripted(tmp_path):
+    r = _app("--task", broken_task(tmp_path), "--autostart", "--quit-when-done")
+    assert r.returncode == 2, r.stderr
+    err = [line for line in r.stderr.splitlines() if line.strip()]
+    assert len(err) == 1 and err[0].startswith("error: task file") and "syntax error" in err[0], r.stderr
+
+
+def test_screenshot_writes_a_png_of_the_window(tmp_path):
+    shot = tmp_path / "shot.png"
+    r = _app("--task", "mlp", "--epochs", "1", "--max-steps", "6", "--micro-batch", "64", "--device", "cpu",
+             "--autostart", "--quit-when-done", "--screenshot", str(shot), "--run-dir", str(tmp_path / "run"))
+    assert r.returncode == 0, r.stderr
+    assert "Traceback" not in r.stderr and "Fatal" not in r.stderr, r.stderr
+    img = QImage(str(shot))
+    assert not img.isNull() and (img.width(), img.height()) == (1440, 900)
+    # not a blank image: many distinct colours
+    colours = {img.pixel(x, y) for x in range(0, 1440, 37) for y in range(0, 900, 29)}
+    assert len(colours) > 10
+
+
+def test_window_shows_before_torch_loads():
+    r = _app(env_extra={"HEADROOM_STARTUP_PROBE": "1"}, timeout=60)
+    assert r.returncode == 0, r.stderr
+    line = next(ln for ln in r.stdout.splitlines() if ln.startswith("shown "))
+    assert "torch_loaded 0" in line, line

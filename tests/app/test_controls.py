@@ -1,0 +1,113 @@
+"""Controls: validators, effective batch, buttons by state, settings kept, shortcuts, themes, no-GPU plot."""
+from __future__ import annotations
+
+from PySide6.QtCore import Qt
+from PySide6.QtGui import QValidator
+
+from engine.events import StepMetrics
+
+from app.shortcuts import SHORTCUTS
+from app.validators import DeviceValidator, FloatValidator
+
+A, I, X = QValidator.State.Acceptable, QValidator.State.Intermediate, QValidator.State.Invalid
+
+
+def test_validators_keep_out_what_the_engine_refuses():
+    v = FloatValidator(0.0, 10.0)
+    for text, state in [("0.001", A), ("3e-4", A), ("0", A), ("", I), ("1e", I), (".", I), ("1e-", I),
+                        ("-1", X), ("abc", X), ("nan", X), ("inf", X), ("1e999", X), ("11", X), ("1,5", X)]:
+        assert v.validate(text, 0)[0] == state, text
+    d = DeviceValidator()
+    for text, state in [("cpu", A), ("cuda", A), ("cuda:1", A), ("auto", A), ("cu", I), ("cuda:", I),
+                        ("gpu", X), ("cuda:x", X)]:
+        assert d.validate(text, 0)[0] == state, text
+
+
+def test_typing_cannot_enter_an_invalid_lr(qtbot, make_window):
+    w = make_window()
+    lr = w.controls.lr
+    lr.clear()
+    qtbot.keyClicks(lr, "-abc0.5")
+    assert lr.text() == "0.5"
+    lr.clear()
+    assert w.controls.values() == (None, "Learning rate: enter a number >= 0, e.g. 0.001 or 3e-4")
+    assert not w.start_run() and w.last_error[1].startswith("Learning rate")
+
+
+def test_effective_batch_and_buttons(qtbot, make_window):
+    w = make_window()
+    c = w.controls
+    c.micro_batch.setValue(16)
+    c.accum.setValue(8)
+    assert c.effective.text().startswith("128 ")
+    assert c.start_button.isEnabled()
+    assert not (c.stop_button.isEnabled() or c.pause_button.isEnabled() or c.resume_button.isEnabled()
+                or c.apply_button.isEnabled())
+    assert w.start_action.shortcut().toString() == SHORTCUTS["start"] == "F5"
+    assert w.stop_action.shortcut().toString() == SHORTCUTS["stop"]
+    assert w.pause_action.shortcut().toString() == SHORTCUTS["pause"]
+    assert w.resume_action.shortcut().toString() == SHORTCUTS["resume"]
+
+
+def test_settings_and_layout_are_kept(qtbot, make_window):
+    w = make_window()
+    w.controls.set_values({"micro_batch": 24, "accum": 3, "lr": 0.0025, "clip": 0.0, "epochs": 7,
+                           "precision": "bf16", "lr_scaling": "sqrt"})
+    w.set_theme("dark")
+    w.log_action.setChecked(True)
+    w.history_dock.raise_()
+    w.close()
+    w2 = make_window(restore_settings=True)
+    v, _ = w2.controls.values()
+    assert (v["micro_batch"], v["accum"], v["lr"], v["clip"], v["epochs"], v["precision"], v["lr_scaling"]) == \
+        (24, 3, 0.0025, 0.0, 7, "bf16", "sqrt")
+    assert w2.theme == "dark" or w2.settings.theme() == "dark"
+    assert w2.log_action.isChecked() and w2.plots.log_box.isChecked()
+
+
+def _steps(n, gpu):
+    mem = dict(mem_allocated=2 * 2**30, mem_reserved=3 * 2**30, mem_peak=int(2.5 * 2**30), mem_used=6 * 2**30,
+               mem_total=8 * 2**30) if gpu else {}
+    return [StepMetrics(i, 1, loss=1.0 / i, grad_norm=2.0, clipped=True, lr=1e-3, accum=2, clip=1.0, micro_batch=8,
+                        samples=16, tokens=16, step_time=0.01, throughput=1600.0, nonfinite=False,
+                        scaler_skipped=False, **mem) for i in range(1, n + 1)]
+
+
+def test_memory_plot_says_no_gpu_plainly_on_cpu(qtbot, make_window):
+    from app.runmodel import RunModel
+    w = make_window()
+    assert w.plots.gpu_mode() == "none"
+    m = RunModel()
+    m.info = {"device": "cpu"}
+    m.ingest(_steps(10, gpu=False))
+    w.model = m
+    w.plots.set_model(m)
+    assert w.plots.gpu_mode() == "cpu"
+    assert "No GPU" in w.plots.mem_note.toPlainText() and w.plots.mem_note.isVisible()
+    assert "no GPU" in w.plots.mem_plot.titleLabel.text
+    assert not w.plots.mem_used.isVisible()
+    m2 = RunModel()
+    m2.ingest(_steps(10, gpu=True))
+    w.plots.set_model(m2)
+    assert w.plots.gpu_mode() == "gpu" and w.plots.headroom_fill.isVisible()
+    x, y = w.plots.curve_data("mem_used")
+    assert list(y) == [6.0] * 10
+    assert not w.plots.mem_note.isVisible()
+
+
+def test_theme_switch_keeps_the_data(qtbot, make_window):
+    from app.runmodel import RunModel
+    w = make_window()
+    m = RunModel()
+    m.ingest(_steps(30, gpu=False))
+    w.model = m
+    w.plots.set_model(m)
+    before = w.plots.curve_data("loss")[1].copy()
+    w.theme_action.setChecked(True)
+    assert w.theme == "dark"
+    assert w.plots.canvas.backgroundBrush().color().name() == "#111318"
+    assert list(w.plots.curve_data("loss")[1]) == list(before)
+    assert "#16181d" in w.styleSheet() or "#16181d" in w.window().styleSheet() or \
+        "16181d" in __import__("PySide6.QtWidgets", fromlist=["QApplication"]).QApplication.instance().styleSheet()
+    w.theme_action.setChecked(False)
+    assert w.theme == "light"

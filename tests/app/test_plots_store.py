@@ -1,0 +1,83 @@
+"""The plots hold the data the store holds: live, reopened from the folder, and overlaid."""
+from __future__ import annotations
+
+import numpy as np
+
+from engine.store import RunReader
+
+from conftest import run_to_end, start
+
+
+def _store(run_dir):
+    reader = RunReader(str(run_dir))
+    rows, epochs = reader.metrics(), reader.epochs()
+    reader.close()
+    return rows, epochs
+
+
+def _check_plots_match(w, rows, epochs):
+    steps = np.array([r["step"] for r in rows], float)
+    for curve, col in (("loss", "loss"), ("grad_norm", "grad_norm"), ("lr", "lr"), ("throughput", "throughput")):
+        x, y = w.plots.curve_data(curve)
+        assert np.array_equal(x, steps), curve
+        assert np.array_equal(y, np.array([r[col] for r in rows], float)), curve
+    x, y = w.plots.curve_data("val")
+    assert np.array_equal(x, [e["step"] for e in epochs])
+    assert np.allclose(y, [e["val_loss"] for e in epochs], rtol=0, atol=0)
+    x, y = w.plots.curve_data("clipped")
+    clipped = [r for r in rows if r["clipped"]]
+    assert np.array_equal(x, [r["step"] for r in clipped])
+    assert np.array_equal(y, [r["grad_norm"] for r in clipped])
+
+
+def test_plots_hold_what_run_db_holds(qtbot, make_window, tmp_path):
+    w = make_window()
+    run_dir = tmp_path / "run"
+    start(w, epochs=2, clip=1.5, run_dir=str(run_dir))
+    run_to_end(qtbot, w)
+    rows, epochs = _store(run_dir)
+    assert len(rows) == 64 and len(epochs) == 2
+    assert any(r["clipped"] for r in rows)
+    _check_plots_match(w, rows, epochs)
+
+    # The same folder opened in another window shows the same.
+    w2 = make_window()
+    assert w2.open_run(str(run_dir))
+    _check_plots_match(w2, rows, epochs)
+    assert w2.model.state == "finished" and w2.ui_state() == "viewing"
+    assert w2.plots.gpu_mode() == "cpu"
+
+    # Overlay: run 1's loss EMA on the loss plot of a window showing run 2.
+    run2 = tmp_path / "run2"
+    start(w, epochs=1, lr=3e-3, run_dir=str(run2))
+    run_to_end(qtbot, w)
+    w.set_overlay(str(run_dir), True)
+    assert "run" in w.plots.overlays
+    buf, item, _series = w.plots.overlays["run"]
+    x, y = item.getData()
+    assert np.array_equal(x, [r["step"] for r in rows])
+    assert np.allclose(y, buf.view("loss_ema"))
+    assert "run (EMA)" in w.plots.loss_plot.titleLabel.text
+    w.set_overlay(str(run_dir), False)
+    assert not w.plots.overlays
+
+
+def test_a_long_run_is_drawn_from_a_few_thousand_points(qtbot, make_window):
+    """Peak decimation keeps every extreme: the drawn curve spans the data's min and max."""
+    from app.runmodel import RunModel
+    w = make_window()
+    n = 300_000
+    rng = np.random.default_rng(0)
+    loss = np.abs(rng.standard_normal(n)).cumsum() / np.arange(1, n + 1)
+    loss[123_45] = 50.0  # one spike
+    model = RunModel()
+    rows = [{"step": i + 1, "epoch": 1, "loss": float(loss[i]), "grad_norm": 1.0, "lr": 1e-3, "accum": 1,
+             "clip": 0.0, "micro_batch": 1, "samples": 1, "tokens": 1, "clipped": 0, "nonfinite": 0,
+             "throughput": 1.0, "step_time": 0.01, "time": 0.0} for i in range(0, n, 1)]
+    model.ingest(rows, dict.get)
+    w.model = model
+    w.plots.set_model(model)
+    x, y = w.plots.curve_data("loss")
+    assert len(x) <= 4 * w.plots.loss_plot.getViewBox().width() + 8
+    assert y.max() == 50.0 and y.min() == loss.min()
+    assert x[0] == 1 and x[-1] == n

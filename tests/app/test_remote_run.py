@@ -1,0 +1,52 @@
+"""A run training in another process (the headless engine), opened from its folder: live plots
+from run.db, and changes and Stop sent through its commands table."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+from conftest import ROOT, wait_until
+
+
+def test_open_a_running_run_and_control_it(qtbot, make_window, tmp_path):
+    run_dir = tmp_path / "remote"
+    proc = subprocess.Popen([sys.executable, "-m", "engine", "--task", "mlp", "--epochs", "40", "--micro-batch", "64",
+                             "--accum", "2", "--device", "cpu", "--run-dir", str(run_dir)], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=dict(os.environ))
+    try:
+        deadline = time.monotonic() + 90
+        while not (run_dir / "run.db").exists() or not w_ready(run_dir):
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        w = make_window()
+        assert w.open_run(str(run_dir))
+        assert w._controlling_remote() and w.controls.remote
+        wait_until(qtbot, lambda: w.model.step >= 2 and w.controls.engine.get("accum") == 2, 60, "remote steps")
+        assert w.ui_state() == "training" and w.controls.stop_button.isEnabled()
+        w.controls.accum.setValue(4)
+        w.apply_changes()
+        assert "pending" in w.controls.status_text("accum")
+        wait_until(qtbot, lambda: w.controls.status_text("accum").startswith("applied"), 60, "the remote change")
+        assert [n for n in w.model.markers if ("accum", 2, 4) in n.changes]
+        w.stop_run()
+        proc.wait(timeout=30)
+        wait_until(qtbot, lambda: w.model.state == "finished", 30, "run_finished from run.db")
+        assert w.model.finish_reason == "stopped"
+        assert proc.returncode == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def w_ready(run_dir) -> bool:
+    from engine.store import RunReader
+    try:
+        r = RunReader(str(run_dir))
+        ok = r.info().get("status") == "running" and len(r.metrics()) > 0
+        r.close()
+        return ok
+    except Exception:
+        return False

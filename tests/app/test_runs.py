@@ -1,0 +1,37 @@
+"""The runs folder and the task names agree with the engine's; run history lists runs."""
+from __future__ import annotations
+
+import os
+
+from app.runs import BUILTIN_TASKS, list_runs, runs_root
+
+
+def test_runs_root_and_builtins_match_the_engine(monkeypatch, tmp_path):
+    from engine.task import BUILTINS
+    from engine.trainer import default_runs_root
+    assert BUILTIN_TASKS == BUILTINS
+    assert runs_root() == default_runs_root()
+    monkeypatch.delenv("HEADROOM_RUNS")
+    assert runs_root() == default_runs_root() == os.path.join(str(tmp_path / "data"), "headroom", "runs")
+    monkeypatch.delenv("XDG_DATA_HOME")
+    assert runs_root() == default_runs_root()
+
+
+def test_history_lists_runs_newest_first_and_marks_dead_ones(tmp_path):
+    import json
+    import sqlite3
+    root = tmp_path / "runs"
+    for name, status, started, pid in (("a", "finished", 1.0, 1), ("b", "running", 2.0, 2**22 + 12345),
+                                       ("c", "running", 3.0, os.getpid())):
+        d = root / name
+        d.mkdir(parents=True)
+        db = sqlite3.connect(d / "run.db")
+        db.execute("CREATE TABLE run (key TEXT PRIMARY KEY, value TEXT)")
+        for k, v in (("status", status), ("started", started), ("pid", pid), ("task", "mlp")):
+            db.execute("INSERT INTO run VALUES (?, ?)", (k, json.dumps(v)))
+        db.commit()
+        db.close()
+    (root / "not-a-run").mkdir()
+    runs = list_runs(str(root))
+    assert [r.name for r in runs] == ["c", "b", "a"]
+    assert [r.status for r in runs] == ["running", "interrupted", "finished"]

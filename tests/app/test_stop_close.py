@@ -1,0 +1,89 @@
+"""Stop, window close and Ctrl+C during a run: stopped at the next step, checkpoint written,
+thread joined within 2 s, a clean exit."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import torch
+
+from engine.store import RunReader
+
+from conftest import ROOT, run_to_end, start, wait_until
+
+
+def _checkpoint_step(run_dir) -> int:
+    state = torch.load(os.path.join(run_dir, "checkpoints", "last.pt"), weights_only=True)
+    return int(state["step"])
+
+
+def test_stop_button_ends_the_run_with_a_checkpoint(qtbot, make_window, tmp_path):
+    w = make_window()
+    run_dir = tmp_path / "run"
+    start(w, epochs=50, run_dir=str(run_dir))
+    wait_until(qtbot, lambda: w.model.step >= 3, 90, "a few steps")
+    assert w.controls.stop_button.isEnabled()
+    w.controls.stop_button.click()
+    assert w.ui_state() == "stopping"
+    outcome = run_to_end(qtbot, w, 30)
+    assert outcome == {**outcome, "status": "finished", "reason": "stopped"}
+    reader = RunReader(str(run_dir))
+    last_step = reader.metrics()[-1]["step"]
+    finished = reader.events(kinds=["run_finished"])
+    reader.close()
+    assert finished and finished[-1]["data"]["reason"] == "stopped"
+    assert _checkpoint_step(run_dir) == last_step == w.model.step
+    assert w.model.step < 50 * 32
+    assert w.controls.start_button.isEnabled() and not w.controls.stop_button.isEnabled()
+
+
+def test_closing_the_window_during_a_run_joins_within_2s(qtbot, make_window, tmp_path, qtlog):
+    w = make_window()
+    run_dir = tmp_path / "run"
+    start(w, epochs=50, run_dir=str(run_dir))
+    wait_until(qtbot, lambda: w.model.step >= 3, 90, "a few steps")
+    t0 = time.perf_counter()
+    assert w.close()
+    took = time.perf_counter() - t0
+    assert took < 2.0, took
+    assert not w.runner.is_busy() and not w.isVisible()
+    assert _checkpoint_step(run_dir) >= 3
+    reader = RunReader(str(run_dir))
+    assert reader.info()["status"] == "finished"
+    assert reader.events(kinds=["run_finished"])[-1]["data"]["reason"] == "stopped"
+    reader.close()
+    assert not [m for m in qtlog.records if "Destroyed while thread" in m.message]
+
+
+def test_ctrl_c_in_the_terminal_closes_cleanly(tmp_path):
+    run_dir = tmp_path / "run"
+    env = {**os.environ, "QT_QPA_PLATFORM": "offscreen"}
+    proc = subprocess.Popen([sys.executable, "-m", "app", "--task", "mlp", "--epochs", "50", "--micro-batch", "64",
+                             "--accum", "2", "--device", "cpu", "--autostart", "--run-dir", str(run_dir)],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            assert proc.poll() is None, proc.communicate()
+            if (run_dir / "run.db").exists():
+                try:
+                    reader = RunReader(str(run_dir))
+                    n = len(reader.metrics())
+                    reader.close()
+                    if n >= 2:
+                        break
+                except Exception:
+                    pass
+            assert time.monotonic() < deadline, "the app never started training"
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    assert "QThread" not in err and "Traceback" not in err and "Fatal" not in err, err
+    assert _checkpoint_step(run_dir) >= 2
