@@ -75,7 +75,8 @@ class RunStore:
                              [(k, json.dumps(v, default=_json_default)) for k, v in items.items()])
 
     def record(self, event: Event) -> None:
-        """Buffer one event; commits when a second has passed since the last commit."""
+        """Buffer a step's metrics (committed when a second has passed since the last commit);
+        write and commit any other event at once."""
         now = time.time()
         if isinstance(event, StepMetrics):
             d = event.to_dict()
@@ -91,6 +92,9 @@ class RunStore:
             self._db.execute("INSERT INTO events (time, step, epoch, kind, message, data) VALUES (?,?,?,?,?,?)",
                              (now, event.step, event.epoch, event.kind, event.message(),
                               json.dumps(data, default=_json_default)))
+            # Events are rare: commit now, so no write transaction (and its lock) stays open
+            # through the next steps, however slow, and blocks send_command from another process.
+            self.commit()
         if time.monotonic() - self._last_commit >= self.commit_interval:
             self.commit()
 
@@ -132,6 +136,7 @@ class RunStore:
     def mark_command(self, row_id: int, status: str, step: int, note: str = "") -> None:
         self._db.execute("UPDATE commands SET status = ?, applied_step = ?, note = ? WHERE id = ?",
                          (status, step, note, row_id))
+        self.commit()  # release the write lock at once (see record)
 
     def close(self) -> None:
         try:

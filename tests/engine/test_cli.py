@@ -86,6 +86,8 @@ BAD = {
     "oom_recovery_maybe": (["--oom-recovery", "maybe"], "oom-recovery"),
     "seed_negative": (["--seed", "-1"], "--seed"),
     "run_dir_under_a_file": (["--task", "{tasks}/good.py", "--run-dir", "{case}/afile/run"], "not writable"),
+    # The first folder can be made, the next cannot: what was made is removed again.
+    "run_dir_name_too_long": (["--task", "{tasks}/good.py", "--run-dir", "{case}/new/" + "x" * 300], "not writable"),
     "run_dir_is_a_file": (["--task", "{tasks}/good.py", "--run-dir", "{case}/afile"], "not a folder"),
     "run_dir_holds_a_run": (["--task", "{tasks}/good.py", "--run-dir", "{case}/oldrun"], "already holds a run"),
     "resume_not_a_run": (["--resume", "{case}/nothing"], "not a run folder"),
@@ -129,7 +131,8 @@ def tasks_dir(tmp_path_factory):
 # real processes, the rest through engine.cli.main in this process (same code path after argv).
 IN_PROCESS = {"build_task_not_callable", "import_raises", "import_exits", "build_task_raises",
               "build_task_wrong_type", "unknown_module", "unknown_attr", "micro_batch_larger_than_data",
-              "token_budget_without_sample_length", "run_dir_is_a_file", "run_dir_holds_a_run", "vram_limit_on_cpu"}
+              "token_budget_without_sample_length", "run_dir_is_a_file", "run_dir_name_too_long",
+              "run_dir_holds_a_run", "vram_limit_on_cpu"}
 
 
 def prepare_case(root, name, tasks_dir):

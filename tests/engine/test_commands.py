@@ -242,3 +242,39 @@ def test_commands_validate_on_creation():
                 lambda: SetMicroBatch(False), lambda: SetLrScaling("x")):
         with pytest.raises(ConfigError):
             bad()
+
+
+def test_engine_never_holds_the_run_db_write_lock_between_writes(tmp_path):
+    """Another process must be able to queue a command at any time, however slow a step is:
+    after a non-step event (here a NaN skip), after a command row is marked received, and
+    after settings apply, the engine has committed, so a writer with no wait at all gets in."""
+    from test_nonfinite import poisoned_loss
+    run_dir = tmp_path / "run"
+    probes: list[tuple[int, str]] = []
+
+    def probe() -> str:
+        db = sqlite3.connect(str(run_dir / "run.db"), timeout=0)
+        try:
+            db.execute("BEGIN IMMEDIATE")
+            db.rollback()
+            return "free"
+        except sqlite3.OperationalError as e:
+            return str(e)
+        finally:
+            db.close()
+
+    def on_event(e, trainer):
+        if e.kind in ("step", "settings_applied", "nonfinite", "epoch_end", "checkpoint"):
+            got: list[str] = []
+            in_thread(lambda: got.append(probe()))
+            probes.append((e.step, e.kind, got[0]))
+        if e.kind == "step" and e.step == 3:
+            in_thread(lambda: send_command(str(run_dir), SetLr(0.05)))
+            time.sleep(1.05)  # the engine reads run.db's commands once a second: it does so after this step
+
+    run = run_trainer(make_task(N, loss=poisoned_loss((2,))), run_dir, on_event=on_event, micro_batch=MICRO,
+                      accum=ACCUM, lr=LR, epochs=2)
+    assert run.result.nonfinite_steps == 1 and run.steps[-1].lr == 0.05
+    assert [c["status"] for c in RunReader(str(run_dir)).commands()] == ["applied"]
+    locked = [p for p in probes if p[2] != "free"]
+    assert not locked, locked
