@@ -132,7 +132,7 @@ def tasks_dir(tmp_path_factory):
 IN_PROCESS = {"build_task_not_callable", "import_raises", "import_exits", "build_task_raises",
               "build_task_wrong_type", "unknown_module", "unknown_attr", "micro_batch_larger_than_data",
               "token_budget_without_sample_length", "run_dir_is_a_file", "run_dir_name_too_long",
-              "run_dir_holds_a_run", "vram_limit_on_cpu"}
+              "run_dir_holds_a_run", "vram_limit_on_cpu", "cuda_without_gpu"}
 
 
 def prepare_case(root, name, tasks_dir):
@@ -230,11 +230,10 @@ def test_cli_resume_continues_the_run(tmp_path, tasks_dir):
     from engine.config import TrainConfig
     from engine.task import load_task
     from engine.trainer import Trainer
-    common = ["--task", str(tasks_dir / "good.py"), "--micro-batch", "4", "--accum", "2", "--epochs", "2",
-              "--device", "cpu", "--json"]
-    first = run_cli(common + ["--run-dir", str(tmp_path / "part"), "--max-steps", "5"], tmp_path)
-    assert first.returncode == 0, first.stderr
-    assert json.loads(first.stdout.splitlines()[-1])["reason"] == "max_steps"
+    # The first part in this process, as the CLI would configure it; the continuation as a process.
+    cfg = TrainConfig(task=str(tasks_dir / "good.py"), micro_batch=4, accum=2, epochs=2, device="cpu")
+    first = Trainer(cfg.with_(run_dir=str(tmp_path / "part"), max_steps=5), task=load_task(cfg.task)).run()
+    assert first.reason == "max_steps" and first.steps == 5
     rows_before = RunReader(str(tmp_path / "part")).metrics()
     second = run_cli(["--resume", str(tmp_path / "part"), "--json"], tmp_path)
     assert second.returncode == 0, second.stderr
@@ -247,7 +246,5 @@ def test_cli_resume_continues_the_run(tmp_path, tasks_dir):
     assert [r["step"] for r in rows] == list(range(1, 17))
     assert rows[:5] == rows_before
     # The same task trained without a break, in this process.
-    cfg = TrainConfig(task=str(tasks_dir / "good.py"), micro_batch=4, accum=2, epochs=2, device="cpu",
-                      run_dir=str(tmp_path / "full"))
-    full = Trainer(cfg, task=load_task(cfg.task, cfg.seed)).run()
+    full = Trainer(cfg.with_(run_dir=str(tmp_path / "full")), task=load_task(cfg.task)).run()
     assert [r["loss"] for r in rows] == pytest.approx(full.losses, rel=1e-6)
