@@ -476,13 +476,16 @@ def section_f(ctx: Ctx) -> None:
         else:
             n_steps = 0
     tail = (p.stdout[-600:] + p.stderr[-1200:]).strip().replace("\n", " | ")
-    ok = p.returncode == 0 and "run_finished" in kinds
-    c.figure("f", "torchrun_1proc_finished", p.returncode, "rc 0 + run_finished", ok,
-             f"{dt:.1f} s; {n_steps} steps; world_size {info.get('world_size')}; device {info.get('device')}; "
+    backend = str(info.get("backend", "")).strip('"')
+    want = "nccl" if ctx.gpu else "gloo"
+    ok = p.returncode == 0 and "run_finished" in kinds and backend == want
+    c.figure("f", "torchrun_1proc_finished", p.returncode, f"rc 0 + run_finished + backend {want}", ok,
+             f"{dt:.1f} s; {n_steps} steps; backend {backend}; world_size {info.get('world_size')}; "
+             f"device {info.get('device')}; "
              f"events {sorted(set(kinds))}" + ("" if ok else f"; output: {tail[-1500:]}"),
              cmd=" ".join(cmd[:1] + ["-m"] + cmd[2:]))
-    c.write(dict(section="f", note="world size 1: the engine starts no process group (DDP, and so NCCL, "
-                 "only from 2 processes); one GPU cannot host 2 NCCL ranks"))
+    c.write(dict(section="f", note="under torchrun the engine always starts a process group and wraps the "
+                 "model in DDP, so one process exercises NCCL and the DDP step"))
 
 
 SECTIONS = {"a": section_a, "b": section_b, "c": section_c, "d": section_d, "e": section_e, "f": section_f}

@@ -20,10 +20,11 @@ class DistContext:
     rank: int = 0
     world: int = 1
     local_rank: int = 0
+    launched: bool = False  # started by torchrun (even with one process: DDP and NCCL then run too)
 
     @property
     def enabled(self) -> bool:
-        return self.world > 1
+        return self.world > 1 or self.launched
 
     @property
     def is_main(self) -> bool:
@@ -31,11 +32,11 @@ class DistContext:
 
 
 def from_env() -> DistContext:
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world <= 1:
+    """torchrun sets RANK, WORLD_SIZE, LOCAL_RANK and TORCHELASTIC_RUN_ID; a plain process has none."""
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ or "MASTER_ADDR" not in os.environ:
         return DistContext()
-    return DistContext(rank=int(os.environ["RANK"]), world=world,
-                       local_rank=int(os.environ.get("LOCAL_RANK", "0")))
+    return DistContext(rank=int(os.environ["RANK"]), world=int(os.environ["WORLD_SIZE"]),
+                       local_rank=int(os.environ.get("LOCAL_RANK", "0")), launched=True)
 
 
 def init(ctx: DistContext, device: torch.device, timeout_s: float = 120.0) -> None:

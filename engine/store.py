@@ -26,6 +26,8 @@ METRIC_COLUMNS = (
     "mem_allocated", "mem_reserved", "mem_peak", "mem_used", "mem_total", "time",
 )
 
+_STEP_FIELDS = METRIC_COLUMNS[:-1]  # all but "time", which the store adds
+
 SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS run (key TEXT PRIMARY KEY, value TEXT);
 CREATE TABLE IF NOT EXISTS metrics (
@@ -78,10 +80,8 @@ class RunStore:
         """Buffer a step's metrics (committed when a second has passed since the last commit);
         write and commit any other event at once."""
         now = time.time()
-        if isinstance(event, StepMetrics):
-            d = event.to_dict()
-            d["time"] = now
-            self._metrics.append(tuple(_plain(d[c]) for c in METRIC_COLUMNS))
+        if isinstance(event, StepMetrics):  # the hot path: one tuple, no asdict()
+            self._metrics.append(tuple(_plain(getattr(event, c)) for c in _STEP_FIELDS) + (now,))
         else:
             self._flush_metrics()
             if event.kind == "epoch_end":

@@ -271,6 +271,8 @@ class Trainer:
                 self.store.set_info(config=self.config.to_dict(), task=self.task.name, device=str(self.device),
                                     device_name=device_name(self.device), world_size=self.ctx.world,
                                     torch_version=torch.__version__, status="running", pid=os.getpid(),
+                                    backend=(torch.distributed.get_backend() if self.ctx.enabled else "none"),
+                                    precision=self.config.precision,
                                     started=time.time())
                 self.store.commit()
             if self.config.find_micro_batch and self.resume_state is None:
@@ -441,7 +443,7 @@ class Trainer:
         if host_count:
             count_acc.add_(host_count)
         agree = None
-        if world > 1:
+        if self.ctx.enabled:
             # Two tiny all-reduces, read at the one sync below: the window's loss sum and
             # count over all ranks, and (max) whether any rank was asked to stop and the
             # smallest micro-batch any rank fell back to after an out-of-memory error.
