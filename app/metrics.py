@@ -100,6 +100,8 @@ class MetricsBuffer:
         self._ema = 0.0
         self._ema_n = 0
         self._pyramids: dict[str, PeakPyramid] = {}
+        self._gpu = False  # some step has GPU memory figures
+        self._tokens = False  # some step counted items other than samples
         self.version = 0  # bumps on every change; plots compare it
 
     def __len__(self) -> int:
@@ -134,25 +136,39 @@ class MetricsBuffer:
         steps = self.view("step")
         if len(steps) and first <= steps[-1]:
             self.truncate_after(first - 1)
-        n_before = len(self)
         columns = {c: np.fromiter((_num(get(r, c)) for r in records), dtype=np.float64, count=len(records))
                    for c in STEP_COLUMNS if c != "time"}
         if isinstance(records[0], dict):
             columns["time"] = np.array([_num(r.get("time")) for r in records], dtype=np.float64)
         else:  # a live event: stamped when the GUI drains it (run.db has the engine's own time)
             columns["time"] = np.full(len(records), time.time())
-        for c, values in columns.items():
-            self.cols[c].extend(values)
-        self.cols["loss_ema"].extend(self._ema_of(columns["loss"]))
-        clip = columns["clip"]
+        return self.extend_columns(columns)
+
+    def extend_columns(self, columns: dict[str, np.ndarray]) -> int:
+        """Append steps given as one array per column (steps after the last one kept)."""
+        n = len(columns["step"])
+        if n == 0:
+            return 0
+        n_before = len(self)
+        for c in STEP_COLUMNS:
+            values = columns.get(c)
+            self.cols[c].extend(np.full(n, np.nan) if values is None else np.asarray(values, dtype=np.float64))
+        loss = self.cols["loss"].view()[n_before:]
+        self.cols["loss_ema"].extend(self._ema_of(loss))
+        clip = self.cols["clip"].view()[n_before:]
         self.cols["clip_line"].extend(np.where(clip > 0, clip, np.nan))
-        clipped = columns["clipped"] > 0
+        steps = self.cols["step"].view()[n_before:]
+        clipped = self.cols["clipped"].view()[n_before:] > 0
         if clipped.any():
-            self.clipped_x.extend(columns["step"][clipped])
-            self.clipped_y.extend(columns["grad_norm"][clipped])
-        bad = columns["nonfinite"] > 0
+            self.clipped_x.extend(steps[clipped])
+            self.clipped_y.extend(self.cols["grad_norm"].view()[n_before:][clipped])
+        bad = self.cols["nonfinite"].view()[n_before:] > 0
         if bad.any():
-            self.nonfinite_steps.extend(int(s) for s in columns["step"][bad])
+            self.nonfinite_steps.extend(int(s) for s in steps[bad])
+        if not self._gpu and np.isfinite(self.cols["mem_total"].view()[n_before:]).any():
+            self._gpu = True
+        if not self._tokens and np.any(self.cols["tokens"].view()[n_before:] != self.cols["samples"].view()[n_before:]):
+            self._tokens = True
         self.version += 1
         return len(self) - n_before
 
@@ -188,6 +204,7 @@ class MetricsBuffer:
         self.version += 1
 
     def clear(self) -> None:
+        self._gpu = self._tokens = False
         for arr in list(self.cols.values()) + [self.clipped_x, self.clipped_y]:
             arr.clear()
         self.nonfinite_steps = []
@@ -198,13 +215,11 @@ class MetricsBuffer:
 
     # -- reading -------------------------------------------------------------------------
     def has_gpu_memory(self) -> bool:
-        total = self.view("mem_total")
-        return bool(len(total)) and bool(np.isfinite(total).any())
+        return self._gpu
 
     def counts_tokens(self) -> bool:
         """True when the task's loss counts tokens (count differs from samples)."""
-        t, s = self.view("tokens"), self.view("samples")
-        return bool(len(t)) and bool(np.any(t != s))
+        return self._tokens
 
     def rows(self, columns: Optional[Iterable[str]] = None) -> Iterable[list[float]]:
         names = list(columns or (*STEP_COLUMNS, "loss_ema"))

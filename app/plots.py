@@ -34,16 +34,20 @@ pg.setConfigOptions(antialias=False, foreground="#334155", background="#ffffff")
 
 
 class PlotCanvas(pg.GraphicsLayoutWidget):
-    """GraphicsLayoutWidget that reports when it has painted (for the latency benchmark)."""
+    """GraphicsLayoutWidget that times its paints (the window paces updates by them) and
+    reports each one (for the latency benchmark)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.paint_listeners: list[Callable[[float], None]] = []
         self.last_paint: float = 0.0
+        self.paint_cost: float = 0.0  # seconds, moving average
 
     def paintEvent(self, ev):  # noqa: N802 - Qt name
+        t0 = time.perf_counter()
         super().paintEvent(ev)
         self.last_paint = time.perf_counter()
+        self.paint_cost = 0.8 * self.paint_cost + 0.2 * (self.last_paint - t0)
         for fn in self.paint_listeners:
             fn(self.last_paint)
 
@@ -58,6 +62,7 @@ class Series:
         self.scale = scale
         self.mode = mode
         self.buffer = buffer  # None: the panel's main run
+        self.dots = column == "clipped_y"  # points, not a line
         self.key: tuple = ()
         self.y_shown = np.empty(0)
         self.x_last: Optional[float] = None
@@ -65,7 +70,9 @@ class Series:
 
     def update(self, buf: MetricsBuffer, x0: Optional[float], x1: Optional[float], width_px: int) -> None:
         buf = self.buffer or buf
-        key = (id(buf), buf.version, x0, x1, width_px)
+        # Clipped steps change only when a step is clipped: keyed on their count, not on every step.
+        version = len(buf.clipped_x) if self.column == "clipped_y" else buf.version
+        key = (id(buf), version, x0, x1, width_px)
         if key == self.key:
             return
         self.key = key
@@ -89,7 +96,10 @@ class Series:
         if self.scale != 1.0:
             y = y / self.scale
         self.y_shown = y
-        self.item.setData(x, y, connect="finite")
+        if self.dots:
+            self.item.setData(np.repeat(x, 2), np.repeat(y, 2), connect="pairs")
+        else:
+            self.item.setData(x, y, connect="finite")
 
 
 def _legend(title: str, entries: list[tuple[str, str, str]], fg: str) -> str:
@@ -147,6 +157,7 @@ class PlotPanel(QWidget):
         self._epoch_count = -1
         self._gpu_mode: Optional[str] = None
         self._updating = False
+        self.refresh_cost = 0.0
         self._syncing_x = False
         self._tput_unit = ""
         self._log = False
@@ -217,8 +228,11 @@ class PlotPanel(QWidget):
                                             symbol="o", symbolSize=7, symbolBrush=pal.val, symbolPen=pal.val)
         self.norm_item = self.norm_plot.plot(pen=pg.mkPen(pal.norm, width=1))
         self.clip_item = self.norm_plot.plot(pen=pg.mkPen(pal.clip, width=1.5, style=Qt.PenStyle.DashLine))
-        self.clipped_item = self.norm_plot.plot(pen=None, symbol="o", symbolSize=4, symbolBrush=pal.clipped,
-                                                symbolPen=pal.clipped)
+        # Clipped steps as dots: zero-length segments with a wide round pen, one path for all of
+        # them (a ScatterPlotItem costs ~5 ms a frame per thousand points in Python).
+        dot = pg.mkPen(pal.clipped, width=5)
+        dot.setCapStyle(Qt.PenCapStyle.RoundCap)
+        self.clipped_item = self.norm_plot.plot(pen=dot)
         self.lr_item = self.lr_plot.plot(pen=pg.mkPen(pal.lr, width=1.5))
         self.tput_item = self.tput_plot.plot(pen=pg.mkPen(pal.throughput, width=1))
         self.mem_total = self.mem_plot.plot(pen=pg.mkPen(pal.mem_total, width=1.5))
@@ -226,7 +240,8 @@ class PlotPanel(QWidget):
         self.mem_reserved = self.mem_plot.plot(pen=pg.mkPen(pal.mem_reserved, width=1))
         self.mem_peak = self.mem_plot.plot(pen=pg.mkPen(pal.mem_peak, width=1, style=Qt.PenStyle.DotLine))
         self.headroom_fill = pg.FillBetweenItem(self.mem_used, self.mem_total, brush=pg.mkBrush(*pal.headroom))
-        self.mem_plot.addItem(self.headroom_fill)
+        self.mem_total.sigPlotChanged.disconnect(self.headroom_fill.curveChanged)  # total is set first, used
+        self.mem_plot.addItem(self.headroom_fill)                                   # next: one path update
 
         self.series = [
             Series(self.loss_raw, "loss"), Series(self.loss_ema, "loss_ema"),
@@ -392,6 +407,7 @@ class PlotPanel(QWidget):
                 and len(buf.nonfinite_steps) == self._nonfinite_count:
             return False
         self._updating = True
+        t_start = time.perf_counter()
         try:
             self._version, self._range_key = buf.version, range_key
             for s in self.series:
@@ -417,9 +433,14 @@ class PlotPanel(QWidget):
                 self._show_loss_note("Press Start (F5) to train, or open a run folder (Ctrl+O)")
         finally:
             self._updating = False
+            self.refresh_cost = 0.8 * self.refresh_cost + 0.2 * (time.perf_counter() - t_start)
         for fn in self.on_updated:
             fn()
         return True
+
+    def frame_cost(self) -> float:
+        """Seconds one update of the plots costs the GUI thread (refresh + paint), moving average."""
+        return self.refresh_cost + self.canvas.paint_cost
 
     # -- ranges while following ----------------------------------------------------------------
     def _follow_ranges(self, refit: bool) -> None:
@@ -478,8 +499,7 @@ class PlotPanel(QWidget):
             self._set_gpu_mode("none")
         if self._gpu_mode == "gpu":
             for s in self.mem_series:
-                s.update(buf, x0, x1, width)
-            self.headroom_fill.updatePath()
+                s.update(buf, x0, x1, width)  # the headroom fill follows its two curves by itself
 
     def _update_epochs(self, model: RunModel) -> None:
         if len(model.epochs) == self._epoch_count:
@@ -566,7 +586,10 @@ class PlotPanel(QWidget):
                 "clip": self.clip_item, "clipped": self.clipped_item, "lr": self.lr_item,
                 "throughput": self.tput_item, "mem_used": self.mem_used, "mem_total": self.mem_total}[name]
         x, y = item.getData()
-        return (np.asarray(x if x is not None else []), np.asarray(y if y is not None else []))
+        x, y = np.asarray(x if x is not None else []), np.asarray(y if y is not None else [])
+        if name == "clipped":  # drawn as zero-length segments: each point twice
+            x, y = x[::2], y[::2]
+        return x, y
 
     def gpu_mode(self) -> Optional[str]:
         return self._gpu_mode

@@ -14,8 +14,8 @@ from typing import Any, Callable, Optional
 
 from PySide6.QtCore import QByteArray, Qt, QTimer
 from PySide6.QtGui import QAction, QCloseEvent, QKeySequence
-from PySide6.QtWidgets import (QApplication, QDockWidget, QFileDialog, QMainWindow, QMessageBox, QScrollArea,
-                               QWidget)
+from PySide6.QtWidgets import (QApplication, QDockWidget, QFileDialog, QLabel, QMainWindow, QMessageBox,
+                               QScrollArea, QVBoxLayout, QWidget)
 
 from engine.commands import Pause, Resume, Stop
 from engine.config import ConfigError, TrainConfig
@@ -26,7 +26,6 @@ from .alerts import AlertsPanel
 from .controls import LIVE_FIELDS, ControlsPanel, make_command
 from .history import HistoryPanel
 from .metrics import MetricsBuffer
-from .plots import PlotPanel
 from .runmodel import Delta, RunModel
 from .runs import runs_root
 from .settings import Settings
@@ -37,7 +36,27 @@ from .theme import THEMES, apply_stylesheet
 from .worker import EngineRunner
 
 log = logging.getLogger("headroom.window")
+
+
+class _LoadingPlots(QWidget):
+    """Stands where the plots go while pyqtgraph loads, just after the window first shows."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.paint_listeners: list[Callable[[float], None]] = []
+        lay = QVBoxLayout(self)
+        label = QLabel("Loading plots...")
+        label.setObjectName("hint")
+        label.setAlignment(Qt.AlignmentFlag.AlignCenter)
+        lay.addWidget(label)
+
+    def paintEvent(self, ev) -> None:  # noqa: N802 - Qt name
+        super().paintEvent(ev)
+        listeners, self.paint_listeners = self.paint_listeners, []
+        for fn in listeners:
+            fn(time.perf_counter())
 TICK_MS = 33  # ~30 Hz: drain events, repaint what changed
+PLOT_BUDGET = 0.4  # at most this share of the GUI thread's time goes to redrawing plots
 STATUS_EVERY = 8  # status bar every 8th tick (~4 Hz)
 JOIN_S = 2.0
 
@@ -66,6 +85,8 @@ class MainWindow(QMainWindow):
         self._run_dir_used = False
         self._tick_n = 0
         self._tick_failed = False
+        self._plots_due = False
+        self._next_plot = 0.0
         self._last_seen_epoch = 0
 
         self.setWindowTitle("Headroom")
@@ -73,8 +94,14 @@ class MainWindow(QMainWindow):
         self.setObjectName("MainWindow")
         apply_stylesheet(self.theme)
 
-        self.plots = PlotPanel(self.theme)
-        self.setCentralWidget(self.plots)
+        # The plots (pyqtgraph) are built just after the window first paints: pyqtgraph's import is
+        # the largest part of start-up, and the controls are usable before it is done.
+        self._plots: Any = None
+        self.plot_listeners: list[Callable[[Any], None]] = []  # called once the plots exist
+        self._placeholder = _LoadingPlots()
+        self._placeholder.paint_listeners.append(lambda _t: QTimer.singleShot(0, self._build_plots))
+        self.setCentralWidget(self._placeholder)
+        QTimer.singleShot(250, self._build_plots)  # in case the window is never painted (hidden)
         self.controls = ControlsPanel()
         self.alerts = AlertsPanel()
         self.history = HistoryPanel(runs_root())
@@ -105,7 +132,6 @@ class MainWindow(QMainWindow):
         self.history.open_requested.connect(self.open_run)
         self.history.browse_requested.connect(self.choose_run_folder)
         self.history.overlay_toggled.connect(self.set_overlay)
-        self.plots.log_scale_changed.connect(self.log_action.setChecked)
 
         self.runner.prepared.connect(self._on_prepared)
         self.runner.bad_input.connect(self._on_bad_input)
@@ -125,7 +151,7 @@ class MainWindow(QMainWindow):
         restored = self._restore_settings() if restore_settings else False
         self.controls.set_values(self.base_config)
         self.controls.set_task(str(self.base_config.get("task") or self.controls.task_spec()))
-        self.plots.set_model(self.model)
+        self._needs_layout = not restored
         if not restored:
             self.resize(1440, 900)
             self.default_layout()
@@ -168,13 +194,13 @@ class MainWindow(QMainWindow):
                                        "export-png")
         self.log_action = self._action("Log scale (loss)", "log_scale", lambda: None)
         self.log_action.setCheckable(True)
-        self.log_action.toggled.connect(self.plots.set_log_scale)
+        self.log_action.toggled.connect(lambda on: self._plots.set_log_scale(on) if self._plots else None)
         self.theme_action = self._action("Dark theme", "theme", lambda: None, "theme", "Switch light/dark")
         self.theme_action.setCheckable(True)
         self.theme_action.setChecked(self.theme == "dark")
         self.theme_action.toggled.connect(lambda on: self.set_theme("dark" if on else "light"))
         self.quit_action = self._action("Quit", "quit", self.close)
-        self.fit_action = self._action("Fit all", "", self.plots.fit)
+        self.fit_action = self._action("Fit all", "", lambda: self.plots.fit())
 
         tb = self.addToolBar("Run")
         tb.setObjectName("toolbar_run")
@@ -205,6 +231,35 @@ class MainWindow(QMainWindow):
             m.addSeparator() if a is None else m.addAction(a)
         for d in (self.controls_dock, self.alerts_dock, self.history_dock):
             m.addAction(d.toggleViewAction())
+
+    # -- the plots -----------------------------------------------------------------------
+    @property
+    def plots(self) -> Any:
+        """The PlotPanel, built now if the event loop has not built it yet."""
+        if self._plots is None:
+            self._build_plots()
+        return self._plots
+
+    def _build_plots(self) -> None:
+        if self._plots is not None:
+            return
+        from .plots import PlotPanel  # pyqtgraph loads here
+        panel = PlotPanel(self.theme)
+        self._plots = panel
+        panel.log_scale_changed.connect(self.log_action.setChecked)
+        if self.log_action.isChecked():
+            panel.set_log_scale(True)
+        old = self.centralWidget()
+        self.setCentralWidget(panel)
+        if old is not None:
+            old.deleteLater()
+        panel.set_model(self.model)
+        if self._needs_layout:  # dock sizes again, once the plots are in the layout
+            self._needs_layout = False
+            self.default_layout()
+            QTimer.singleShot(0, self.default_layout)
+        for fn in list(self.plot_listeners):
+            fn(panel)
 
     # -- settings ------------------------------------------------------------------------
     def default_layout(self) -> None:
@@ -242,7 +297,8 @@ class MainWindow(QMainWindow):
             return
         self.theme = theme
         apply_stylesheet(theme)
-        self.plots.set_theme(theme)
+        if self._plots is not None:
+            self._plots.set_theme(theme)
         if self.theme_action.isChecked() != (theme == "dark"):
             self.theme_action.setChecked(theme == "dark")
 
@@ -289,7 +345,8 @@ class MainWindow(QMainWindow):
         self.source = None
         self.model = RunModel()
         self.alerts.clear()
-        self.plots.set_model(self.model)
+        if self._plots is not None:
+            self._plots.set_model(self.model)
         self.controls.engine = {}
         self.controls.pending.clear()
         self._last_seen_epoch = 0
@@ -382,6 +439,7 @@ class MainWindow(QMainWindow):
 
     def _on_thread_stopped(self) -> None:
         self.tick()
+        self._refresh_plots(force=True)  # the last steps, whatever the pacing
         if self.run_outcome is None:
             self.run_outcome = {"status": "finished", "reason": self.model.finish_reason}
         self._pause_sent = self._stop_sent = False
@@ -410,6 +468,7 @@ class MainWindow(QMainWindow):
 
     def _tick(self) -> None:
         self._tick_n += 1
+        self._refresh_plots()  # a redraw held back by the pacing
         src = self.source
         if src is not None:
             items = src.poll()
@@ -454,7 +513,19 @@ class MainWindow(QMainWindow):
             self.alerts.add(delta.alerts)
         if delta.state or delta.info or delta.notes:
             self._update_state()
+        self._plots_due = True
+        self._refresh_plots()
+
+    def _refresh_plots(self, force: bool = False) -> None:
+        """Redraw the plots at ~30 Hz, slower when a frame costs more than PLOT_BUDGET of the
+        time (a slow or busy machine): the event loop stays responsive and training keeps its
+        CPU, and points still reach the screen within a few frames."""
+        now = time.perf_counter()
+        if self._plots is None or (not force and (not self._plots_due or now < self._next_plot)):
+            return
+        self._plots_due = False
         self.plots.refresh()
+        self._next_plot = now + max(TICK_MS / 1000 * 0.9, self.plots.frame_cost() / PLOT_BUDGET)
 
     # -- state ---------------------------------------------------------------------------
     def ui_state(self) -> str:

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import threading
 import time
@@ -25,6 +26,26 @@ from engine.config import ConfigError, TrainConfig
 from engine.events import EventBuffer
 
 log = logging.getLogger("headroom.worker")
+
+
+def leave_a_core_for_the_gui() -> int:
+    """Cap torch's intra-op CPU threads at (cores - 1) unless the user chose a number.
+
+    torch's OpenMP team spins at barriers; if the GUI thread takes one of its cores to paint,
+    the team waits for it and training on a 2-core machine slows ~30x (2 vs 77 steps/s for
+    mlp, measured by bench/ui_latency.py's method). One core left to the GUI costs little
+    on a big machine and nothing on a GPU. Returns the thread count in use.
+    """
+    import torch
+    if os.environ.get("OMP_NUM_THREADS") or os.environ.get("HEADROOM_TORCH_THREADS"):
+        if os.environ.get("HEADROOM_TORCH_THREADS"):
+            torch.set_num_threads(max(1, int(os.environ["HEADROOM_TORCH_THREADS"])))
+        return torch.get_num_threads()
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    want = max(1, min(torch.get_num_threads(), cores - 1))
+    if want != torch.get_num_threads():
+        torch.set_num_threads(want)
+    return want
 
 
 class EngineWorker(QObject):
@@ -64,6 +85,8 @@ class EngineWorker(QObject):
         t0 = time.perf_counter()
         try:
             from engine.trainer import Trainer  # torch loads here, on this thread
+            threads = leave_a_core_for_the_gui()
+            log.info("torch intra-op threads: %d", threads)
             trainer = Trainer(self.config, sink=self.buffer.put, commands=self.commands)
             trainer.prepare()
         except ConfigError as e:  # TaskError too: a bad task file, an unknown task, a value out of range
