@@ -27,10 +27,17 @@ MAX_PROBES = 8
 
 
 class Prober:
-    """Runs one training step on the first `b` samples and reports whether it fit and its peak."""
+    """Runs one training step on real samples at micro-batch `b` and reports whether it fit.
 
-    def __init__(self, trainer: "Trainer") -> None:
+    When the effective batch needs accumulation at this size, the probe runs two
+    micro-batches before its optimizer step, as training will: the second backward
+    runs with the first one's gradients already allocated, which is the step's real
+    peak. The unwrapped model is used, so a probe under torchrun needs no collective.
+    """
+
+    def __init__(self, trainer: "Trainer", effective_per_rank: int) -> None:
         self.t = trainer
+        self.effective = effective_per_rank
         self.probes = 0
         self.model = MemoryModel()
         self.results: dict[int, bool] = {}
@@ -46,12 +53,13 @@ class Prober:
         ok = True
         try:
             data = t.task.train_data
-            batch = to_device(t.collate([data[i % len(data)] for i in range(b)]), dev)
-            with t.autocast():
-                loss_sum, count = t.task.loss(t.net, batch)
-            (loss_sum / count).backward()
+            for k in range(2 if self.effective > b else 1):
+                batch = to_device(t.collate([data[(k * b + i) % len(data)] for i in range(b)]), dev)
+                with t.autocast():
+                    loss_sum, count = t.task.loss(t.model, batch)
+                (loss_sum / count).backward()
+                del batch, loss_sum, count
             t.optimizer.step()
-            del batch, loss_sum, count
         except BaseException as e:
             if not is_oom(e):
                 raise
@@ -127,9 +135,13 @@ def find_micro_batch(trainer: "Trainer") -> None:
     cuda_rng = torch.cuda.get_rng_state(t.device) if t.device.type == "cuda" else None
     was_training = t.model.training
     t.model.train()
-    prober = Prober(t)
+    prober = Prober(t, upper)
     try:
         best = search(prober, upper, _capacity(t), cfg.memory_margin)
+        if t.ctx.enabled:  # every rank trains with the smallest size that fits on all of them
+            from .distributed import all_reduce_max
+            agreed = torch.tensor([-float(best)], device=t.device)
+            best = int(-all_reduce_max(agreed, t.ctx).item())
     finally:
         t.model.load_state_dict(model_state)
         t.optimizer.load_state_dict(opt_state)
