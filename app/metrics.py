@@ -82,6 +82,28 @@ def _num(v: Any) -> float:
     return float(v)
 
 
+class Ema:
+    """Debiased exponential moving average, fed in batches; non-finite values hold the last one."""
+
+    def __init__(self, beta: float = EMA_BETA) -> None:
+        self.beta = beta
+        self.reset()
+
+    def reset(self) -> None:
+        self.value, self.n = 0.0, 0
+
+    def run(self, values: np.ndarray) -> np.ndarray:
+        out = np.empty(len(values))
+        ema, n, beta = self.value, self.n, self.beta
+        for i, v in enumerate(values.tolist()):
+            if math.isfinite(v):
+                ema = beta * ema + (1 - beta) * v
+                n += 1
+            out[i] = ema / (1 - beta ** n) if n else math.nan
+        self.value, self.n = ema, n
+        return out
+
+
 class MetricsBuffer:
     """All per-step metrics of one run, plus the loss EMA, as growable columns.
 
@@ -94,11 +116,12 @@ class MetricsBuffer:
         self.cols: dict[str, GrowableArray] = {c: GrowableArray(capacity) for c in STEP_COLUMNS}
         self.cols["loss_ema"] = GrowableArray(capacity)
         self.cols["clip_line"] = GrowableArray(capacity)  # clip norm, NaN where clipping is off
+        self.cols["throughput_ema"] = GrowableArray(capacity)
         self.clipped_x = GrowableArray(64)
         self.clipped_y = GrowableArray(64)
         self.nonfinite_steps: list[int] = []
-        self._ema = 0.0
-        self._ema_n = 0
+        self._loss_ema = Ema()
+        self._tput_ema = Ema()
         self._pyramids: dict[str, PeakPyramid] = {}
         self._gpu = False  # some step has GPU memory figures
         self._tokens = False  # some step counted items other than samples
@@ -154,7 +177,8 @@ class MetricsBuffer:
             values = columns.get(c)
             self.cols[c].extend(np.full(n, np.nan) if values is None else np.asarray(values, dtype=np.float64))
         loss = self.cols["loss"].view()[n_before:]
-        self.cols["loss_ema"].extend(self._ema_of(loss))
+        self.cols["loss_ema"].extend(self._loss_ema.run(loss))
+        self.cols["throughput_ema"].extend(self._tput_ema.run(self.cols["throughput"].view()[n_before:]))
         clip = self.cols["clip"].view()[n_before:]
         self.cols["clip_line"].extend(np.where(clip > 0, clip, np.nan))
         steps = self.cols["step"].view()[n_before:]
@@ -172,18 +196,6 @@ class MetricsBuffer:
         self.version += 1
         return len(self) - n_before
 
-    def _ema_of(self, loss: np.ndarray) -> np.ndarray:
-        """Debiased exponential moving average; non-finite losses hold the previous value."""
-        out = np.empty(len(loss))
-        ema, n, beta = self._ema, self._ema_n, EMA_BETA
-        for i, v in enumerate(loss.tolist()):
-            if math.isfinite(v):
-                ema = beta * ema + (1 - beta) * v
-                n += 1
-            out[i] = ema / (1 - beta ** n) if n else math.nan
-        self._ema, self._ema_n = ema, n
-        return out
-
     def truncate_after(self, step: int) -> None:
         """Drop steps after `step` (a resumed run supersedes them)."""
         steps = self.view("step")
@@ -195,10 +207,10 @@ class MetricsBuffer:
         self.clipped_x.set_tail(ck, [])
         self.clipped_y.set_tail(ck, [])
         self.nonfinite_steps = [s for s in self.nonfinite_steps if s <= step]
-        self._ema, self._ema_n = 0.0, 0
-        loss = self.view("loss")
-        self.cols["loss_ema"].set_tail(0, [])
-        self.cols["loss_ema"].extend(self._ema_of(loss.copy()))
+        for ema, src, dst in ((self._loss_ema, "loss", "loss_ema"), (self._tput_ema, "throughput", "throughput_ema")):
+            ema.reset()
+            self.cols[dst].set_tail(0, [])
+            self.cols[dst].extend(ema.run(self.view(src).copy()))
         for p in self._pyramids.values():
             p.reset()
         self.version += 1
@@ -208,7 +220,8 @@ class MetricsBuffer:
         for arr in list(self.cols.values()) + [self.clipped_x, self.clipped_y]:
             arr.clear()
         self.nonfinite_steps = []
-        self._ema, self._ema_n = 0.0, 0
+        self._loss_ema.reset()
+        self._tput_ema.reset()
         for p in self._pyramids.values():
             p.reset()
         self.version += 1

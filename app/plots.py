@@ -96,8 +96,10 @@ class Series:
         if self.scale != 1.0:
             y = y / self.scale
         self.y_shown = y
-        if self.dots:
-            self.item.setData(np.repeat(x, 2), np.repeat(y, 2), connect="pairs")
+        if self.dots:  # a tiny segment per point: Qt drops zero-length ones, round caps make it a dot
+            xd = np.repeat(x, 2)
+            xd[1::2] += 1e-4
+            self.item.setData(xd, np.repeat(y, 2), connect="pairs")
         else:
             self.item.setData(x, y, connect="finite")
 
@@ -228,13 +230,14 @@ class PlotPanel(QWidget):
                                             symbol="o", symbolSize=7, symbolBrush=pal.val, symbolPen=pal.val)
         self.norm_item = self.norm_plot.plot(pen=pg.mkPen(pal.norm, width=1))
         self.clip_item = self.norm_plot.plot(pen=pg.mkPen(pal.clip, width=1.5, style=Qt.PenStyle.DashLine))
-        # Clipped steps as dots: zero-length segments with a wide round pen, one path for all of
+        # Clipped steps as dots: tiny segments with a wide round pen, one path for all of
         # them (a ScatterPlotItem costs ~5 ms a frame per thousand points in Python).
         dot = pg.mkPen(pal.clipped, width=5)
         dot.setCapStyle(Qt.PenCapStyle.RoundCap)
         self.clipped_item = self.norm_plot.plot(pen=dot)
         self.lr_item = self.lr_plot.plot(pen=pg.mkPen(pal.lr, width=1.5))
-        self.tput_item = self.tput_plot.plot(pen=pg.mkPen(pal.throughput, width=1))
+        self.tput_item = self.tput_plot.plot(pen=pg.mkPen(pal.throughput_raw, width=1))
+        self.tput_ema = self.tput_plot.plot(pen=pg.mkPen(pal.throughput, width=2))
         self.mem_total = self.mem_plot.plot(pen=pg.mkPen(pal.mem_total, width=1.5))
         self.mem_used = self.mem_plot.plot(pen=pg.mkPen(pal.mem_used, width=1.5))
         self.mem_reserved = self.mem_plot.plot(pen=pg.mkPen(pal.mem_reserved, width=1))
@@ -247,14 +250,14 @@ class PlotPanel(QWidget):
             Series(self.loss_raw, "loss"), Series(self.loss_ema, "loss_ema"),
             Series(self.norm_item, "grad_norm"), Series(self.clip_item, "clip_line"),
             Series(self.clipped_item, "clipped_y"), Series(self.lr_item, "lr"),
-            Series(self.tput_item, "throughput"),
+            Series(self.tput_item, "throughput"), Series(self.tput_ema, "throughput_ema"),
         ]
         self.mem_series = [Series(self.mem_total, "mem_total", GIB, "max"),
                            Series(self.mem_used, "mem_used", GIB, "max"),
                            Series(self.mem_reserved, "mem_reserved", GIB, "max"),
                            Series(self.mem_peak, "mem_peak", GIB, "max")]
         self._y_series = {id(self.loss_plot): self.series[0:2], id(self.norm_plot): self.series[2:5],
-                          id(self.lr_plot): self.series[5:6], id(self.tput_plot): self.series[6:7],
+                          id(self.lr_plot): self.series[5:6], id(self.tput_plot): self.series[6:8],
                           id(self.mem_plot): self.mem_series}
         for s in self.series + self.mem_series:
             s.item.setClipToView(True)
@@ -289,7 +292,8 @@ class PlotPanel(QWidget):
                                         [(pal.norm, "\u2501", "norm"), (pal.clip, "\u2505", "clip"),
                                          (pal.clipped, "\u25cf", "clipped")], fg))
         self.lr_plot.setTitle(_legend("Learning rate", [], fg))
-        self.tput_plot.setTitle(_legend("Throughput", [], fg))
+        self.tput_plot.setTitle(_legend("Throughput", [(pal.throughput_raw, "\u2501", "per step"),
+                                                       (pal.throughput, "\u2501", "EMA")], fg))
 
     # -- notes in the plot area ------------------------------------------------------------
     def _place_notes(self) -> None:
@@ -521,13 +525,14 @@ class PlotPanel(QWidget):
             plot.removeItem(line)
         self.marker_lines = []
         pen = pg.mkPen(self.pal.marker, width=1.5, style=Qt.PenStyle.DashLine)
-        for m in model.markers:
+        for i, m in enumerate(model.markers):
+            position = 0.93 - 0.14 * (i % 3)  # staggered, so markers close together keep readable labels
             for p in self.plots:
                 if p is self.mem_plot and self._gpu_mode != "gpu":
                     continue
                 label = m.label if p is self.loss_plot else _short_label(m.label)
                 line = pg.InfiniteLine(pos=m.step, angle=90, pen=pen, label=label,
-                                       labelOpts={"position": 0.93, "color": self.pal.marker,
+                                       labelOpts={"position": position, "color": self.pal.marker,
                                                   "anchors": [(0, 0.5), (0, 0.5)],
                                                   "fill": pg.mkBrush(self.pal.background + "d8")})
                 line.setZValue(20)

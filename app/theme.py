@@ -23,6 +23,7 @@ class Palette:
     clipped: str
     lr: str
     throughput: str
+    throughput_raw: str
     mem_used: str
     mem_reserved: str
     mem_peak: str
@@ -37,14 +38,14 @@ class Palette:
 LIGHT = Palette(
     background="#ffffff", foreground="#334155", grid_alpha=0.18,
     loss="#93c5fd", ema="#1d4ed8", val="#ea580c", norm="#7c3aed", clip="#dc2626", clipped="#dc2626",
-    lr="#0f766e", throughput="#0891b2", mem_used="#2563eb", mem_reserved="#7c3aed", mem_peak="#db2777",
+    lr="#0f766e", throughput="#0891b2", throughput_raw="#a5dbe8", mem_used="#2563eb", mem_reserved="#7c3aed", mem_peak="#db2777",
     mem_total="#dc2626", headroom=(34, 197, 94, 45), marker="#b45309", nonfinite="#dc2626",
     overlay=("#16a34a", "#9333ea", "#ca8a04", "#0d9488", "#e11d48", "#4f46e5"), note="#64748b",
 )
 DARK = Palette(
     background="#111318", foreground="#cbd5e1", grid_alpha=0.22,
     loss="#1e40af", ema="#60a5fa", val="#fb923c", norm="#a78bfa", clip="#f87171", clipped="#f87171",
-    lr="#2dd4bf", throughput="#22d3ee", mem_used="#60a5fa", mem_reserved="#c084fc", mem_peak="#f472b6",
+    lr="#2dd4bf", throughput="#22d3ee", throughput_raw="#1f5663", mem_used="#60a5fa", mem_reserved="#c084fc", mem_peak="#f472b6",
     mem_total="#f87171", headroom=(74, 222, 128, 40), marker="#fbbf24", nonfinite="#f87171",
     overlay=("#4ade80", "#c084fc", "#facc15", "#2dd4bf", "#fb7185", "#818cf8"), note="#94a3b8",
 )

@@ -56,7 +56,7 @@ class _LoadingPlots(QWidget):
         for fn in listeners:
             fn(time.perf_counter())
 TICK_MS = 33  # ~30 Hz: drain events, repaint what changed
-PLOT_BUDGET = 0.4  # at most this share of the GUI thread's time goes to redrawing plots
+PLOT_BUDGET = 0.5  # at most this share of the GUI thread's time goes to redrawing plots
 STATUS_EVERY = 8  # status bar every 8th tick (~4 Hz)
 JOIN_S = 2.0
 
@@ -87,6 +87,10 @@ class MainWindow(QMainWindow):
         self._tick_failed = False
         self._plots_due = False
         self._next_plot = 0.0
+        self._plot_timer = QTimer(self)
+        self._plot_timer.setSingleShot(True)
+        self._plot_timer.setTimerType(Qt.TimerType.PreciseTimer)
+        self._plot_timer.timeout.connect(self._refresh_plots)
         self._last_seen_epoch = 0
 
         self.setWindowTitle("Headroom")
@@ -521,8 +525,13 @@ class MainWindow(QMainWindow):
         time (a slow or busy machine): the event loop stays responsive and training keeps its
         CPU, and points still reach the screen within a few frames."""
         now = time.perf_counter()
-        if self._plots is None or (not force and (not self._plots_due or now < self._next_plot)):
+        if self._plots is None or (not force and not self._plots_due):
             return
+        if not force and now < self._next_plot:
+            if not self._plot_timer.isActive():  # redraw as soon as the pacing allows, not a tick later
+                self._plot_timer.start(max(1, int((self._next_plot - now) * 1000)))
+            return
+        self._plot_timer.stop()
         self._plots_due = False
         self.plots.refresh()
         self._next_plot = now + max(TICK_MS / 1000 * 0.9, self.plots.frame_cost() / PLOT_BUDGET)
