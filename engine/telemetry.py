@@ -73,9 +73,10 @@ class MemoryProbe:
         else:
             free, total = torch.cuda.mem_get_info(self.device)
             used = total - free
-        return MemorySample(allocated=torch.cuda.memory_allocated(self.device),
-                            reserved=torch.cuda.memory_reserved(self.device),
-                            peak=torch.cuda.max_memory_allocated(self.device), used=used, total=total)
+        stats = torch.cuda.memory_stats(self.device)  # one call: each getter would rebuild this dict
+        return MemorySample(allocated=stats.get("allocated_bytes.all.current", 0),
+                            reserved=stats.get("reserved_bytes.all.current", 0),
+                            peak=stats.get("allocated_bytes.all.peak", 0), used=used, total=total)
 
     def close(self) -> None:
         if self._nvml is not None:

@@ -77,12 +77,18 @@ class RunResult:
 
 
 @dataclass
-class _WindowOutcome:
-    loss: float
-    count: float
-    norm: float
-    finite: bool
-    samples: int
+class _Launched:
+    """An optimizer step whose numbers may still be on their way to the host."""
+    step: int
+    epoch: int
+    window_len: int
+    micro_batch: int
+    lr: float
+    clip: float
+    started: float
+    mem: Any
+    host: Any  # list of floats, or a pinned tensor filled when `ready` fires
+    ready: Any  # torch.cuda.Event or None
 
 
 def resolve_device(name: str, ctx: D.DistContext = D.DistContext()) -> torch.device:
@@ -126,7 +132,11 @@ class Trainer:
         self._last_command_poll = 0.0
         self.memory_model = MemoryModel()
         self._forecast_key: Optional[tuple] = None
-        self._stop_agreed = False  # under DDP: a stop every rank knows about (see _train_window)
+        self._stop_agreed = False
+        self._in_flight: Optional[_Launched] = None  # deferred mode: the step whose numbers are in flight
+        self._pinned: dict[int, list[torch.Tensor]] = {}
+        self._losses: list[float] = []
+        self._epoch_sums = (0.0, 0.0)  # under DDP: a stop every rank knows about (see _train_window)
 
     # -- control from other threads -------------------------------------------------------
     def send(self, command: Command) -> None:
@@ -218,6 +228,12 @@ class Trainer:
         make_opt = task.optimizer or _default_optimizer(cfg.optimizer, self.device)
         self.optimizer = make_opt(self.params, cfg.lr)
         self.scaler = torch.amp.GradScaler(self.device.type) if cfg.precision == "fp16" else None
+        # On CUDA with a fused optimizer the step needs no host sync at all: a bad window is
+        # skipped on the device and the step's numbers are read one step later.
+        # HEADROOM_STEP_MODE=sync|deferred forces a mode (benchmarks; tests run deferred on CPU).
+        mode = os.environ.get("HEADROOM_STEP_MODE", "auto")
+        fused = bool(getattr(self.optimizer, "_step_supports_amp_scaling", False))
+        self._deferred = fused and (mode == "deferred" or (mode == "auto" and self.device.type == "cuda"))
         self.probe = MemoryProbe(self.device)
         if self.ctx.is_main:
             os.makedirs(os.path.join(self.run_dir, ckpt.CKPT_DIR), exist_ok=True)
@@ -318,6 +334,7 @@ class Trainer:
     def _train_epochs(self, losses: list[float]) -> str:
         cfg = self.config
         data = self.task.train_data
+        self._losses = losses
         if cfg.max_steps is not None and self.step >= cfg.max_steps:  # resumed at or past the limit
             return "max_steps"
         while self.epoch <= cfg.epochs:
@@ -330,18 +347,13 @@ class Trainer:
             plan = W.plan_epoch(len(data), cfg.seed, self.epoch, self.settings.window_samples * self.ctx.world,
                                 cfg.token_budget, self._lengths.__getitem__ if self._lengths else None)
             # A run resumed mid-epoch continues the epoch's train loss where the checkpoint left it.
-            epoch_loss, epoch_count = self._epoch_sums if self.window_in_epoch else (0.0, 0.0)
+            if not self.window_in_epoch:
+                self._epoch_sums = (0.0, 0.0)
             for window in plan[self.window_in_epoch:]:
-                metrics = self._step(window)
-                if metrics is None:  # stopped mid-window: the partial window is dropped
+                if not self._step(window):  # stopped mid-window: the partial window is dropped
                     self._save_checkpoint()
                     return "stopped"
-                if not metrics.nonfinite:
-                    losses.append(metrics.loss)
-                    epoch_loss += metrics.loss * metrics.tokens
-                    epoch_count += metrics.tokens
                 self.window_in_epoch += 1
-                self._epoch_sums = (epoch_loss, epoch_count)
                 if cfg.max_steps is not None and self.step >= cfg.max_steps:
                     self._save_checkpoint()
                     return "max_steps"
@@ -349,7 +361,9 @@ class Trainer:
                 if self._should_stop():
                     self._save_checkpoint()
                     return "stopped"
+            self._flush_pending()
             val = self._validate()
+            epoch_loss, epoch_count = self._epoch_sums
             train_loss = epoch_loss / epoch_count if epoch_count else float("nan")
             done = EpochEnd(self.step, self.epoch, train_loss=train_loss, val_loss=val,
                             seconds=time.perf_counter() - epoch_start)
@@ -363,8 +377,9 @@ class Trainer:
         return self._stop_agreed if self.ctx.enabled else self._stop.is_set()
 
     # -- one optimizer step -----------------------------------------------------------------
-    def _step(self, window: list[int]) -> Optional[StepMetrics]:
-        """Train one window; on out-of-memory, halve the micro-batch and redo it from its first sample."""
+    def _step(self, window: list[int]) -> bool:
+        """Train one window (False if a stop interrupted it). On out-of-memory, halve the
+        micro-batch and redo the window from its first sample."""
         t0 = time.perf_counter()
         share = W.rank_share(window, self.ctx.rank, self.ctx.world)
         if self.device.type == "cuda":
@@ -373,11 +388,12 @@ class Trainer:
             s = self.settings
             oom = False
             try:
-                out = self._train_window(W.micro_batches(share, s.micro_batch), len(window))
+                snapshot = self._train_window(W.micro_batches(share, s.micro_batch), len(window))
                 break
             except _StopRequested:
                 self._drop_window_grads()
-                return None
+                self._flush_pending()
+                return False
             except BaseException as e:
                 if not is_oom(e):
                     raise
@@ -394,10 +410,22 @@ class Trainer:
             s.micro_batch = max(1, s.micro_batch // 2)
             s.accum = math.ceil(old[0] * old[1] / s.micro_batch)
             self._emit(OomRecovered(self.step, self.epoch, old[0], old[1], s.micro_batch, s.accum))
-        return self._after_window(out, len(window), time.perf_counter() - t0)
+        self.step += 1
+        s = self.settings
+        launched = _Launched(step=self.step, epoch=self.epoch, window_len=len(window), micro_batch=s.micro_batch,
+                             lr=s.lr, clip=s.clip, started=t0, mem=self.probe.sample(), **snapshot)
+        if self._deferred:
+            # Read the previous step now: its numbers reached pinned memory long ago while
+            # this window's work was queued behind them, so this wait is usually free.
+            previous, self._in_flight = self._in_flight, launched
+            if previous is not None:
+                self._resolve(previous)
+        else:
+            self._resolve(launched)
+        return True
 
-    def _train_window(self, micro: list[list[int]], window_samples: int) -> _WindowOutcome:
-        """Forward and backward every micro-batch of this rank's share, then normalise and clip.
+    def _train_window(self, micro: list[list[int]], window_samples: int) -> dict[str, Any]:
+        """Forward and backward every micro-batch of this rank's share, normalise, clip and step.
 
         Each micro-batch backpropagates loss_sum / (samples in the whole window), a host
         number known to every rank; after the last one the gradients are multiplied
@@ -442,37 +470,147 @@ class Trainer:
             del batch, out, loss_sum, scaled  # this micro-batch's graph and activations go now
         if host_count:
             count_acc.add_(host_count)
-        agree = None
+        parts = [totals]
         if self.ctx.enabled:
-            # Two tiny all-reduces, read at the one sync below: the window's loss sum and
+            # Two tiny all-reduces, read with the step's numbers: the window's loss sum and
             # count over all ranks, and (max) whether any rank was asked to stop and the
             # smallest micro-batch any rank fell back to after an out-of-memory error.
             D.all_reduce_sum(totals, self.ctx)
             agree = torch.tensor([1.0 if self._stop.is_set() else 0.0, -float(self.settings.micro_batch)],
                                  device=dev, dtype=torch.float64)
-            D.all_reduce_max(agree, self.ctx)
+            parts.append(D.all_reduce_max(agree, self.ctx))
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)  # once per window, before the norm and the clip
-        grads = [p.grad for p in self.params if p.grad is not None]
+        grads = self._grads()
         # DDP averaged over ranks (/world) and every rank scaled by 1/window_samples:
         # undo both and divide by the window's global count. One fused multiply per dtype.
         _scale_grads(grads, (window_samples * world) / totals[1])
-        norm = torch.nn.utils.get_total_norm(grads, foreach=True) if grads else torch.zeros((), device=dev)
+        # Per-parameter norms (kept, to name non-finite parameters without another sync)
+        # and the total norm before clipping, as clip_grad_norm_ computes it.
+        per_param = _per_param_norms(grads, dev)
+        norm = torch.linalg.vector_norm(per_param)
+        bad = ~(torch.isfinite(norm) & torch.isfinite(totals[0]) & (totals[1] > 0))
         if self.settings.clip > 0:
-            # A NaN norm would smear NaN over every gradient before the non-finite check names the
-            # bad ones; such a window is skipped anyway, so clip by a stand-in (no sync needed).
+            # A NaN norm would smear NaN over every gradient; such a window is skipped anyway.
             torch.nn.utils.clip_grads_with_norm_(self.params, self.settings.clip, torch.nan_to_num(norm, nan=0.0),
                                                  foreach=True)
-        # The one CPU-GPU sync point of the step: loss, count and pre-clip norm to the host.
-        host = torch.cat([totals, norm.detach().reshape(1).double()] + ([agree] if agree is not None else []))
-        loss_v, count_v, norm_v, *agreed = host.tolist()
-        if agreed:
-            self._agree(stop=agreed[0] > 0, micro_batch=int(-agreed[1]), window_samples=window_samples)
-        finite = math.isfinite(loss_v) and math.isfinite(norm_v) and count_v > 0
-        return _WindowOutcome(loss=loss_v / count_v if count_v else float("nan"), count=count_v, norm=norm_v,
-                              finite=finite, samples=window_samples)
+        snapshot = torch.cat(parts + [norm.double().reshape(1), per_param.double()])
+        if self._deferred:
+            # No host sync: the fused optimizer skips a bad window on the device (found_inf),
+            # leaving weights and optimizer state bit-identical, and the step's numbers go to
+            # pinned memory, read one step later.
+            self.optimizer.found_inf = bad.float()  # 0-dim, as GradScaler passes it
+            self.optimizer.grad_scale = None
+            try:
+                self.optimizer.step()
+            finally:
+                del self.optimizer.found_inf, self.optimizer.grad_scale
+            if self.scaler is not None:
+                self.scaler.update()  # backs off on the overflow unscale_ found; no sync
+            self.optimizer.zero_grad(set_to_none=True)
+            if dev.type != "cuda":
+                return dict(host=snapshot, ready=None)  # CPU (tests): nothing is in flight
+            buf = self._pinned_buffer(snapshot.numel())
+            buf.copy_(snapshot, non_blocking=True)
+            ready = torch.cuda.Event()
+            ready.record()
+            return dict(host=buf, ready=ready)
+        # The one CPU-GPU sync point of the step: loss, count, norms to the host, then decide.
+        values = snapshot.tolist()
+        self._step_or_skip(values)
+        return dict(host=values, ready=None)
 
-    def _agree(self, stop: bool, micro_batch: int, window_samples: int) -> None:
+    def _grads(self) -> list[torch.Tensor]:
+        return [p.grad for p in self.params if p.grad is not None]
+
+    def _pinned_buffer(self, n: int) -> torch.Tensor:
+        """Two pinned buffers used in turn: one may still be unread when the next is filled."""
+        pool = self._pinned.setdefault(n, [torch.empty(n, dtype=torch.float64, pin_memory=True) for _ in range(2)])
+        pool.reverse()
+        return pool[0]
+
+    def _step_or_skip(self, values: list[float]) -> None:
+        """Host decision (CPU, or an optimizer without device-side skipping)."""
+        loss_sum, count, norm = values[0], values[1], values[self._norm_index]
+        finite = math.isfinite(loss_sum) and math.isfinite(norm) and count > 0
+        if finite:
+            self.optimizer.step()
+            if self.scaler is not None:
+                self.scaler.update()
+        elif self.scaler is not None:
+            if math.isfinite(loss_sum):
+                self.scaler.update()  # fp16 overflow: lower the scale
+            else:
+                self.scaler.update(self.scaler.get_scale())  # a NaN loss is not an overflow: keep the scale
+        # Skipped windows leave weights and optimizer state untouched: the gradients just go.
+        self.optimizer.zero_grad(set_to_none=True)
+
+    @property
+    def _norm_index(self) -> int:
+        return 4 if self.ctx.enabled else 2
+
+    def _flush_pending(self) -> None:
+        if self._in_flight is not None:
+            pending, self._in_flight = self._in_flight, None
+            self._resolve(pending)
+
+    def _resolve(self, p: "_Launched") -> None:
+        """Turn a finished step's numbers into events: metrics, alerts, agreement, stop."""
+        if p.ready is not None:
+            p.ready.synchronize()  # the step's one wait, usually already over
+        values = p.host.tolist() if isinstance(p.host, torch.Tensor) else p.host
+        loss_sum, count = values[0], values[1]
+        i = self._norm_index
+        norm, per_param = values[i], values[i + 1:]
+        if self.ctx.enabled:
+            self._agree(stop=values[2] > 0, micro_batch=int(-values[3]))
+        loss = loss_sum / count if count else float("nan")
+        finite = math.isfinite(loss) and math.isfinite(norm) and count > 0
+        clipped = p.clip > 0 and finite and norm > p.clip
+        nonfinite = scaler_skipped = False
+        if not finite:
+            if self.scaler is not None and math.isfinite(loss) and count > 0:
+                scaler_skipped = True  # fp16 overflow: the scaler's business, not a NaN in the model
+                self.scaler_skips += 1
+                self._emit(ScalerSkip(p.step, p.epoch, scale=float(self.scaler.get_scale())))
+            else:
+                nonfinite = True
+                self.nonfinite_steps += 1
+                bad = tuple(n for (n, _), v in zip(self._named_with_grad(per_param), per_param)
+                            if not math.isfinite(v))
+                self._emit(NonFinite(p.step, p.epoch, params=bad, loss_finite=math.isfinite(loss),
+                                     action="stopped" if self.config.nonfinite == "stop" else "skipped"))
+        step_time = time.perf_counter() - p.started
+        mem = p.mem
+        metrics = StepMetrics(
+            p.step, p.epoch, loss=loss, grad_norm=norm, clipped=clipped, lr=p.lr,
+            accum=math.ceil(p.window_len / max(1, self.ctx.world) / p.micro_batch), clip=p.clip,
+            micro_batch=p.micro_batch, samples=p.window_len, tokens=int(count), step_time=step_time,
+            throughput=count / step_time if step_time > 0 else 0.0, nonfinite=nonfinite,
+            scaler_skipped=scaler_skipped, mem_allocated=mem.allocated, mem_reserved=mem.reserved,
+            mem_peak=mem.peak, mem_used=mem.used, mem_total=mem.total)
+        self._emit(metrics)
+        if finite:
+            self._losses.append(loss)
+            epoch_loss, epoch_count = self._epoch_sums
+            self._epoch_sums = (epoch_loss + loss * count, epoch_count + count)
+        self._watch(metrics)
+        if mem.peak:
+            self._forecast(p.micro_batch, mem.peak, mem.used, mem.total, mem.reserved)
+        if nonfinite and self.config.nonfinite == "stop":
+            self._flush_pending()
+            raise NonFiniteStop(f"non-finite loss or gradient at step {p.step}: stopped with the last good "
+                                "weights saved (--nonfinite stop)")
+
+    def _named_with_grad(self, per_param: list[float]) -> list[tuple[str, Any]]:
+        """Parameter names in the order _grads() and _per_param_norms() list them."""
+        named = [(n, p) for n, p in self.named_params if p.grad is not None]
+        if len(named) != len(per_param):  # gradients were dropped since: name all parameters
+            named = list(self.named_params)
+        order = _dtype_order([p for _, p in named])
+        return [named[k] for k in order]
+
+    def _agree(self, stop: bool, micro_batch: int) -> None:
         """DDP: every rank takes the same stop decision and the same (smallest) micro-batch."""
         if stop:
             self._stop_agreed = True
@@ -482,49 +620,6 @@ class Trainer:
             s.micro_batch = micro_batch
             s.accum = math.ceil(old[0] * old[1] / micro_batch)
             self._emit(OomRecovered(self.step, self.epoch, old[0], old[1], s.micro_batch, s.accum))
-
-    def _after_window(self, out: _WindowOutcome, window_len: int, step_time: float) -> StepMetrics:
-        s = self.settings
-        clipped = s.clip > 0 and out.finite and out.norm > s.clip
-        nonfinite = scaler_skipped = False
-        if out.finite:
-            self.optimizer.step()
-            if self.scaler is not None:
-                self.scaler.update()
-        elif self.scaler is not None and math.isfinite(out.loss):
-            # fp16 overflow: the scaler's business, not a NaN in the model. Lower the scale, skip.
-            scaler_skipped = True
-            self.scaler.update()
-            self.scaler_skips += 1
-            self._emit(ScalerSkip(self.step + 1, self.epoch, scale=float(self.scaler.get_scale())))
-        else:
-            nonfinite = True
-            self.nonfinite_steps += 1
-            bad = [n for n, p in self.named_params if p.grad is not None and not bool(torch.isfinite(p.grad).all())]
-            if self.scaler is not None:
-                self.scaler.update(self.scaler.get_scale())  # a NaN loss is not an overflow: keep the scale
-            stop = self.config.nonfinite == "stop"
-            self._emit(NonFinite(self.step + 1, self.epoch, params=tuple(bad), loss_finite=math.isfinite(out.loss),
-                                 action="stopped" if stop else "skipped"))
-        # Skipped windows leave weights and optimizer state untouched: the gradients just go.
-        self.optimizer.zero_grad(set_to_none=True)
-        self.step += 1
-        mem = self.probe.sample()  # host-side counters and one NVML query: no GPU sync
-        metrics = StepMetrics(
-            self.step, self.epoch, loss=out.loss, grad_norm=out.norm, clipped=clipped, lr=s.lr,
-            accum=math.ceil(window_len / max(1, self.ctx.world) / s.micro_batch), clip=s.clip,
-            micro_batch=s.micro_batch, samples=out.samples, tokens=int(out.count), step_time=step_time,
-            throughput=out.count / step_time if step_time > 0 else 0.0, nonfinite=nonfinite,
-            scaler_skipped=scaler_skipped, mem_allocated=mem.allocated, mem_reserved=mem.reserved,
-            mem_peak=mem.peak, mem_used=mem.used, mem_total=mem.total)
-        self._emit(metrics)
-        self._watch(metrics)
-        if mem.peak:
-            self._forecast(s.micro_batch, mem.peak, mem.used, mem.total, mem.reserved)
-        if nonfinite and self.config.nonfinite == "stop":
-            raise NonFiniteStop(f"non-finite loss or gradient at step {self.step}: stopped with the last good "
-                                "weights saved (--nonfinite stop)")
-        return metrics
 
     def _drop_window_grads(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
@@ -714,6 +809,7 @@ class Trainer:
         if not self.ctx.is_main or self.step == 0:
             return
         assert self.store is not None
+        self._flush_pending()
         self.store.commit()  # metrics first: run.db never lags behind a checkpoint
         state = {
             "model": self.model.state_dict(),
@@ -765,6 +861,25 @@ def _is_peer_failure(e: BaseException) -> bool:
                                    "timed out", "socket", "gloo"))
 
 
+def _dtype_order(tensors: list[torch.Tensor]) -> list[int]:
+    """Indices of `tensors` grouped by dtype (first-seen order), as the foreach calls see them."""
+    groups: dict[torch.dtype, list[int]] = {}
+    for k, t in enumerate(tensors):
+        groups.setdefault(t.dtype, []).append(k)
+    return [k for ks in groups.values() for k in ks]
+
+
+def _per_param_norms(grads: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+    """The 2-norm of every gradient, in _dtype_order, as one tensor (one foreach call per dtype)."""
+    if not grads:
+        return torch.zeros(1, device=device)
+    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+    for g in grads:
+        by_dtype.setdefault(g.dtype, []).append(g)
+    wide = torch.float64 if torch.float64 in by_dtype else torch.float32
+    return torch.cat([torch.stack(torch._foreach_norm(group)).to(wide) for group in by_dtype.values()])
+
+
 def _scale_grads(grads: list[torch.Tensor], factor: torch.Tensor) -> None:
     by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
     for g in grads:
@@ -776,7 +891,7 @@ def _scale_grads(grads: list[torch.Tensor], factor: torch.Tensor) -> None:
 def _default_optimizer(name: str, device: torch.device) -> Callable[[Any, float], torch.optim.Optimizer]:
     if name == "sgd":
         return lambda params, lr: torch.optim.SGD(params, lr=lr, momentum=0.9)
-    fused = device.type == "cuda"
+    fused = device.type == "cuda" or os.environ.get("HEADROOM_STEP_MODE") == "deferred"
     return lambda params, lr: torch.optim.AdamW(params, lr=lr, fused=fused or None)
 
 
