@@ -59,3 +59,16 @@ def apply_stylesheet(theme: str) -> None:
     app = QApplication.instance()
     if app is not None:
         app.setStyleSheet(assets.stylesheet(theme if theme in THEMES else "light"))
+
+
+def system_theme() -> str:
+    """'dark' when the desktop asks for a dark colour scheme (Qt 6.5+), else 'light'."""
+    try:
+        from PySide6.QtCore import Qt
+        from PySide6.QtGui import QGuiApplication
+        hints = QGuiApplication.styleHints()
+        if hints is not None and hints.colorScheme() == Qt.ColorScheme.Dark:
+            return "dark"
+    except Exception:
+        pass
+    return "light"

@@ -27,12 +27,12 @@ from .controls import LIVE_FIELDS, ControlsPanel, make_command
 from .history import HistoryPanel
 from .metrics import MetricsBuffer
 from .runmodel import Delta, RunModel
-from .runs import runs_root
+from .runs import is_run_dir, runs_root
 from .settings import Settings
 from .shortcuts import SHORTCUTS
 from .sources import FolderSource, LiveSource
 from .statusbar import StatusBar
-from .theme import THEMES, apply_stylesheet
+from .theme import THEMES, apply_stylesheet, system_theme
 from .worker import EngineRunner
 
 log = logging.getLogger("headroom.window")
@@ -70,7 +70,7 @@ class MainWindow(QMainWindow):
         logs.setup()
         self.settings = settings or Settings()
         self.base_config = dict(base_config or {})
-        self.theme = theme if theme in THEMES else (self.settings.theme() or "light")
+        self.theme = theme if theme in THEMES else (self.settings.theme() or system_theme())
         self.runner = EngineRunner(self)
         self.model = RunModel()
         self.source: Any = None
@@ -82,7 +82,7 @@ class MainWindow(QMainWindow):
         self._stop_sent = False
         self._close_when_done = False
         self._really_closing = False
-        self._run_dir_used = False
+        self._resume_used = False
         self._tick_n = 0
         self._tick_failed = False
         self._plots_due = False
@@ -321,18 +321,26 @@ class MainWindow(QMainWindow):
         if values is None:
             self.show_error("Cannot start", err)
             return False
-        cfg = {k: v for k, v in self.base_config.items() if k not in ("resume",) or not self._run_dir_used}
-        if self._run_dir_used:
-            cfg.pop("run_dir", None)  # the command line's --run-dir is for the first run only
+        cfg = dict(self.base_config)
+        if self._resume_used:
+            cfg.pop("resume", None)  # --resume continues that run once; Start again begins a new one
+        if cfg.get("run_dir") and is_run_dir(str(cfg["run_dir"])):
+            cfg.pop("run_dir")  # --run-dir already holds the earlier run: a new folder under the runs folder
+        if cfg.get("resume"):
+            cfg.pop("run_dir", None)
         cfg.update(values)
         try:
             config = TrainConfig.from_dict(cfg).validate()
         except ConfigError as e:
             self.show_error("Cannot start", str(e))
             return False
-        self._run_dir_used = True
         self.settings.set_json("last_config", values)
         self._reset_view()
+        if config.resume:
+            self._resume_used = True
+            self._load_history(config.resume)
+            self.controls.engine = {}  # the resumed engine says what it has (run_started, first step)
+            self._last_seen_epoch = 0
         self.model.state = "starting"
         self.source = LiveSource(self.runner.buffer, self.runner.send)
         self.controls.remote = False
@@ -342,6 +350,20 @@ class MainWindow(QMainWindow):
         self.runner.start(config)
         self._update_state()
         return True
+
+    def _load_history(self, run_dir: str) -> None:
+        """A resumed run: show what run.db holds so far; the live steps continue (and supersede
+        any logged after the checkpoint)."""
+        try:
+            src = FolderSource(run_dir)
+        except (StoreError, ConfigError) as e:
+            log.warning("resume %s: cannot read its history: %s", run_dir, e)
+            return
+        try:
+            delta = self.model.ingest(src.poll(force=True), src.step_get)
+        finally:
+            src.close()
+        self._apply_delta(delta)
 
     def _reset_view(self) -> None:
         if self.source is not None:
@@ -507,9 +529,13 @@ class MainWindow(QMainWindow):
                 self._pause_sent = False
         if delta.steps:
             buf = m.metrics
-            last_lr, last_clip, last_mb = (float(buf.view(c)[-1]) for c in ("lr", "clip", "micro_batch"))
             if not self.controls.engine or self._last_seen_epoch == 0:
-                self.controls.set_engine_values({"lr": last_lr, "clip": last_clip, "micro_batch": int(last_mb)})
+                # The first steps of a run (a resumed one restores its settings from the checkpoint).
+                first = len(buf) - delta.steps
+                self.controls.set_engine_values({"lr": float(buf.view("lr")[first]),
+                                                 "clip": float(buf.view("clip")[first]),
+                                                 "micro_batch": int(buf.view("micro_batch")[first]),
+                                                 "accum": int(buf.view("accum")[first])})
             if m.epoch != self._last_seen_epoch:
                 self._last_seen_epoch = m.epoch
                 self.controls.on_boundary_passed(m.epoch)

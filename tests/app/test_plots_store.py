@@ -81,3 +81,26 @@ def test_a_long_run_is_drawn_from_a_few_thousand_points(qtbot, make_window):
     assert len(x) <= 4 * w.plots.loss_plot.getViewBox().width() + 8
     assert y.max() == 50.0 and y.min() == loss.min()
     assert x[0] == 1 and x[-1] == n
+
+
+def test_resumed_run_continues_the_plots(qtbot, make_window, tmp_path):
+    """--resume DIR in the app: the plots show the steps run.db already has, then the new ones."""
+    run_dir = tmp_path / "run"
+    w = make_window()
+    start(w, epochs=1, max_steps=6, run_dir=str(run_dir))
+    assert run_to_end(qtbot, w)["reason"] == "max_steps"
+    w2 = make_window(base_config={"resume": str(run_dir), "max_steps": 14, "epochs": 1})
+    assert w2.start_run(), w2.last_error
+    assert list(w2.plots.curve_data("loss")[0]) == [1, 2, 3, 4, 5, 6]  # history, before the engine starts
+    outcome = run_to_end(qtbot, w2)
+    assert outcome["reason"] == "max_steps"
+    rows, _epochs = _store(run_dir)
+    assert [r["step"] for r in rows] == list(range(1, 15))
+    x, y = w2.plots.curve_data("loss")
+    assert np.array_equal(x, np.arange(1, 15)) and np.array_equal(y, [r["loss"] for r in rows])
+    assert w2.model.info.get("resumed") is True
+    # Start again: a new run, not a second resume of the same folder.
+    assert w2.start_run()
+    assert w2.runner._worker.config.resume is None
+    w2.stop_run()
+    run_to_end(qtbot, w2)
