@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import signal
 import sys
 import time
@@ -111,11 +112,21 @@ class ConsoleSink:
         self.tty = sys.stderr.isatty()
         self.total_epochs = total_epochs
         self._last_draw = 0.0
+        self.stdout_gone = False
 
     def __call__(self, event: Any) -> None:
         if self.as_json:
-            sys.stdout.write(json.dumps(event.to_dict(), default=repr) + "\n")
-            sys.stdout.flush()
+            if self.stdout_gone:
+                return
+            try:
+                sys.stdout.write(json.dumps(event.to_dict(), default=repr) + "\n")
+                sys.stdout.flush()
+            except BrokenPipeError:  # `| head` went away: keep training, stop printing
+                self.stdout_gone = True
+                try:
+                    sys.stdout = open(os.devnull, "w")
+                except OSError:
+                    pass
             return
         if event.kind == "step":
             now = time.monotonic()

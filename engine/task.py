@@ -98,6 +98,7 @@ def _builder_from_file(path: str) -> Callable[[int], Any]:
 def load_task(spec: str, seed: int = 0) -> Task:
     """Build and check a task. Raises TaskError with a one-line message."""
     builder, name = resolve_builder(spec)
+    torch.manual_seed(seed)  # a task that draws random numbers without seeding is still reproducible
     try:
         task = builder(seed)
     except TaskError:

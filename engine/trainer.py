@@ -260,6 +260,15 @@ class Trainer:
         for k in ("micro_batch", "accum", "lr", "clip", "lr_scaling"):
             if k in s:
                 setattr(self.settings, k, s[k])
+        # Flags given with --resume that differ from the run's saved config are the user's
+        # new settings: queue them as commands (they apply at the next epoch boundary).
+        saved = state.get("config") or {}
+        asked = {"accum": SetAccum(self.config.accum), "micro_batch": SetMicroBatch(self.config.micro_batch),
+                 "lr": SetLr(self.config.lr), "clip": SetClip(self.config.clip),
+                 "lr_scaling": SetLrScaling(self.config.lr_scaling)}
+        for k, cmd in asked.items():
+            if k in saved and saved[k] != getattr(self.config, k) and getattr(self.settings, k) != getattr(self.config, k):
+                self.commands.put(cmd)
         self._set_lr(self.settings.lr)
         rng = state.get("rng") or {}
         if "torch" in rng:
