@@ -1,8 +1,8 @@
 """Alerts: one entry per occurrence, with time, step and details; never a dialog."""
 from __future__ import annotations
 
-from conftest import run_to_end, start, wait_until
-from tasks import tiny_task
+from app_helpers import run_to_end, start, wait_until
+from app_tasks import tiny_task
 
 
 def test_nan_task_raises_alert_entries_and_marks_the_steps(qtbot, make_window, tmp_path):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import os
 
-from conftest import run_to_end, start
-from tasks import broken_task, tiny_task
+from app_helpers import run_to_end, start
+from app_tasks import broken_task, tiny_task
 
 
 def test_bad_task_file_shows_an_error_and_the_app_stays_usable(qtbot, make_window, tmp_path):

@@ -9,8 +9,8 @@ import sys
 import pytest
 from PySide6.QtGui import QImage
 
-from conftest import ROOT
-from tasks import broken_task
+from app_helpers import ROOT
+from app_tasks import broken_task
 
 
 def _app(*args, env_extra=None, timeout=120):

@@ -7,7 +7,7 @@ from PySide6.QtGui import QImage
 
 from engine.store import RunReader
 
-from conftest import run_to_end, start
+from app_helpers import run_to_end, start
 
 
 def test_csv_and_png_export(qtbot, make_window, tmp_path):

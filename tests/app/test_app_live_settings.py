@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from engine.store import RunReader
 
-from conftest import run_to_end, start, wait_until
+from app_helpers import run_to_end, start, wait_until
 
 
 def test_changes_apply_exactly_at_the_next_epoch_boundary(qtbot, make_window, tmp_path):

@@ -5,7 +5,7 @@ import numpy as np
 
 from engine.store import RunReader
 
-from conftest import run_to_end, start
+from app_helpers import run_to_end, start
 
 
 def _store(run_dir):

@@ -7,7 +7,7 @@ import subprocess
 import sys
 import time
 
-from conftest import ROOT, wait_until
+from app_helpers import ROOT, wait_until
 
 
 def test_open_a_running_run_and_control_it(qtbot, make_window, tmp_path):

@@ -12,7 +12,7 @@ import torch
 
 from engine.store import RunReader
 
-from conftest import ROOT, run_to_end, start, wait_until
+from app_helpers import ROOT, run_to_end, start, wait_until
 
 
 def _checkpoint_step(run_dir) -> int:
