@@ -22,7 +22,7 @@ class DigitsDataset(torch.utils.data.Dataset):
         x = protos[self.y].clone()
         for i in range(n):
             x[i] = torch.roll(x[i], shifts=(int(shifts[i, 0]), int(shifts[i, 1])), dims=(1, 2))
-        x += 1.5 * torch.randn(x.shape, generator=g)
+        x += 3.0 * torch.randn(x.shape, generator=g)
         self.x = x.reshape(n, 784) if flat else x
 
     def __len__(self) -> int:
