@@ -142,6 +142,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         QTimer.singleShot(0, lambda: app.exit(code))
 
     win.run_done_callbacks.append(finish)
+    win.closed.connect(app.quit)  # a window hidden while its engine thread finished does not quit by itself
     if ns.screenshot:  # scripted screenshots: the same size and layout every time, whatever was saved
         win.resize(1440, 900)
         win._needs_layout = True
@@ -196,6 +197,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     rc = app.exec()
     heartbeat.stop()
+    if win.runner.is_busy():  # never leave with the engine thread alive (and never terminate it)
+        win.runner.stop()
+        while not win.runner.join(1.0):
+            app.processEvents()
     win.deleteLater()
     app.processEvents()
     return rc if rc else exit_code["code"] if ns.quit_when_done else rc

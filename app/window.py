@@ -12,7 +12,7 @@ import sys
 import time
 from typing import Any, Callable, Optional
 
-from PySide6.QtCore import QByteArray, Qt, QTimer
+from PySide6.QtCore import QByteArray, Qt, QTimer, Signal
 from PySide6.QtGui import QAction, QCloseEvent, QKeySequence
 from PySide6.QtWidgets import (QApplication, QDockWidget, QFileDialog, QLabel, QMainWindow, QMessageBox,
                                QScrollArea, QVBoxLayout, QWidget)
@@ -62,6 +62,7 @@ JOIN_S = 2.0
 
 
 class MainWindow(QMainWindow):
+    closed = Signal()  # closed for good (also after a hidden wait for the engine thread): quit the app
     def __init__(self, base_config: Optional[dict[str, Any]] = None, theme: Optional[str] = None,
                  settings: Optional[Settings] = None, restore_settings: bool = True) -> None:
         """base_config: run flags given on the command line (TrainConfig fields); they fill
@@ -750,6 +751,7 @@ class MainWindow(QMainWindow):
             box.close()
         event.accept()
         super().closeEvent(event)
+        self.closed.emit()
 
 
 def print_error(message: str) -> None:

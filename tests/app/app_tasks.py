@@ -57,3 +57,34 @@ def broken_task(folder: Path) -> str:
     path = folder / "broken.py"
     path.write_text("import torch\n\ndef build_task(seed)\n    return None\n")  # a syntax error on line 3
     return str(path)
+
+
+SLOW = """
+import time
+import torch
+from engine import Task
+
+
+class Data(torch.utils.data.Dataset):
+    def __len__(self):
+        return 256
+
+    def __getitem__(self, i):
+        return torch.ones(4) * (i % 7), torch.tensor(i % 2)
+
+
+def loss(model, batch):
+    x, y = batch
+    return torch.nn.functional.cross_entropy(model(x), y, reduction="sum"), len(y)
+
+
+def build_task(seed):
+    time.sleep({seconds})  # a task that takes a while to load: the window closes meanwhile
+    return Task(model=torch.nn.Linear(4, 2), train_data=Data(), loss=loss, name="slow")
+"""
+
+
+def slow_task(folder: Path, seconds: float = 4.0) -> str:
+    path = folder / "slow.py"
+    path.write_text(SLOW.format(seconds=seconds))
+    return str(path)

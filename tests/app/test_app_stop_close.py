@@ -13,6 +13,7 @@ import torch
 from engine.store import RunReader
 
 from app_helpers import ROOT, run_to_end, start, wait_until
+from app_tasks import slow_task
 
 
 def _checkpoint_step(run_dir) -> int:
@@ -87,3 +88,43 @@ def test_ctrl_c_in_the_terminal_closes_cleanly(tmp_path):
     assert proc.returncode == 0, err
     assert "QThread" not in err and "Traceback" not in err and "Fatal" not in err, err
     assert _checkpoint_step(run_dir) >= 2
+
+
+def test_closing_while_the_task_loads_hides_then_closes_when_the_thread_ends(qtbot, make_window, tmp_path, qtlog):
+    """The engine thread cannot leave build_task early: the window hides after 2 s, never
+    terminates the thread, and closes (quitting the app) once the thread has stopped."""
+    w = make_window()
+    start(w, task=slow_task(tmp_path, 4.0), run_dir=str(tmp_path / "run"))
+    qtbot.wait(300)
+    t0 = time.perf_counter()
+    assert not w.close()  # refused for now: the thread is still in build_task
+    assert 1.9 < time.perf_counter() - t0 < 4.0
+    assert not w.isVisible() and w.runner.is_busy()
+    with qtbot.waitSignal(w.closed, timeout=30_000):
+        pass
+    assert not w.runner.is_busy()
+    assert w.run_outcome["reason"] == "stopped"
+    assert not (tmp_path / "run" / "checkpoints" / "last.pt").exists()  # stopped before its first step
+    assert not [m for m in qtlog.records if "Destroyed while thread" in m.message]
+
+
+def test_ctrl_c_while_the_task_loads_exits_cleanly(tmp_path):
+    env = {**os.environ, "QT_QPA_PLATFORM": "offscreen"}
+    proc = subprocess.Popen([sys.executable, "-m", "app", "--task", slow_task(tmp_path, 5.0), "--autostart",
+                             "--run-dir", str(tmp_path / "run")], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    log = tmp_path / "headroom.log"  # HEADROOM_LOG (the isolated fixture), inherited by the app
+    try:
+        deadline = time.monotonic() + 60
+        while not (log.exists() and "start: " in log.read_text()):  # Start pressed: torch loading now
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        time.sleep(0.3)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=40)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    assert "QThread" not in err and "Traceback" not in err and "Fatal" not in err, err
