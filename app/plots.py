@@ -159,6 +159,8 @@ class PlotPanel(QWidget):
         self._epoch_count = -1
         self._gpu_mode: Optional[str] = None
         self._updating = False
+        self._turn = 0
+        self.stale = False  # some small plot waits for its turn: the next refresh must run
         self.refresh_cost = 0.0
         self._syncing_x = False
         self._tput_unit = ""
@@ -256,6 +258,8 @@ class PlotPanel(QWidget):
                            Series(self.mem_used, "mem_used", GIB, "max"),
                            Series(self.mem_reserved, "mem_reserved", GIB, "max"),
                            Series(self.mem_peak, "mem_peak", GIB, "max")]
+        self._every_frame = self.series[0:2]
+        self._turns = (self.series[2:6], self.series[6:8])  # norm/clip/clipped/lr, then throughput (+ memory)
         self._y_series = {id(self.loss_plot): self.series[0:2], id(self.norm_plot): self.series[2:5],
                           id(self.lr_plot): self.series[5:6], id(self.tput_plot): self.series[6:8],
                           id(self.mem_plot): self.mem_series}
@@ -406,19 +410,28 @@ class PlotPanel(QWidget):
         buf = model.metrics
         x0, x1, width = self._visible()
         range_key = (x0, x1, width, self.follow)
-        if not force and buf.version == self._version and range_key == self._range_key \
+        if not force and not self.stale and buf.version == self._version and range_key == self._range_key \
                 and len(model.markers) == self._marker_count and len(model.epochs) == self._epoch_count \
                 and len(buf.nonfinite_steps) == self._nonfinite_count:
             return False
         self._updating = True
         t_start = time.perf_counter()
         try:
+            # New steps while following: the loss every frame, the small plots in turns (each
+            # about 15 times a second at 30 frames), so a frame repaints about half the canvas and
+            # blocks the event loop half as long. A forced refresh, or a zoom/pan, updates all.
+            all_plots = (force or range_key != self._range_key or not self.follow
+                         or buf.version == self._version)  # nothing new: catch up what waited its turn
+            self.stale = not all_plots
+            self._turn = (self._turn + 1) % 2
             self._version, self._range_key = buf.version, range_key
             for s in self.series:
-                s.update(buf, x0, x1, width)
+                if all_plots or s in self._every_frame or s in self._turns[self._turn]:
+                    s.update(buf, x0, x1, width)
             for _name, (obuf, _item, s) in self.overlays.items():
                 s.update(obuf, x0, x1, width)
-            self._update_gpu(model, buf, x0, x1, width)
+            if all_plots or self._turn == 1:
+                self._update_gpu(model, buf, x0, x1, width)
             self._update_epochs(model)
             self._update_markers(model)
             self._update_nonfinite(buf)

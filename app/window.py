@@ -495,6 +495,8 @@ class MainWindow(QMainWindow):
 
     def _tick(self) -> None:
         self._tick_n += 1
+        if self._plots is not None and self._plots.stale:
+            self._plots_due = True  # a small plot skipped its turn in the last frame
         self._refresh_plots()  # a redraw held back by the pacing
         src = self.source
         if src is not None:
@@ -560,7 +562,7 @@ class MainWindow(QMainWindow):
             return
         self._plot_timer.stop()
         self._plots_due = False
-        self.plots.refresh()
+        self.plots.refresh(force=force)
         self._next_plot = now + max(TICK_MS / 1000 * 0.9, self.plots.frame_cost() / PLOT_BUDGET)
 
     # -- state ---------------------------------------------------------------------------

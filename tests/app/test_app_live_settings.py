@@ -71,17 +71,19 @@ def test_changes_apply_exactly_at_the_next_epoch_boundary(qtbot, make_window, tm
 
 def test_pause_then_change_then_resume(qtbot, make_window, tmp_path):
     w = make_window()
-    start(w, epochs=2, run_dir=str(tmp_path / "run"))
+    start(w, epochs=3, micro_batch=32, run_dir=str(tmp_path / "run"))  # 64 steps an epoch
     wait_until(qtbot, lambda: w.model.step >= 3, 90, "a few steps")
     w.pause_run()
     assert w.ui_state() == "pausing"
     assert w.controls.resume_button.isEnabled() and not w.controls.pause_button.isEnabled()
-    wait_until(qtbot, lambda: w.model.state == "paused", 60, "the pause")
+    wait_until(qtbot, lambda: w.model.state == "paused", 90, "the pause")
+    paused_after = next(n.epoch for n in w.model.notes if n.kind == "paused")  # the epoch it finished
     paused_step = w.model.step
+    assert paused_step == 64 * paused_after
     assert w.ui_state() == "paused"
     w.controls.accum.setValue(1)
     w.apply_changes()
-    assert "now: the run is paused" in w.controls.status_text("accum")
+    assert f"applies at epoch {paused_after + 1} (now: the run is paused)" in w.controls.status_text("accum")
     wait_until(qtbot, lambda: w.controls.status_text("accum").startswith("applied"), 30, "the change while paused")
     qtbot.wait(300)
     assert w.model.step == paused_step  # still paused: the change applied without training
@@ -90,9 +92,10 @@ def test_pause_then_change_then_resume(qtbot, make_window, tmp_path):
     assert outcome["reason"] == "completed"
     kinds = [n.kind for n in w.model.notes]
     assert kinds.index("paused") < kinds.index("settings_applied") < kinds.index("resumed")
+    assert "lr_hint" in w.alerts.kinds()  # accumulation changed, lr not: the engine suggests one
     accum = w.model.metrics.view("accum")
     epoch = w.model.metrics.view("epoch")
-    assert set(accum[epoch == 1]) == {2} and set(accum[epoch >= 2]) == {1}
+    assert set(accum[epoch <= paused_after]) == {2} and set(accum[epoch > paused_after]) == {1}
 
 
 def test_engine_refusal_is_shown(qtbot, make_window, tmp_path):
