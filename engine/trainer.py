@@ -132,11 +132,10 @@ class Trainer:
         self._last_command_poll = 0.0
         self.memory_model = MemoryModel()
         self._forecast_key: Optional[tuple] = None
-        self._stop_agreed = False
+        self._stop_agreed = False  # under DDP: a stop every rank knows about (see _train_window)
         self._in_flight: Optional[_Launched] = None  # deferred mode: the step whose numbers are in flight
         self._pinned: dict[int, list[torch.Tensor]] = {}
-        self._losses: list[float] = []
-        self._epoch_sums = (0.0, 0.0)  # under DDP: a stop every rank knows about (see _train_window)
+        self._losses: list[float] = []  # the loss of every applied step, for RunResult
 
     # -- control from other threads -------------------------------------------------------
     def send(self, command: Command) -> None:
@@ -284,7 +283,6 @@ class Trainer:
     def run(self) -> RunResult:
         if not hasattr(self, "device"):
             self.prepare()
-        losses: list[float] = []
         reason = "completed"
         try:
             self._setup()
@@ -303,7 +301,7 @@ class Trainer:
             if self.config.find_micro_batch and self.resume_state is None:
                 self._find_micro_batch()
             self._warn_batchnorm()
-            reason = self._train_epochs(losses)
+            reason = self._train_epochs()
         except NonFiniteStop:
             reason = "nonfinite"
             self._save_checkpoint()
@@ -324,7 +322,9 @@ class Trainer:
             raise
         self._emit(RunFinished(self.step, self.epoch, reason=reason))
         self._finish("finished")
-        return RunResult(self.run_dir, self.step, self.epoch - 1, reason, losses[-1] if losses else None, self.nonfinite_steps, self.scaler_skips, losses)
+        losses = self._losses
+        return RunResult(self.run_dir, self.step, self.epoch - 1, reason, losses[-1] if losses else None,
+                         self.nonfinite_steps, self.scaler_skips, losses)
 
     def _finish(self, status: str, safe: bool = False) -> None:
         try:
@@ -340,10 +340,9 @@ class Trainer:
                 self.probe.close()
             D.shutdown(self.ctx)
 
-    def _train_epochs(self, losses: list[float]) -> str:
+    def _train_epochs(self) -> str:
         cfg = self.config
         data = self.task.train_data
-        self._losses = losses
         if cfg.max_steps is not None and self.step >= cfg.max_steps:  # resumed at or past the limit
             return "max_steps"
         while self.epoch <= cfg.epochs:

@@ -53,12 +53,13 @@ def main() -> None:
 
     def step(window):
         varlen_task._window[0] = trainer.step + 1
-        m = original_step(window)
+        skipped_before = trainer.nonfinite_steps
+        trained = original_step(window)  # on CPU a step's numbers are resolved at once
         log.append(dict(step=trainer.step, epoch=trainer.epoch, micro=trainer.settings.micro_batch,
                         accum=trainer.settings.accum, lr=trainer.settings.lr, allreduces=allreduces["n"],
-                        nonfinite=bool(m.nonfinite) if m is not None else None,
+                        nonfinite=trainer.nonfinite_steps > skipped_before if trained else None,
                         wsum=float(sum(p.detach().double().sum() for p in trainer.model.parameters()))))
-        return m
+        return trained
 
     trainer._step = step
     trainer.run()
