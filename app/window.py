@@ -56,7 +56,8 @@ class _LoadingPlots(QWidget):
         for fn in listeners:
             fn(time.perf_counter())
 TICK_MS = 33  # ~30 Hz: drain events, repaint what changed
-PLOT_BUDGET = 0.5  # at most this share of the GUI thread's time goes to redrawing plots
+PLOT_BUDGET = 0.5  # at most this share of the GUI thread's time goes to redrawing plots...
+PLOT_MAX_INTERVAL = 0.066  # ...but a new step is on screen within ~15 frames a second whatever the cost
 STATUS_EVERY = 8  # status bar every 8th tick (~4 Hz)
 JOIN_S = 2.0
 
@@ -563,7 +564,8 @@ class MainWindow(QMainWindow):
         self._plot_timer.stop()
         self._plots_due = False
         self.plots.refresh(force=force)
-        self._next_plot = now + max(TICK_MS / 1000 * 0.9, self.plots.frame_cost() / PLOT_BUDGET)
+        self._next_plot = now + min(PLOT_MAX_INTERVAL,
+                                    max(TICK_MS / 1000 * 0.9, self.plots.frame_cost() / PLOT_BUDGET))
 
     # -- state ---------------------------------------------------------------------------
     def ui_state(self) -> str:
