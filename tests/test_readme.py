@@ -1,0 +1,128 @@
+"""Every command in the README runs, here or in CI, so none rots.
+
+`make test` is CI itself, `make package` / `make install-desktop` are run by
+tests/packaging; this file runs the rest (GPU-only and multi-node lines are checked
+against the CLI's parser, since this machine has neither).
+"""
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+from engine.cli import build_parser
+from engine.store import RunReader
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+README = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+VENV_PY = os.path.join(ROOT, ".venv", "bin", "python")
+PY = VENV_PY if os.path.exists(VENV_PY) else sys.executable
+
+
+def blocks(lang: str) -> list[str]:
+    return re.findall(rf"```{lang}\n(.*?)```", README, flags=re.S)
+
+
+def shell_lines() -> list[str]:
+    lines = []
+    for block in blocks("sh"):
+        joined = block.replace("\\\n", " ")
+        lines += [l.split("#")[0].strip() for l in joined.splitlines() if l.strip() and not l.strip().startswith("#")]
+    return [l for l in lines if l]
+
+
+def engine_args(line: str) -> list[str]:
+    words = shlex.split(line)
+    i = words.index("engine")
+    return words[i + 1:]
+
+
+def run(args: list[str], timeout: int = 300, **kw) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
+    return subprocess.run(args, cwd=kw.pop("cwd", ROOT), env=env, capture_output=True, text=True, timeout=timeout, **kw)
+
+
+def test_two_commands_are_make_targets():
+    assert "make run" in README and "make test" in README
+    make = run(["make", "-n", "run"])
+    assert make.returncode == 0 and "-m app --task mlp" in make.stdout and "--autostart" in make.stdout
+    ci = open(os.path.join(ROOT, ".ci", "run")).read()
+    assert "make test" in ci
+
+
+def test_every_engine_command_line_parses():
+    lines = [l for l in shell_lines() if " -m engine" in l]
+    lines += re.findall(r"`((?:\.venv/bin/python|python|torchrun)[^`]*-m engine[^`]*)`", README)
+    assert len(lines) >= 5
+    parser = build_parser()
+    for line in lines:
+        args = [a for a in engine_args(line) if a != "[flags]"]
+        parser.parse_args(args)  # raises (ConfigError) on an unknown or malformed flag
+
+
+def test_flag_table_matches_the_cli():
+    table = re.search(r"```\n(python -m engine \[flags\].*?)```", README, flags=re.S).group(1)
+    flags = set(re.findall(r"--[a-z][a-z-]+", table))
+    known = {a for action in build_parser()._actions for a in action.option_strings}
+    assert flags <= known, flags - known
+
+
+def test_headless_demo(tmp_path):
+    # `make demo-headless` runs exactly this (checked below), into the default runs folder.
+    r = run([PY, "-m", "engine", "--task", "mlp", "--epochs", "2", "--run-dir", str(tmp_path / "demo")])
+    assert r.returncode == 0, r.stderr
+    assert "make demo-headless" in README
+    assert "-m engine --task mlp --epochs 2" in open(os.path.join(ROOT, "Makefile")).read()
+    assert len(RunReader(str(tmp_path / "demo")).metrics()) == 128
+
+
+def test_task_file_example_trains(tmp_path):
+    example = next(b for b in blocks("python") if "def build_task" in b)
+    path = tmp_path / "my_task.py"
+    path.write_text(example)
+    r = run([PY, "-m", "engine", "--task", str(path), "--epochs", "1", "--run-dir", str(tmp_path / "run")])
+    assert r.returncode == 0, r.stderr
+    assert RunReader(str(tmp_path / "run")).metrics()
+
+
+def test_ssh_example_command_and_resume(tmp_path):
+    line = next(l for l in shell_lines() if "path/to/my_task.py" in l and "--run-dir runs/exp1" in l)
+    example = next(b for b in blocks("python") if "def build_task" in b)
+    (tmp_path / "path" / "to").mkdir(parents=True)
+    (tmp_path / "path" / "to" / "my_task.py").write_text(example)
+    args = engine_args(line) + ["--epochs", "1"]
+    r = run([PY, "-m", "engine", *args], cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    r = run([PY, "-m", "engine", "--resume", "runs/exp1", "--epochs", "2"], cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert RunReader(str(tmp_path / "runs" / "exp1")).epochs()[-1]["epoch"] == 2
+
+
+def test_cpu_torchrun_line_runs(tmp_path):
+    line = re.search(r"`(torchrun --standalone --nproc-per-node 2 -m engine[^`]*--device cpu)`", README).group(1)
+    words = shlex.split(line)
+    cmd = [PY, "-m", "torch.distributed.run"] + words[1:] + ["--max-steps", "3", "--run-dir", str(tmp_path / "ddp")]
+    r = run(cmd, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    info = RunReader(str(tmp_path / "ddp")).info()
+    assert info["world_size"] == 2 and info["backend"] == "gloo"
+
+
+def test_nvml_status_line_runs():
+    line = re.search(r'`\.venv/bin/python -c "(from engine.telemetry import nvml_status[^"]*)"`', README).group(1)
+    r = run([PY, "-c", line])
+    assert r.returncode == 0 and r.stdout.strip()
+
+
+@pytest.mark.timeout(600)
+def test_find_micro_batch_line_parses_and_runs(tmp_path):
+    line = next(l for l in re.findall(r"`(\.venv/bin/python -m engine[^`]*--find-micro-batch[^`]*)`", README))
+    args = engine_args(line)
+    r = run([PY, "-m", "engine", *args, "--max-steps", "2", "--run-dir", str(tmp_path / "f")])
+    assert r.returncode == 0, r.stderr
+    found = RunReader(str(tmp_path / "f")).events(kinds={"micro_batch_found"})
+    assert len(found) == 1
