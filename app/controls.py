@@ -12,7 +12,7 @@ import os
 from typing import Any, Optional
 
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtWidgets import (QComboBox, QFormLayout, QGridLayout, QGroupBox, QHBoxLayout, QLabel, QLineEdit,
+from PySide6.QtWidgets import (QComboBox, QFormLayout, QGridLayout, QGroupBox, QLabel, QLineEdit,
                                QPushButton, QSizePolicy, QSpinBox, QVBoxLayout, QWidget)
 
 from engine.commands import Command, SetAccum, SetClip, SetLr, SetLrScaling, SetMicroBatch

@@ -1,7 +1,7 @@
 """Alerts: one entry per occurrence, with time, step and details; never a dialog."""
 from __future__ import annotations
 
-from app_helpers import run_to_end, start, wait_until
+from app_helpers import run_to_end, start
 from app_tasks import tiny_task
 
 
