@@ -62,3 +62,17 @@ def test_window_shows_before_torch_loads():
     assert r.returncode == 0, r.stderr
     line = next(ln for ln in r.stdout.splitlines() if ln.startswith("shown "))
     assert "torch_loaded 0" in line, line
+
+
+def test_open_a_run_folder_and_screenshot_it(tmp_path):
+    run_dir = tmp_path / "run"
+    r = subprocess.run([sys.executable, "-m", "engine", "--task", "mlp", "--max-steps", "5", "--micro-batch", "64",
+                        "--device", "cpu", "--run-dir", str(run_dir)], cwd=ROOT, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    shot = tmp_path / "opened.png"
+    r = _app("--open", str(run_dir), "--screenshot", str(shot), "--quit-when-done")
+    assert r.returncode == 0, r.stderr
+    assert not QImage(str(shot)).isNull()
+    r = _app("--open", str(tmp_path / "nothing-here"), "--quit-when-done", timeout=30)
+    assert r.returncode == 2 and r.stderr.startswith("error: --open") and "no run.db" in r.stderr
