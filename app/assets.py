@@ -6,8 +6,20 @@ from functools import lru_cache
 
 from PySide6.QtGui import QIcon
 
-RESOURCES = os.environ.get("HEADROOM_RESOURCES") or os.path.join(
-    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "resources")
+def _find_resources() -> str:
+    """$HEADROOM_RESOURCES, else resources/ beside app/ (a checkout, an editable install or the
+    frozen bundle), else share/headroom/resources under the installation prefix (a wheel)."""
+    import sys
+    candidates = [os.environ.get("HEADROOM_RESOURCES", ""),
+                  os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "resources"),
+                  os.path.join(sys.prefix, "share", "headroom", "resources")]
+    for c in candidates:
+        if c and os.path.isdir(c):
+            return c
+    return candidates[1]
+
+
+RESOURCES = _find_resources()
 
 
 def path(*parts: str) -> str:
