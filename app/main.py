@@ -114,6 +114,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     app.setApplicationName("Headroom")
     app.setOrganizationName("Headroom")
     app.setApplicationDisplayName("Headroom")
+    from PySide6.QtGui import QGuiApplication
+    QGuiApplication.setDesktopFileName("headroom")  # Wayland/X11: matches headroom.desktop (icon, grouping)
     app.setWindowIcon(assets.app_icon())
     win = MainWindow(base_config=base, theme=ns.theme)
     exit_code = {"code": EXIT_OK}

@@ -237,6 +237,11 @@ class MainWindow(QMainWindow):
             m.addSeparator() if a is None else m.addAction(a)
         for d in (self.controls_dock, self.alerts_dock, self.history_dock):
             m.addAction(d.toggleViewAction())
+        self.about_action = self._action("About Headroom", "", self.show_about, "info",
+                                         "Versions of Headroom, torch, CUDA, Qt and the NVIDIA driver")
+        self.about_action.setMenuRole(QAction.MenuRole.AboutRole)
+        m = mb.addMenu("&Help")
+        m.addAction(self.about_action)
 
     # -- the plots -----------------------------------------------------------------------
     @property
@@ -637,6 +642,19 @@ class MainWindow(QMainWindow):
         self.dialogs.append(box)
         box.open()
         return box
+
+    def show_about(self) -> Any:
+        """Help > About Headroom (non-blocking). torch loads here, not at start-up."""
+        from .about import AboutDialog
+        QApplication.setOverrideCursor(Qt.CursorShape.WaitCursor)
+        try:
+            dlg = AboutDialog(self)
+        finally:
+            QApplication.restoreOverrideCursor()
+        dlg.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        self.about_dialog = dlg
+        dlg.open()
+        return dlg
 
     def choose_task_file(self) -> None:
         start = os.path.dirname(self.settings.recent("recent_tasks")[0]) if self.settings.recent("recent_tasks") \
