@@ -12,7 +12,7 @@ import os
 from typing import Any, Optional
 
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtWidgets import (QComboBox, QFormLayout, QGridLayout, QGroupBox, QLabel, QLineEdit,
+from PySide6.QtWidgets import (QCheckBox, QComboBox, QFormLayout, QGridLayout, QGroupBox, QLabel, QLineEdit,
                                QPushButton, QSizePolicy, QSpinBox, QVBoxLayout, QWidget)
 
 from engine.commands import Command, SetAccum, SetClip, SetLr, SetLrScaling, SetMicroBatch
@@ -34,6 +34,32 @@ def _same(a: Any, b: Any) -> bool:
     if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool):
         return math.isclose(float(a), float(b), rel_tol=1e-9, abs_tol=0.0)
     return a == b
+
+
+FITS_IDLE = "fits: shown during a GPU run"
+FITS_NO_GPU = "fits: no GPU"
+FITS_MEASURING = "fits: measuring the first steps..."
+
+
+def _mib(n: Any) -> str:
+    return f"{float(n or 0) / 2**20:,.0f} MiB"
+
+
+def fits_text(d: dict[str, Any]) -> str:
+    """A memory_forecast event's fields as one line, e.g.
+    'fits: micro-batch up to 29 (×3 for 64) · 410 MiB/sample in bf16'."""
+    return (f"fits: micro-batch up to {int(d.get('micro_batch_max') or 0):,} "
+            f"(\u00d7{int(d.get('accum_for_effective') or 0)} for {int(d.get('effective_batch') or 0):,}) "
+            f"\u00b7 {_mib(d.get('per_sample_bytes'))}/sample in {d.get('precision') or '?'}")
+
+
+def fits_tooltip(d: dict[str, Any]) -> str:
+    return (f"Forecast from the peaks measured so far: {_mib(d.get('capacity'))} usable, "
+            f"{_mib(d.get('fixed_bytes'))} fixed (weights, gradients, optimizer state, workspace), "
+            f"{_mib(d.get('per_sample_bytes'))} of activations per sample in {d.get('precision') or '?'}. "
+            f"Micro-batch {int(d.get('micro_batch_max') or 0):,} with accumulation "
+            f"{int(d.get('accum_for_effective') or 0)} keeps the effective batch of "
+            f"{int(d.get('effective_batch') or 0):,}.")
 
 
 def make_command(name: str, value: Any) -> Command:
@@ -82,6 +108,19 @@ class ControlsPanel(QWidget):
         self.effective = QLabel()
         self.effective.setObjectName("effective")
         self.effective.setToolTip("Samples per optimizer step: micro-batch x accumulation x devices")
+        self.find_micro_batch = QCheckBox("Find micro-batch")
+        self.find_micro_batch.setObjectName("find_micro_batch")
+        self.find_micro_batch.setToolTip("Before training, probe the largest micro-batch that fits in memory and "
+                                         "set accumulation to keep the effective batch (micro-batch x accumulation)")
+        self.finder_status = QLabel("")
+        self.finder_status.setObjectName("hint")
+        self.finder_status.setWordWrap(True)
+        self.finder_status.setVisible(False)
+        self.fits = QLabel("")
+        self.fits.setObjectName("fits")
+        self.fits.setWordWrap(True)
+        self.fits.setToolTip("What fits in GPU memory, forecast from the peaks measured so far")
+        self.set_fits_text(FITS_IDLE)
         self.lr = QLineEdit("0.001")
         self.lr.setValidator(FloatValidator(0.0, 10.0, parent=self))
         self.lr.setToolTip("Learning rate: a number >= 0, e.g. 3e-4")
@@ -133,6 +172,9 @@ class ControlsPanel(QWidget):
             live.addRow(label, self.fields[name])
             live.addRow("", self.status[name])
         live.addRow("Effective batch", self.effective)
+        live.addRow("", self.find_micro_batch)
+        live.addRow("", self.finder_status)
+        live.addRow("Memory", self.fits)
         for label, name in (("Learning rate", "lr"), ("lr scaling", "lr_scaling"), ("Clip norm", "clip")):
             live.addRow(label, self.fields[name])
             live.addRow("", self.status[name])
@@ -250,9 +292,13 @@ class ControlsPanel(QWidget):
         device = self.device.currentText().strip()
         if not self.device.lineEdit().hasAcceptableInput():
             return None, "Device: auto, cpu, cuda or cuda:N"
-        return {"task": self.task_spec(), "micro_batch": self.micro_batch.value(), "accum": self.accum.value(),
-                "lr": lr, "clip": clip, "lr_scaling": self.lr_scaling.currentData(),
-                "precision": self.precision.currentData(), "epochs": self.epochs.value(), "device": device}, ""
+        out = {"task": self.task_spec(), "micro_batch": self.micro_batch.value(), "accum": self.accum.value(),
+               "lr": lr, "clip": clip, "lr_scaling": self.lr_scaling.currentData(),
+               "precision": self.precision.currentData(), "epochs": self.epochs.value(), "device": device,
+               "find_micro_batch": self.find_micro_batch.isChecked()}
+        if out["find_micro_batch"]:  # keep the effective batch the form shows; the engine picks the split
+            out["effective_batch"] = self.micro_batch.value() * self.accum.value()
+        return out, ""
 
     def set_values(self, d: dict[str, Any]) -> None:
         if "task" in d and d["task"]:
@@ -266,6 +312,8 @@ class ControlsPanel(QWidget):
             self.epochs.setValue(d["epochs"])
         if d.get("device"):
             self.device.setCurrentText(str(d["device"]))
+        if "find_micro_batch" in d:
+            self.find_micro_batch.setChecked(bool(d["find_micro_batch"]))
         self._update_effective()
 
     def _update_effective(self) -> None:
@@ -282,12 +330,13 @@ class ControlsPanel(QWidget):
         if running and not was_running:  # a new run: forget the last run's statuses
             for name in LIVE_FIELDS:
                 self._set_status(name, "", "")
+            self.finder_status.setVisible(False)
         controllable = running and (not self.remote or state != "starting")
         self.start_button.setEnabled(not running)
         self.stop_button.setEnabled(running and state != "stopping")
         self.pause_button.setEnabled(state == "training")
         self.resume_button.setEnabled(state in ("pausing", "paused"))
-        for w in (self.task, self.precision, self.epochs, self.device):
+        for w in (self.task, self.precision, self.epochs, self.device, self.find_micro_batch):
             w.setEnabled(not running)
         for w in self.fields.values():
             w.setEnabled(not running or controllable)
@@ -304,6 +353,21 @@ class ControlsPanel(QWidget):
                 self._set_status(name, "refused", f"not applied: the run ended first ({fmt_value(value)})")
             self.pending.clear()
         self._edited()
+
+    # -- the micro-batch finder and the memory forecast ------------------------------------
+    def on_micro_batch_found(self, micro_batch: int, accum: int, probes: int, peak_bytes: int = 0) -> None:
+        self.set_engine_values({"micro_batch": micro_batch, "accum": accum})
+        peak = f", peak {peak_bytes / 2**20:,.0f} MiB" if peak_bytes else ""
+        self.finder_status.setText(f"found: micro-batch {micro_batch} \u00d7 accumulation {accum} "
+                                   f"({probes} probes{peak})")
+        self.finder_status.setVisible(True)
+
+    def set_fits_text(self, text: str, tooltip: str = "") -> None:
+        self.fits.setText(text)
+        self.fits.setToolTip(tooltip or "What fits in GPU memory, forecast from the peaks measured so far")
+
+    def on_memory_forecast(self, d: dict[str, Any]) -> None:
+        self.set_fits_text(fits_text(d), fits_tooltip(d))
 
     def is_running(self) -> bool:
         return self.state in ("starting", "training", "pausing", "paused", "stopping")

@@ -16,7 +16,8 @@ from .metrics import MetricsBuffer
 
 # Event kinds that become an entry in the alerts panel (one entry per occurrence).
 ALERT_KINDS = ("nonfinite", "clip_saturation", "vram_low", "batchnorm_small_batch", "lr_hint",
-               "oom_recovered", "command_refused", "scaler_skip", "run_failed")
+               "oom_recovered", "command_refused", "scaler_skip", "run_failed", "micro_batch_found",
+               "run_damaged")
 SETTING_NAMES = {"micro_batch": "micro-batch", "accum": "accum", "lr": "lr", "clip": "clip",
                  "lr_scaling": "lr scaling"}
 

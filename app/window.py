@@ -12,18 +12,18 @@ import sys
 import time
 from typing import Any, Callable, Optional
 
-from PySide6.QtCore import QByteArray, Qt, QTimer, Signal
-from PySide6.QtGui import QAction, QCloseEvent, QKeySequence
-from PySide6.QtWidgets import (QApplication, QDockWidget, QFileDialog, QLabel, QMainWindow, QMessageBox,
+from PySide6.QtCore import QByteArray, QProcess, QProcessEnvironment, Qt, QTimer, QUrl, Signal
+from PySide6.QtGui import QAction, QCloseEvent, QDesktopServices, QKeySequence
+from PySide6.QtWidgets import (QApplication, QDockWidget, QFileDialog, QInputDialog, QLabel, QMainWindow, QMessageBox,
                                QScrollArea, QVBoxLayout, QWidget)
 
 from engine.commands import Pause, Resume, Stop
 from engine.config import ConfigError, TrainConfig
 from engine.store import RunReader, StoreError
 
-from . import assets, compat, export, logs  # noqa: F401 - compat: see app/compat.py
+from . import assets, compat, export, launch, logs  # noqa: F401 - compat: see app/compat.py
 from .alerts import AlertsPanel
-from .controls import LIVE_FIELDS, ControlsPanel, make_command
+from .controls import FITS_IDLE, FITS_MEASURING, FITS_NO_GPU, LIVE_FIELDS, ControlsPanel, make_command
 from .history import HistoryPanel
 from .metrics import MetricsBuffer
 from .runmodel import Delta, RunModel
@@ -60,10 +60,30 @@ PLOT_BUDGET = 0.5  # at most this share of the GUI thread's time goes to redrawi
 PLOT_MAX_INTERVAL = 0.066  # ...but a new step is on screen within ~15 frames a second whatever the cost
 STATUS_EVERY = 8  # status bar every 8th tick (~4 Hz)
 JOIN_S = 2.0
+LAUNCH_STOP_S = 20.0  # after Stop through run.db, SIGTERM the torchrun launch if it is still going
+LAUNCH_POLL_MS = 250
+
+
+class Launch:
+    """A run this window started in other processes (torchrun): the QProcess, its folder and log."""
+
+    def __init__(self, process: QProcess, run_dir: str, log_path: str, n: int, command: list[str]) -> None:
+        self.process = process
+        self.run_dir = run_dir
+        self.log_path = log_path
+        self.n = n
+        self.command = command
+        self.attached = False
+        self.exit_code: Optional[int] = None
+        self.terminated = False
+
+    def alive(self) -> bool:
+        return self.process.state() != QProcess.ProcessState.NotRunning
 
 
 class MainWindow(QMainWindow):
     closed = Signal()  # closed for good (also after a hidden wait for the engine thread): quit the app
+    gpu_count_known = Signal(int, str)  # from a plain thread: (CUDA devices torch sees, why none)
     def __init__(self, base_config: Optional[dict[str, Any]] = None, theme: Optional[str] = None,
                  settings: Optional[Settings] = None, restore_settings: bool = True) -> None:
         """base_config: run flags given on the command line (TrainConfig fields); they fill
@@ -94,6 +114,16 @@ class MainWindow(QMainWindow):
         self._plot_timer.setTimerType(Qt.TimerType.PreciseTimer)
         self._plot_timer.timeout.connect(self._refresh_plots)
         self._last_seen_epoch = 0
+        self.launch: Optional[Launch] = None  # the last torchrun launch of this window
+        self.gpu_count: Optional[int] = None  # unknown until the Run menu first opens
+        self._gpu_check_started = False
+        self._launch_timer = QTimer(self)
+        self._launch_timer.setInterval(LAUNCH_POLL_MS)
+        self._launch_timer.timeout.connect(self._poll_launch)
+        self._launch_stop_timer = QTimer(self)
+        self._launch_stop_timer.setSingleShot(True)
+        self._launch_stop_timer.timeout.connect(self._terminate_launch)
+        self.gpu_count_known.connect(self._on_gpu_count)
 
         self.setWindowTitle("Headroom")
         self.setWindowIcon(assets.app_icon())
@@ -228,10 +258,19 @@ class MainWindow(QMainWindow):
         for a in (self.open_run_action, self.open_task_action, None, self.csv_action, self.png_action, None,
                   self.quit_action):
             m.addSeparator() if a is None else m.addAction(a)
+        self.torchrun_action = self._action("Run on N GPUs...", "", self.run_on_gpus_dialog, "start")
+        self.torchrun_action.setEnabled(False)
+        self.torchrun_action.setToolTip("Checking how many GPUs torch sees...")
+        self.open_log_action = self._action("Open launch log", "", self.open_launch_log, "open",
+                                            "Open the torchrun output of the last run started on N GPUs")
+        self.open_log_action.setEnabled(False)
         m = mb.addMenu("&Run")
         for a in (self.start_action, self.pause_action, self.resume_action, self.stop_action, None,
-                  self.apply_action):
+                  self.apply_action, None, self.torchrun_action, self.open_log_action):
             m.addSeparator() if a is None else m.addAction(a)
+        m.setToolTipsVisible(True)  # the disabled "Run on N GPUs..." says why
+        m.aboutToShow.connect(self.check_gpus)
+        self.run_menu = m
         m = mb.addMenu("&View")
         for a in (self.log_action, self.fit_action, self.theme_action, None):
             m.addSeparator() if a is None else m.addAction(a)
@@ -322,7 +361,7 @@ class MainWindow(QMainWindow):
         return isinstance(self.source, FolderSource) and self.source.running
 
     def start_run(self) -> bool:
-        if self.is_running() or self._controlling_remote():
+        if self._run_is_live():
             return False
         values, err = self.controls.values()
         if values is None:
@@ -382,7 +421,193 @@ class MainWindow(QMainWindow):
             self._plots.set_model(self.model)
         self.controls.engine = {}
         self.controls.pending.clear()
+        self.controls.set_fits_text(FITS_IDLE)
         self._last_seen_epoch = 0
+
+    # -- Run on N GPUs (torchrun) -----------------------------------------------------------
+    def check_gpus(self) -> None:
+        """How many GPUs torch sees, on a plain thread (torch loads there): once, when the Run menu
+        first opens. The answer enables "Run on N GPUs..." (2 or more) or says why not."""
+        if self._gpu_check_started:
+            return
+        self._gpu_check_started = True
+        import threading
+
+        def work() -> None:
+            n, why = launch.cuda_device_count()
+            self.gpu_count_known.emit(n, why)
+
+        threading.Thread(target=work, name="headroom-gpu-count", daemon=True).start()
+
+    def _on_gpu_count(self, n: int, why: str) -> None:
+        self.gpu_count = n
+        self.torchrun_action.setToolTip(launch.gate_tooltip(n, why))
+        self.torchrun_action.setStatusTip(self.torchrun_action.toolTip())
+        self._update_state()
+
+    def run_on_gpus_dialog(self) -> None:
+        count = self.gpu_count or 0
+        if count < launch.MIN_GPUS:
+            return
+        n, ok = QInputDialog.getInt(self, "Run on N GPUs", f"Processes (one per GPU, {count} here):", count,
+                                    launch.MIN_GPUS, count)
+        if ok:
+            self.launch_torchrun(n)
+
+    def launch_torchrun(self, n: int, run_dir: Optional[str] = None) -> bool:
+        """Start the form's settings under torchrun with n processes, output to a log in the run
+        folder, and follow the run through its run.db once it exists."""
+        if self._run_is_live():
+            return False
+        values, err = self.controls.values()
+        if values is None:
+            self.show_error("Cannot start", err)
+            return False
+        cfg = {k: v for k, v in self.base_config.items() if k not in ("resume", "run_dir")}
+        cfg.update(values)
+        try:
+            config = TrainConfig.from_dict(cfg).validate()
+            run_dir = os.path.abspath(run_dir or launch.new_run_dir(config.task, n))
+            if is_run_dir(run_dir):
+                raise ConfigError(f"{run_dir} already holds a run")
+            cmd = launch.torchrun_command(config, n, run_dir)
+            os.makedirs(run_dir, exist_ok=True)
+        except (ConfigError, ValueError, OSError) as e:
+            self.show_error("Cannot start", str(e))
+            return False
+        self.settings.set_json("last_config", values)
+        log_path = os.path.join(run_dir, launch.LOG_NAME)
+        proc = QProcess(self)
+        proc.setProcessChannelMode(QProcess.ProcessChannelMode.MergedChannels)
+        proc.setStandardOutputFile(log_path)
+        env = QProcessEnvironment.systemEnvironment()
+        env.insert("PYTHONPATH", launch.engine_pythonpath())
+        env.insert("PYTHONUNBUFFERED", "1")
+        proc.setProcessEnvironment(env)
+        proc.setWorkingDirectory(run_dir)
+        self._reset_view()
+        self.launch = Launch(proc, run_dir, log_path, n, cmd)
+        proc.finished.connect(lambda code, _status, ln=self.launch: self._on_launch_finished(ln, code))
+        proc.errorOccurred.connect(lambda err, ln=self.launch: self._on_launch_error(ln, err))
+        log.info("launch: %s (log %s)", " ".join(cmd), log_path)
+        self.model.state = "starting"
+        self._pause_sent = self._stop_sent = False
+        self.run_outcome = None
+        self.open_log_action.setEnabled(True)
+        self.setWindowTitle(f"Headroom - {os.path.basename(run_dir)}")
+        proc.start(cmd[0], cmd[1:])
+        self._launch_timer.start()
+        self._update_state()
+        return True
+
+    def _poll_launch(self) -> None:
+        ln = self.launch
+        if ln is None or ln.attached:
+            self._launch_timer.stop()
+            return
+        if not is_run_dir(ln.run_dir):
+            return
+        try:
+            reader = RunReader(ln.run_dir)
+            try:
+                status = reader.info().get("status")
+            finally:
+                reader.close()
+        except StoreError:
+            return
+        if status is None and ln.alive():
+            return  # run.db is being set up
+        self._attach_launch(ln)
+
+    def _attach_launch(self, ln: Launch) -> None:
+        self._launch_timer.stop()
+        ln.attached = True
+        stop_sent = self._stop_sent
+        if self.open_run(ln.run_dir):
+            self.history.refresh()
+            if stop_sent and self._controlling_remote():  # Stop pressed while it was starting
+                self.stop_run()
+        self._update_state()
+
+    def _on_launch_error(self, ln: Launch, error: QProcess.ProcessError) -> None:
+        if error == QProcess.ProcessError.FailedToStart and ln is self.launch:
+            self._launch_timer.stop()
+            self.model.state = "idle"
+            self._update_state()
+            self.show_error("Could not start torchrun", f"{ln.command[0]}: {ln.process.errorString()}")
+
+    def _on_launch_finished(self, ln: Launch, code: int) -> None:
+        ln.exit_code = int(code)
+        log.info("launch ended with exit code %s: %s", code, ln.run_dir)
+        self._launch_stop_timer.stop()
+        if ln is not self.launch:
+            return
+        if not ln.attached:
+            if is_run_dir(ln.run_dir):
+                self._attach_launch(ln)
+            else:
+                self._launch_timer.stop()
+                self.model.state = "idle"
+                self._stop_sent = False
+                self._update_state()
+                if not ln.terminated:
+                    self.show_error("The run on N GPUs did not start",
+                                    f"torchrun exited with code {code} before the run began. Its output is in "
+                                    f"{ln.log_path} (Run > Open launch log).")
+        else:
+            self.tick()
+            if self._following_launch() and isinstance(self.source, FolderSource):
+                self.source._next_poll = 0.0  # read what the processes wrote last, now
+                self.tick()
+        if self.run_outcome is None:
+            self.run_outcome = {"status": "finished" if code == 0 else "failed",
+                                "reason": self.model.finish_reason, "exit_code": int(code)}
+        self._stop_sent = False
+        self._update_state()
+
+    def _terminate_launch(self) -> None:
+        """Stop went through run.db but the processes are still there: SIGTERM torchrun (it passes
+        it on; the engine stops at the next micro-batch with a checkpoint)."""
+        ln = self.launch
+        if ln is not None and ln.alive():
+            log.warning("launch still running %.0fs after Stop: SIGTERM", LAUNCH_STOP_S)
+            ln.terminated = True
+            ln.process.terminate()
+
+    def stop_launch_now(self) -> None:
+        """Stop a launch that never attached (no run.db to command): SIGTERM."""
+        ln = self.launch
+        if ln is not None and ln.alive():
+            ln.terminated = True
+            ln.process.terminate()
+
+    def _stop_launch_for_close(self) -> None:
+        """Closing the window ends the run it launched on N GPUs the clean way: Stop through run.db,
+        then SIGTERM; never left to die with the QProcess (that would be SIGKILL, no checkpoint)."""
+        ln = self.launch
+        if ln is None or not ln.alive():
+            return
+        self._launch_timer.stop()
+        self._launch_stop_timer.stop()
+        if is_run_dir(ln.run_dir):
+            try:
+                from engine.store import send_command
+                send_command(ln.run_dir, Stop())
+            except Exception as e:  # noqa: BLE001 - a run.db we cannot write: SIGTERM below
+                log.warning("launch: could not send Stop through run.db: %s", e)
+            if ln.process.waitForFinished(int(LAUNCH_STOP_S * 1000)):
+                return
+        ln.terminated = True
+        ln.process.terminate()
+        if not ln.process.waitForFinished(10_000):
+            log.warning("launch did not end after SIGTERM: killing it")
+            ln.process.kill()
+            ln.process.waitForFinished(5_000)
+
+    def open_launch_log(self) -> bool:
+        if self.launch is None or not os.path.isfile(self.launch.log_path):
+            return False
+        return QDesktopServices.openUrl(QUrl.fromLocalFile(self.launch.log_path))
 
     def pause_run(self) -> None:
         if self.source is None or not self._run_is_live() or self._pause_sent:
@@ -399,6 +624,11 @@ class MainWindow(QMainWindow):
         self._update_state()
 
     def stop_run(self) -> None:
+        if self._launch_starting():  # no run.db yet to send Stop through
+            self._stop_sent = True
+            self._launch_stop_timer.start(int(LAUNCH_STOP_S * 1000))
+            self._update_state()
+            return
         if self.source is None or not self._run_is_live():
             return
         self._stop_sent = True
@@ -406,10 +636,20 @@ class MainWindow(QMainWindow):
             self.runner.stop()
         else:
             self.source.send(Stop())
+            if self._following_launch():
+                self._launch_stop_timer.start(int(LAUNCH_STOP_S * 1000))
         self._update_state()
 
+    def _following_launch(self) -> bool:
+        return (self.launch is not None and self.launch.attached and isinstance(self.source, FolderSource)
+                and os.path.abspath(self.source.run_dir) == os.path.abspath(self.launch.run_dir))
+
     def _run_is_live(self) -> bool:
-        return self.is_running() or self._controlling_remote()
+        return self.is_running() or self._controlling_remote() or self._launch_starting()
+
+    def _launch_starting(self) -> bool:
+        """A torchrun launch whose run.db the window is not following yet."""
+        return self.launch is not None and not self.launch.attached and self.launch.alive()
 
     def _target_epoch(self) -> int:
         """The epoch a change sent now will first apply to (the engine reads commands at boundaries)."""
@@ -525,6 +765,13 @@ class MainWindow(QMainWindow):
                 cfg = d.get("config") or {}
                 self.controls.world_size = int(d.get("world_size") or 1)
                 self.controls.set_engine_values({n: cfg.get(n) for n in LIVE_FIELDS})
+                gpu = str(d.get("device") or "").startswith("cuda")
+                self.controls.set_fits_text(FITS_MEASURING if gpu else FITS_NO_GPU)
+            elif k == "micro_batch_found":
+                self.controls.on_micro_batch_found(int(d.get("micro_batch") or 1), int(d.get("accum") or 1),
+                                                   int(d.get("probes") or 0), int(d.get("peak_bytes") or 0))
+            elif k == "memory_forecast":
+                self.controls.on_memory_forecast(d)
             elif k == "settings_applied":
                 # the engine stamps it with the epoch about to start: the first one with the new values
                 self.controls.on_settings_applied(tuple(tuple(c) for c in d.get("changes") or ()), note.step,
@@ -616,6 +863,8 @@ class MainWindow(QMainWindow):
         self.pause_action.setEnabled(st == "training")
         self.resume_action.setEnabled(st in ("pausing", "paused"))
         self.apply_action.setEnabled(live)
+        self.torchrun_action.setEnabled(not live and (self.gpu_count or 0) >= launch.MIN_GPUS)
+        self.open_log_action.setEnabled(self.launch is not None and os.path.isfile(self.launch.log_path))
         self._update_status()
 
     def _update_status(self) -> None:
@@ -685,7 +934,7 @@ class MainWindow(QMainWindow):
         self.source = src
         self.history.add_extra(path)
         self.settings.add_recent("recent_runs", path)
-        items = src.poll(force=True)
+        items = src.poll(force=True) + src.problems()
         delta = self.model.ingest(items, src.step_get)
         if src.interrupted():
             self.model.state = "interrupted"
@@ -766,6 +1015,7 @@ class MainWindow(QMainWindow):
             log.info("engine thread joined in %.2fs", time.perf_counter() - t0)
             self.tick()
         self.timer.stop()
+        self._stop_launch_for_close()
         self.save_settings()
         if self.source is not None:
             self.source.close()
