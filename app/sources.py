@@ -111,6 +111,15 @@ class FolderSource:
         out.extend(rows[i:])
         return out
 
+    def problems(self) -> list[Note]:
+        """What this folder lacks or could not be read, as alert rows (shown once, on opening)."""
+        notes = [Note("run_damaged", 0, 0, p) for p in self.reader.problems]
+        if not os.path.exists(os.path.join(self.run_dir, "checkpoints", "last.pt")) and not self.running:
+            notes.append(Note("run_damaged", self._last_step if self._last_step > 0 else 0, 0,
+                              "no checkpoint (checkpoints/last.pt is missing): the plots are all there is; "
+                              "this run cannot be resumed"))
+        return notes
+
     def send(self, command: Command) -> None:
         send_command(self.run_dir, command)
 

@@ -172,15 +172,48 @@ class RunReader:
     def __init__(self, run_dir: str) -> None:
         self.run_dir = run_dir
         self.path = os.path.join(run_dir, DB_NAME)
+        self.problems: list[str] = []  # what could not be read, for the user
+        self._salvage_path: Optional[str] = None
         if not os.path.isfile(self.path):
             raise StoreError(f"{run_dir} is not a run folder (no {DB_NAME})")
         try:
             # mode=ro: never create or change the file; WAL readers still see live commits.
             self._db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=5,
                                        check_same_thread=False)
-            self._db.execute("SELECT count(*) FROM sqlite_master").fetchone()
+            self._db.execute("SELECT count(*) FROM run").fetchone()
         except sqlite3.DatabaseError as e:
-            raise StoreError(f"{self.path} cannot be read: {e}") from None
+            if "locked" in str(e) or "no such table" in str(e) or not self._salvage(str(e)):
+                raise StoreError(f"{self.path} cannot be read: {e}") from None
+
+    def _salvage(self, error: str) -> bool:
+        """A truncated run.db (a full disk, a copy cut short): SQLite refuses the whole file when
+        its header promises more pages than there are. Read a private copy whose header is
+        corrected to the pages that exist; tables on the missing pages come back short."""
+        import shutil
+        import struct
+        import tempfile
+        try:
+            with open(self.path, "rb") as f:
+                data = bytearray(f.read())
+            if len(data) < 100 or not data.startswith(b"SQLite format 3\x00"):
+                return False
+            page = struct.unpack(">H", data[16:18])[0]
+            page = 65536 if page == 1 else page
+            data = data[: len(data) // page * page]
+            data[28:32] = struct.pack(">I", len(data) // page)
+            fd, tmp = tempfile.mkstemp(prefix="headroom-salvage-", suffix=".db")
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            wal = self.path + "-wal"
+            if os.path.exists(wal):
+                shutil.copyfile(wal, tmp + "-wal")
+            db = sqlite3.connect(f"file:{tmp}?mode=ro", uri=True, check_same_thread=False)
+            db.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        except (OSError, sqlite3.DatabaseError):
+            return False
+        self._db, self._salvage_path = db, tmp
+        self.problems.append(f"run.db is damaged ({error}): showing what could be read")
+        return True
 
     def info(self) -> dict[str, Any]:
         out = {}
@@ -220,10 +253,25 @@ class RunReader:
         return [dict(zip(cols, r)) for r in self._query(f"SELECT {','.join(cols)} FROM commands ORDER BY id")]
 
     def _query(self, sql: str, args: tuple = ()) -> list[tuple]:
+        rows: list[tuple] = []
         try:
-            return self._db.execute(sql, args).fetchall()
+            for row in self._db.execute(sql, args):  # row by row: a damaged table gives what it has
+                rows.append(row)
         except sqlite3.DatabaseError as e:
-            raise StoreError(f"{self.path}: {e}") from None
+            if self._salvage_path is None or "malformed" not in str(e):
+                raise StoreError(f"{self.path}: {e}") from None
+            table = sql.split(" FROM ")[1].split()[0]
+            note = f"{table}: only the first {len(rows)} rows could be read ({e})"
+            if note not in self.problems:
+                self.problems.append(note)
+        return rows
 
     def close(self) -> None:
         self._db.close()
+        if self._salvage_path is not None:
+            for suffix in ("", "-wal", "-shm"):
+                try:
+                    os.unlink(self._salvage_path + suffix)
+                except OSError:
+                    pass
+            self._salvage_path = None
