@@ -16,11 +16,12 @@ TITLES = {
     "nonfinite": "Non-finite", "clip_saturation": "Clip saturation", "vram_low": "GPU memory low",
     "batchnorm_small_batch": "BatchNorm, small batch", "lr_hint": "lr hint", "oom_recovered": "Out of memory",
     "command_refused": "Refused", "scaler_skip": "fp16 overflow", "run_failed": "Run failed",
-    "micro_batch_found": "Micro-batch found",
+    "micro_batch_found": "Micro-batch found", "run_damaged": "Run folder damaged",
 }
 SEVERITY = {"nonfinite": "error", "run_failed": "error", "oom_recovered": "alert", "vram_low": "alert",
             "clip_saturation": "alert", "command_refused": "alert", "batchnorm_small_batch": "info",
-            "lr_hint": "info", "scaler_skip": "info", "micro_batch_found": "info"}
+            "lr_hint": "info", "scaler_skip": "info", "micro_batch_found": "info",
+            "run_damaged": "error"}
 
 
 class AlertsPanel(QWidget):
