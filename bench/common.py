@@ -22,6 +22,7 @@ import torch.nn.functional as F
 
 from engine import windows as W
 from engine.task import Task, default_collate
+from engine.tasks.charlm import GPT
 from engine.trainer import to_device
 
 # -- the bare seed loop -------------------------------------------------------------------
@@ -125,38 +126,7 @@ def emit_json(path: Optional[str], row: dict[str, Any]) -> None:
 
 GPT_CFG = dict(vocab=32000, d=768, L=12, h=12, T=1024)
 GPT_SMALL_CFG = dict(vocab=512, d=64, L=2, h=2, T=64)
-
-
-class Block(nn.Module):
-    def __init__(self, d: int, h: int) -> None:
-        super().__init__()
-        self.h = h
-        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
-        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
-        self.fc, self.out = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        B, T, C = x.shape
-        q, k, v = self.qkv(self.ln1(x)).split(C, dim=2)
-        q, k, v = [t.view(B, T, self.h, C // self.h).transpose(1, 2) for t in (q, k, v)]
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.proj(y.transpose(1, 2).reshape(B, T, C))
-        return x + self.out(F.gelu(self.fc(self.ln2(x))))
-
-
-class GPT(nn.Module):
-    def __init__(self, vocab: int, d: int, L: int, h: int, T: int) -> None:
-        super().__init__()
-        self.emb, self.pos = nn.Embedding(vocab, d), nn.Embedding(T, d)
-        self.blocks = nn.ModuleList(Block(d, h) for _ in range(L))
-        self.ln = nn.LayerNorm(d)
-        self.head = nn.Linear(d, vocab, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.emb(x) + self.pos(torch.arange(x.shape[1], device=x.device))
-        for b in self.blocks:
-            h = b(h)
-        return self.head(self.ln(h))
+# The anchors' GPT is engine.tasks.charlm.GPT (the charlm task's module) at this size.
 
 
 class RandomTokens(torch.utils.data.Dataset):

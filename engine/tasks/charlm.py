@@ -78,19 +78,25 @@ class Block(nn.Module):
         return x + self.out(F.gelu(self.fc(self.ln2(x))))
 
 
-class CharLM(nn.Module):
-    def __init__(self, d: int = 64, layers: int = 2, heads: int = 4) -> None:
+class GPT(nn.Module):
+    """A GPT-style decoder; the GPU benchmarks build ANCHORS.md's 135M model from it too."""
+
+    def __init__(self, vocab: int, d: int, L: int, h: int, T: int) -> None:
         super().__init__()
-        self.emb, self.pos = nn.Embedding(VOCAB, d), nn.Embedding(CONTEXT, d)
-        self.blocks = nn.ModuleList(Block(d, heads) for _ in range(layers))
+        self.emb, self.pos = nn.Embedding(vocab, d), nn.Embedding(T, d)
+        self.blocks = nn.ModuleList(Block(d, h) for _ in range(L))
         self.ln = nn.LayerNorm(d)
-        self.head = nn.Linear(d, VOCAB, bias=False)
+        self.head = nn.Linear(d, vocab, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.emb(x) + self.pos(torch.arange(x.shape[1], device=x.device))
         for b in self.blocks:
             h = b(h)
         return self.head(self.ln(h))
+
+
+def CharLM() -> GPT:
+    return GPT(vocab=VOCAB, d=64, L=2, h=4, T=CONTEXT)
 
 
 def loss(model: nn.Module, batch):
