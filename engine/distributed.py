@@ -78,9 +78,14 @@ def broadcast_object(obj: Any, ctx: DistContext) -> Any:
     return box[0]
 
 
-def shutdown(ctx: DistContext) -> None:
+def shutdown(ctx: DistContext, clean: bool = True) -> None:
+    """After a clean finish every rank meets at a barrier first, so no rank tears the group
+    down while another (rank 0 writing its last checkpoint) still needs it. After a failure
+    a peer may be gone: no barrier then."""
     if ctx.enabled and dist.is_initialized():
         try:
+            if clean:
+                dist.barrier()
             dist.destroy_process_group()
         except Exception:
             pass

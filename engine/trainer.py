@@ -338,7 +338,7 @@ class Trainer:
         finally:
             if hasattr(self, "probe"):
                 self.probe.close()
-            D.shutdown(self.ctx)
+            D.shutdown(self.ctx, clean=status == "finished")
 
     def _train_epochs(self) -> str:
         cfg = self.config
