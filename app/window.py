@@ -360,12 +360,18 @@ class MainWindow(QMainWindow):
     def _controlling_remote(self) -> bool:
         return isinstance(self.source, FolderSource) and self.source.running
 
-    def start_run(self) -> bool:
+    def _startable_values(self) -> Optional[dict]:
+        """The form's run settings, or None (with a dialog if they are invalid) when no run can start."""
         if self._run_is_live():
-            return False
+            return None
         values, err = self.controls.values()
         if values is None:
             self.show_error("Cannot start", err)
+        return values
+
+    def start_run(self) -> bool:
+        values = self._startable_values()
+        if values is None:
             return False
         cfg = dict(self.base_config)
         if self._resume_used:
@@ -457,11 +463,8 @@ class MainWindow(QMainWindow):
     def launch_torchrun(self, n: int, run_dir: Optional[str] = None) -> bool:
         """Start the form's settings under torchrun with n processes, output to a log in the run
         folder, and follow the run through its run.db once it exists."""
-        if self._run_is_live():
-            return False
-        values, err = self.controls.values()
+        values = self._startable_values()
         if values is None:
-            self.show_error("Cannot start", err)
             return False
         cfg = {k: v for k, v in self.base_config.items() if k not in ("resume", "run_dir")}
         cfg.update(values)
