@@ -125,6 +125,21 @@ class CommandRefused(Event):
 
 
 @dataclass(frozen=True)
+class CommandReceived(Event):
+    """The engine took a command in and says when it will act on it: the app shows this,
+    it never works the boundary out itself."""
+    command: str  # the command's kind, e.g. "set_accum"
+    payload: dict  # the command's fields
+    applies: str  # "epoch" (next epoch boundary), "step" (next optimizer step) or "now" (stop)
+    target_epoch: Optional[int]  # the epoch it applies from, for applies == "epoch"
+    kind: ClassVar[str] = "command_received"
+
+    def message(self) -> str:
+        when = {"epoch": f"at epoch {self.target_epoch}", "step": "at the next step", "now": "now"}
+        return f"{self.command} received: applies {when.get(self.applies, self.applies)}"
+
+
+@dataclass(frozen=True)
 class LrHint(Event):
     accum_old: int
     accum_new: int
