@@ -8,10 +8,11 @@ Torch-free.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import MISSING, asdict, dataclass, fields
 from typing import Any, ClassVar
 
-from .config import LR_SCALINGS, ConfigError, check_clip, check_lr
+from . import limits
+from .config import LR_SCALINGS, ConfigError, check_clip, check_lr, check_range
 
 
 @dataclass(frozen=True)
@@ -29,8 +30,7 @@ class SetAccum(Command):
     kind: ClassVar[str] = "set_accum"
 
     def __post_init__(self) -> None:
-        if not isinstance(self.steps, int) or isinstance(self.steps, bool) or self.steps < 1:
-            raise ConfigError(f"accumulation steps must be an integer >= 1, got {self.steps!r}")
+        check_range("accum", self.steps, "set_accum steps")
 
 
 @dataclass(frozen=True)
@@ -39,8 +39,7 @@ class SetMicroBatch(Command):
     kind: ClassVar[str] = "set_micro_batch"
 
     def __post_init__(self) -> None:
-        if not isinstance(self.size, int) or isinstance(self.size, bool) or self.size < 1:
-            raise ConfigError(f"micro-batch must be an integer >= 1, got {self.size!r}")
+        check_range("micro_batch", self.size, "set_micro_batch size")
 
 
 @dataclass(frozen=True)
@@ -49,7 +48,7 @@ class SetClip(Command):
     kind: ClassVar[str] = "set_clip"
 
     def __post_init__(self) -> None:
-        check_clip(self.norm)
+        check_clip(self.norm, "set_clip norm")
 
 
 @dataclass(frozen=True)
@@ -58,7 +57,7 @@ class SetLr(Command):
     kind: ClassVar[str] = "set_lr"
 
     def __post_init__(self) -> None:
-        check_lr(self.lr)
+        check_lr(self.lr, "set_lr lr")
 
 
 @dataclass(frozen=True)
@@ -67,8 +66,9 @@ class SetLrScaling(Command):
     kind: ClassVar[str] = "set_lr_scaling"
 
     def __post_init__(self) -> None:
-        if self.rule not in LR_SCALINGS:
-            raise ConfigError(f"lr scaling must be one of {', '.join(LR_SCALINGS)}, got {self.rule!r}")
+        if not isinstance(self.rule, str) or self.rule not in LR_SCALINGS:
+            raise ConfigError(f"set_lr_scaling rule must be one of {', '.join(LR_SCALINGS)}, "
+                              f"got {limits.quote(self.rule)}")
 
 
 @dataclass(frozen=True)
@@ -92,18 +92,54 @@ COMMANDS: dict[str, type[Command]] = {
 }
 
 
-def command_from_json(kind: str, payload: str) -> Command:
-    """Rebuild a command from a `commands` row. Raises ConfigError for anything unexpected."""
-    cls = COMMANDS.get(kind)
+def command_from_json(kind: Any, payload: Any) -> Command:
+    """Rebuild a command from a `commands` row: input from another program, so it is
+    checked before it is parsed. The payload is bounded in size (limits.MAX_COMMAND_BYTES)
+    and in nesting (limits.MAX_COMMAND_DEPTH, counted without recursion, so no payload can
+    raise RecursionError), its fields must be exactly the command's, and the values go
+    through the same ranges as the flags. Raises ConfigError (one line, quoting at most a
+    short prefix of what was given) for anything else; never another exception."""
+    if isinstance(kind, (bytes, bytearray)):
+        kind = bytes(kind).decode("utf-8", "replace")
+    cls = COMMANDS.get(kind) if isinstance(kind, str) else None
     if cls is None:
-        raise ConfigError(f"unknown command {kind!r}")
+        raise ConfigError(f"unknown command {limits.quote(kind)}")
+    if payload is None:
+        payload = "{}"
+    if isinstance(payload, (bytes, bytearray)):
+        if len(payload) > limits.MAX_COMMAND_BYTES:
+            raise ConfigError(f"command {kind}: payload is {len(payload)} bytes "
+                              f"(at most {limits.MAX_COMMAND_BYTES})")
+        try:
+            payload = bytes(payload).decode("utf-8")
+        except UnicodeDecodeError:
+            raise ConfigError(f"command {kind}: payload is not UTF-8 text") from None
+    if not isinstance(payload, str):
+        raise ConfigError(f"command {kind}: payload must be a JSON object, got {limits.quote(payload)}")
+    # len() in characters first: a huge string is refused without encoding it.
+    size = len(payload) if len(payload) > limits.MAX_COMMAND_BYTES else len(payload.encode("utf-8", "replace"))
+    if size > limits.MAX_COMMAND_BYTES:
+        raise ConfigError(f"command {kind}: payload is {size} bytes (at most {limits.MAX_COMMAND_BYTES})")
+    if limits.json_depth_exceeds(payload):
+        raise ConfigError(f"command {kind}: payload nests deeper than {limits.MAX_COMMAND_DEPTH} levels")
     try:
-        fields = json.loads(payload or "{}")
-    except (TypeError, ValueError) as e:
-        raise ConfigError(f"command {kind}: payload is not JSON ({e})") from None
-    if not isinstance(fields, dict):
-        raise ConfigError(f"command {kind}: payload must be an object")
+        data = json.loads(payload or "{}")
+    except (ValueError, RecursionError) as e:  # RecursionError: cannot happen after the depth check
+        raise ConfigError(f"command {kind}: payload is not JSON ({limits.one_line(e, 80)})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"command {kind}: payload must be a JSON object, got {limits.quote(data)}")
+    names = [f.name for f in fields(cls)]
+    unknown = [k for k in data if k not in names]
+    if unknown:
+        raise ConfigError(f"command {kind}: unknown field {limits.quote(unknown[0])} "
+                          f"(fields: {', '.join(names) or 'none'})")
+    missing = [f.name for f in fields(cls)
+               if f.name not in data and f.default is MISSING and f.default_factory is MISSING]
+    if missing:
+        raise ConfigError(f"command {kind}: missing field {missing[0]}")
     try:
-        return cls(**fields)
-    except TypeError as e:
-        raise ConfigError(f"command {kind}: {e}") from None
+        return cls(**data)
+    except ConfigError:
+        raise
+    except Exception as e:  # a check that did not expect this type
+        raise ConfigError(f"command {kind}: {limits.one_line(e, 120)}") from None

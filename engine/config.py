@@ -4,10 +4,11 @@ Torch-free on purpose: the app imports this at start-up, before torch loads.
 """
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Optional
+
+from . import limits
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 OPTIMIZERS = ("adamw", "sgd")
@@ -46,19 +47,13 @@ class TrainConfig:
     vram_low_fraction: float = 0.10
 
     def validate(self) -> "TrainConfig":
-        _int_at_least("micro-batch", self.micro_batch, 1)
-        _int_at_least("accum", self.accum, 1)
-        _int_at_least("epochs", self.epochs, 1)
-        if self.max_steps is not None:
-            _int_at_least("max-steps", self.max_steps, 1)
-        if self.token_budget is not None:
-            _int_at_least("token-budget", self.token_budget, 1)
-        if self.effective_batch is not None:
-            _int_at_least("effective-batch", self.effective_batch, 1)
-        check_lr(self.lr)
-        check_clip(self.clip)
-        if not (isinstance(self.memory_margin, (int, float)) and 0.0 <= self.memory_margin < 1.0):
-            raise ConfigError(f"--memory-margin must be in [0, 1), got {self.memory_margin}")
+        """Every field against its range in engine/limits.py (the same ranges the commands and
+        the app's fields use); one-line ConfigError for the first that is out."""
+        for name in ("micro_batch", "accum", "epochs", "seed", "lr", "clip", "memory_margin"):
+            limits.check(name, getattr(self, name), error=ConfigError)
+        for name in ("max_steps", "token_budget", "effective_batch", "vram_limit"):
+            if getattr(self, name) is not None:
+                limits.check(name, getattr(self, name), error=ConfigError)
         _choice("optimizer", self.optimizer, OPTIMIZERS)
         _choice("precision", self.precision, PRECISIONS)
         _choice("lr-scaling", self.lr_scaling, LR_SCALINGS)
@@ -66,10 +61,6 @@ class TrainConfig:
         check_device_name(self.device)
         if self.find_micro_batch and self.effective_batch is None:
             raise ConfigError("--find-micro-batch needs --effective-batch N")
-        if self.vram_limit is not None and self.vram_limit <= 0:
-            raise ConfigError("--vram-limit must be positive")
-        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or not 0 <= self.seed < 2**63:
-            raise ConfigError(f"--seed must be a non-negative integer, got {self.seed!r}")
         return self
 
     def to_dict(self) -> dict[str, Any]:
@@ -84,31 +75,27 @@ class TrainConfig:
         return replace(self, **changes)
 
 
-def _int_at_least(name: str, value: Any, low: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < low:
-        raise ConfigError(f"--{name} must be an integer >= {low}, got {value!r}")
-
-
 def _choice(name: str, value: str, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        raise ConfigError(f"--{name} must be one of {', '.join(choices)}, got {value!r}")
+    if not isinstance(value, str) or value not in choices:
+        raise ConfigError(f"--{name} must be one of {', '.join(choices)}, got {limits.quote(value)}")
 
 
-def check_lr(lr: Any) -> float:
-    if not isinstance(lr, (int, float)) or isinstance(lr, bool) or not math.isfinite(lr) or lr < 0:
-        raise ConfigError(f"--lr must be a finite number >= 0, got {lr!r}")
-    return float(lr)
+def check_lr(lr: Any, who: str = "--lr") -> float:
+    return limits.check("lr", lr, who, ConfigError)
 
 
-def check_clip(clip: Any) -> float:
-    if not isinstance(clip, (int, float)) or isinstance(clip, bool) or not math.isfinite(clip) or clip < 0:
-        raise ConfigError(f"--clip must be a finite number >= 0 (0 = off), got {clip!r}")
-    return float(clip)
+def check_clip(clip: Any, who: str = "--clip") -> float:
+    return limits.check("clip", clip, f"{who} (0 = off)", ConfigError)
+
+
+def check_range(name: str, value: Any, who: Optional[str] = None) -> Any:
+    """Any TrainConfig field against its range in engine/limits.py (ConfigError if out)."""
+    return limits.check(name, value, who, ConfigError)
 
 
 def check_device_name(device: str) -> str:
-    if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", str(device)):
-        raise ConfigError(f"--device must be auto, cpu, cuda or cuda:N, got {device!r}")
+    if not isinstance(device, str) or not re.fullmatch(r"auto|cpu|cuda(:\d{1,4})?", device):
+        raise ConfigError(f"--device must be auto, cpu, cuda or cuda:N, got {limits.quote(device)}")
     return device
 
 
@@ -118,15 +105,20 @@ _UNITS = {"": 1, "B": 1, "K": 1000, "M": 1000**2, "G": 1000**3, "T": 1000**4,
 
 
 def parse_size(text: str) -> int:
-    """'24GiB' -> bytes. Accepts B, K/M/G/T (powers of 1000) and Ki/Mi/Gi/Ti (powers of 1024)."""
-    m = _SIZE.match(str(text))
+    """'24GiB' -> bytes. Accepts B, K/M/G/T (powers of 1000) and Ki/Mi/Gi/Ti (powers of 1024).
+
+    Exact arithmetic (no float): a 400-digit number is a (huge) int, never an overflow; the
+    range a run can use is checked by validate() (engine/limits.py)."""
+    text = str(text)
+    m = _SIZE.match(text) if len(text) <= 200 else None
     if not m:
-        raise ConfigError(f"cannot read a memory size from {text!r} (try 24GiB)")
+        raise ConfigError(f"cannot read a memory size from {limits.quote(text)} (try 24GiB)")
     unit = (m.group(2) or "").upper().rstrip("B")
-    value = float(m.group(1)) * _UNITS[unit]
+    whole, _, frac = m.group(1).partition(".")
+    value = (int(whole) * 10**len(frac) + int(frac or 0)) * _UNITS[unit] // 10**len(frac)
     if value < 1:
-        raise ConfigError(f"memory size must be positive, got {text!r}")
-    return int(value)
+        raise ConfigError(f"memory size must be positive, got {limits.quote(text)}")
+    return value
 
 
 def format_bytes(n: float) -> str:
