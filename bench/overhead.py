@@ -37,7 +37,7 @@ import torch  # noqa: E402
 from bench.common import BareLoop, engine_default_optimizer, median, temp_run_dir  # noqa: E402
 from engine.config import TrainConfig  # noqa: E402
 from engine.events import EventBuffer, StepMetrics  # noqa: E402
-from engine.task import load_task  # noqa: E402
+from engine.task_loader import load_task  # noqa: E402
 from engine.trainer import Trainer  # noqa: E402
 
 TARGETS = {"mlp": 1.10, "charlm": 1.05}

@@ -14,7 +14,7 @@ from .events import EventBuffer
 __version__ = "0.1.0"
 
 _LAZY = {
-    "Task": "task", "TaskError": "task", "load_task": "task",
+    "Task": "task", "TaskError": "task", "load_task": "task_loader",
     "Trainer": "trainer", "TrainingError": "trainer", "RunResult": "trainer",
 }
 

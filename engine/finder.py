@@ -11,17 +11,19 @@ from __future__ import annotations
 
 import copy
 import math
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 import torch
 
+from .distributed import all_reduce_max
 from .events import MicroBatchFound
 from .memory_model import MemoryModel
 from .oom import free_memory, is_oom
-from .trainer import to_device
+from .setup import RunParts
 
-if TYPE_CHECKING:
-    from .trainer import Trainer
+
+class NothingFits(RuntimeError):
+    """Even micro-batch 1 ran out of memory."""
 
 MAX_PROBES = 8
 
@@ -35,8 +37,8 @@ class Prober:
     peak. The unwrapped model is used, so a probe under torchrun needs no collective.
     """
 
-    def __init__(self, trainer: "Trainer", effective_per_rank: int) -> None:
-        self.t = trainer
+    def __init__(self, parts: RunParts, effective_per_rank: int) -> None:
+        self.t = parts
         self.effective = effective_per_rank
         self.probes = 0
         self.model = MemoryModel()
@@ -52,9 +54,9 @@ class Prober:
             torch.cuda.reset_peak_memory_stats(dev)
         ok = True
         try:
-            data = t.task.train_data
+            n = len(t.task.train_data)
             for k in range(2 if self.effective > b else 1):
-                batch = to_device(t.collate([data[(k * b + i) % len(data)] for i in range(b)]), dev)
+                batch = t.fetch([(k * b + i) % n for i in range(b)])
                 with t.autocast():
                     loss_sum, count = t.task.loss(t.model, batch)
                 (loss_sum / count).backward()
@@ -72,13 +74,13 @@ class Prober:
         return ok
 
 
-def _capacity(trainer: "Trainer") -> Optional[float]:
-    dev = trainer.device
+def _capacity(parts: RunParts) -> Optional[float]:
+    dev = parts.device
     if dev.type != "cuda":
         return None
     total = torch.cuda.get_device_properties(dev).total_memory
     free, _ = torch.cuda.mem_get_info(dev)
-    cap = trainer.config.vram_limit
+    cap = parts.config.vram_limit
     # What this process may still allocate: the cap, or what is free plus what we hold.
     return float(min(cap, total) if cap else free + torch.cuda.memory_allocated(dev))
 
@@ -122,8 +124,10 @@ def search(prober: Prober, upper: int, capacity: Optional[float], margin: float)
     return lo
 
 
-def find_micro_batch(trainer: "Trainer") -> None:
-    t = trainer
+def find_micro_batch(parts: RunParts, memory_model: MemoryModel) -> MicroBatchFound:
+    """Probe, restore everything, and say what was found (micro-batch and the accumulation
+    that keeps --effective-batch). The measured peaks are added to `memory_model`."""
+    t = parts
     cfg = t.config
     assert cfg.effective_batch is not None
     world = t.ctx.world
@@ -139,7 +143,6 @@ def find_micro_batch(trainer: "Trainer") -> None:
     try:
         best = search(prober, upper, _capacity(t), cfg.memory_margin)
         if t.ctx.enabled:  # every rank trains with the smallest size that fits on all of them
-            from .distributed import all_reduce_max
             agreed = torch.tensor([-float(best)], device=t.device)
             best = int(-all_reduce_max(agreed, t.ctx).item())
     finally:
@@ -154,10 +157,8 @@ def find_micro_batch(trainer: "Trainer") -> None:
         if t.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(t.device)
     if best < 1:
-        from .trainer import OutOfMemoryStop
-        raise OutOfMemoryStop("out of memory even at micro-batch 1: the model does not fit on this device")
-    t.settings.micro_batch = best
-    t.settings.accum = math.ceil(cfg.effective_batch / (best * world))
-    t.memory_model.points.update(prober.model.points)
-    t._emit(MicroBatchFound(t.step, t.epoch, micro_batch=best, accum=t.settings.accum, probes=prober.probes,
-                            peak_bytes=int(prober.model.points.get(best, 0))))
+        raise NothingFits("out of memory even at micro-batch 1: the model does not fit on this device")
+    memory_model.points.update(prober.model.points)
+    return MicroBatchFound(t.progress.step, t.progress.epoch, micro_batch=best,
+                           accum=math.ceil(cfg.effective_batch / (best * world)), probes=prober.probes,
+                           peak_bytes=int(prober.model.points.get(best, 0)))

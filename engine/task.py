@@ -1,10 +1,8 @@
-"""The task interface (what a user's task file returns) and how tasks are loaded."""
+"""The task interface: what a user's task file returns, and the checks of what it returned.
+
+Loading a task from a name, a file or a module is engine/task_loader.py."""
 from __future__ import annotations
 
-import importlib
-import importlib.util
-import os
-import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
@@ -35,82 +33,6 @@ class Task:
 
 class TaskError(ConfigError):
     """A task could not be loaded or is malformed. Message names the task and the problem."""
-
-
-BUILTINS = ("mlp", "charlm", "cnn-bn")
-
-
-def _builtin_module(name: str):
-    from . import tasks
-    return tasks.BUILTIN_MODULES[name]
-
-
-def resolve_builder(spec: str) -> tuple[Callable[[int], Any], str]:
-    """Find the build_task function for a task spec: a built-in name, a .py path or module:attr."""
-    if spec in BUILTINS:
-        return _builtin_module(spec).build_task, spec
-    if spec.endswith(".py") or os.sep in spec or "/" in spec:
-        return _builder_from_file(spec), spec
-    if ":" in spec:
-        mod_name, _, attr = spec.partition(":")
-        mod = _import(mod_name, spec)
-        fn = getattr(mod, attr, None)
-        if not callable(fn):
-            raise TaskError(f"task {spec}: module {mod_name} has no callable {attr!r}")
-        return fn, spec
-    raise TaskError(f"unknown task {spec!r}: use one of {', '.join(BUILTINS)}, a path/to/file.py or module:attr")
-
-
-def _import(mod_name: str, spec: str):
-    try:
-        return importlib.import_module(mod_name)
-    except ModuleNotFoundError as e:
-        raise TaskError(f"task {spec}: cannot import {mod_name!r} ({e})") from None
-    except SyntaxError as e:
-        raise TaskError(f"task {spec}: syntax error in {e.filename} line {e.lineno}: {e.msg}") from None
-    except Exception as e:  # the module's own code failed while importing
-        raise TaskError(f"task {spec}: importing {mod_name} failed: {type(e).__name__}: {e}") from None
-
-
-def _builder_from_file(path: str) -> Callable[[int], Any]:
-    if not os.path.isfile(path):
-        raise TaskError(f"task file {path}: no such file")
-    mod_name = "headroom_task_" + os.path.splitext(os.path.basename(path))[0].replace("-", "_")
-    spec = importlib.util.spec_from_file_location(mod_name, path)
-    if spec is None or spec.loader is None:
-        raise TaskError(f"task file {path}: not a Python file")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[mod_name] = module
-    try:
-        spec.loader.exec_module(module)
-    except SyntaxError as e:
-        sys.modules.pop(mod_name, None)
-        raise TaskError(f"task file {path}: syntax error at line {e.lineno}: {e.msg}") from None
-    except BaseException as e:  # noqa: BLE001 - user code, report anything (SystemExit too)
-        sys.modules.pop(mod_name, None)
-        raise TaskError(f"task file {path}: importing it failed: {type(e).__name__}: {e}") from None
-    fn = getattr(module, "build_task", None)
-    if not callable(fn):
-        raise TaskError(f"task file {path}: defines no build_task(seed) function")
-    return fn
-
-
-def load_task(spec: str, seed: int = 0) -> Task:
-    """Build and check a task. Raises TaskError with a one-line message."""
-    builder, name = resolve_builder(spec)
-    torch.manual_seed(seed)  # a task that draws random numbers without seeding is still reproducible
-    try:
-        task = builder(seed)
-    except TaskError:
-        raise
-    except BaseException as e:  # noqa: BLE001
-        raise TaskError(f"task {name}: build_task({seed}) failed: {type(e).__name__}: {e}") from None
-    if not isinstance(task, Task):
-        raise TaskError(f"task {name}: build_task must return engine.Task, got {type(task).__name__}")
-    if task.name == "task":
-        task.name = name
-    check_task(task)
-    return task
 
 
 def check_task(task: Task) -> None:

@@ -49,7 +49,7 @@ def main() -> None:
     trainer = Trainer(cfg, task=varlen_task.build_task(cfg.seed))
     signal.signal(signal.SIGTERM, lambda *_: trainer.request_stop())
     log = []
-    original_step = trainer._step
+    original_step = trainer.step_window
 
     def step(window):
         varlen_task._window[0] = trainer.step + 1
@@ -61,7 +61,7 @@ def main() -> None:
                         wsum=float(sum(p.detach().double().sum() for p in trainer.model.parameters()))))
         return trained
 
-    trainer._step = step
+    trainer.step_window = step
     trainer.run()
     torch.save({k: v.detach().clone() for k, v in trainer.model.state_dict().items()},
                os.path.join(out, f"weights-{rank}.pt"))

@@ -228,7 +228,7 @@ def test_cli_resume_continues_the_run(tmp_path, tasks_dir):
     saved epochs (the old --max-steps is not a limit for the continuation), one row per step,
     with the losses of an uninterrupted run of the same task."""
     from engine.config import TrainConfig
-    from engine.task import load_task
+    from engine.task_loader import load_task
     from engine.trainer import Trainer
     # The first part in this process, as the CLI would configure it; the continuation as a process.
     cfg = TrainConfig(task=str(tasks_dir / "good.py"), micro_batch=4, accum=2, epochs=2, device="cpu")

@@ -40,17 +40,17 @@ def run(tmp_path, monkeypatch, mode: str, nan_at=frozenset()):
     events, weights = [], {}
     trainer = Trainer(TrainConfig(run_dir=str(tmp_path / mode), micro_batch=8, accum=2, epochs=2, lr=0.05, clip=0.5),
                       task=tk, sink=events.append)
-    original = trainer._train_window
+    original = trainer.train_window
 
     def counting(micro, n):  # snapshot the weights before each window, and tell the task which one runs
         tk.state["window"] = trainer.step + 1
         weights[trainer.step] = torch.cat([p.detach().flatten().clone() for p in trainer.model.parameters()])
         return original(micro, n)
 
-    trainer._train_window = counting
+    trainer.train_window = counting
     trainer.run()
     weights[trainer.step] = torch.cat([p.detach().flatten().clone() for p in trainer.model.parameters()])
-    assert trainer._deferred == (mode == "deferred")
+    assert trainer.deferred == (mode == "deferred")
     return trainer, events, weights
 
 
@@ -89,13 +89,13 @@ def test_deferred_nonfinite_stop(tmp_path, monkeypatch):
     tk.state["window"] = 0
     trainer = Trainer(TrainConfig(run_dir=str(tmp_path / "stop"), micro_batch=8, accum=2, epochs=2, nonfinite="stop"),
                       task=tk)
-    original = trainer._train_window
+    original = trainer.train_window
 
     def counting(micro, n):
         tk.state["window"] = trainer.step + 1
         return original(micro, n)
 
-    trainer._train_window = counting
+    trainer.train_window = counting
     result = trainer.run()
     assert result.reason == "nonfinite"
     from engine.checkpoint import last_path, load

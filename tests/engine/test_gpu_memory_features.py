@@ -89,7 +89,7 @@ def test_oom_in_the_middle_of_a_window_redoes_it_from_its_first_sample(tmp_path,
     t_clean, _, _ = run(tmp_path, "clean", tiny_task(), micro_batch=8, accum=4, epochs=1)
     assert torch.allclose(weights(t_rec), weights(t_clean), rtol=0, atol=1e-10)
     # Negative control: a recovery that kept the failed window's partial gradient is caught.
-    monkeypatch.setattr(Trainer, "_drop_window_grads", lambda self: None)
+    monkeypatch.setattr(Trainer, "drop_window_grads", lambda self: None)
     t_bad, _, _ = run(tmp_path, "leaky", tiny_task(oom_above=8, oom_calls={4}), micro_batch=16, accum=2, epochs=1)
     assert not torch.allclose(weights(t_bad), weights(t_clean), rtol=0, atol=1e-6)
 

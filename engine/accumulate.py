@@ -1,0 +1,103 @@
+"""One accumulation window, top to bottom: forward and backward every micro-batch,
+normalise exactly, norm, clip, then hand over to the step variant (step.py).
+
+Each micro-batch backpropagates loss_sum / (samples in the whole window), a host
+number every rank knows; after the last one the gradients are multiplied once by
+samples / count, so they equal the gradient of
+    (sum of the window's loss_sums) / (the window's total count)
+for any mix of lengths and a short last window. Nothing but the gradients and two
+device scalars survives from one micro-batch to the next.
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any, Callable, ContextManager, Iterable, Optional
+
+import torch
+
+from . import distributed as D
+from . import grads as G
+from .step import InFlight, pack
+from .task import check_loss_output
+
+
+class StopRequested(Exception):
+    """A stop arrived between two micro-batches: the partial window is dropped."""
+
+
+@dataclass
+class WindowContext:
+    """What training a window needs, fixed for the whole run (built by setup.py)."""
+    net: torch.nn.Module  # the model, or its DDP wrapper
+    loss: Callable[[torch.nn.Module, Any], Any]
+    task_name: str
+    params: list[torch.nn.Parameter]
+    optimizer: torch.optim.Optimizer
+    scaler: Optional[torch.amp.GradScaler]
+    autocast: Callable[[], ContextManager]
+    device: torch.device
+    ctx: D.DistContext
+    stepper: Any  # step.SyncStep | step.DeferredStep
+    loss_checked: bool = False
+
+
+def train_window(w: WindowContext, batches: Iterable[Any], n_micro: int, window_samples: int, clip: float,
+                 micro_batch: int, stop_requested: Callable[[], bool]) -> InFlight:
+    dev, ddp = w.device, w.ctx.enabled
+    host_scale = 1.0 / window_samples  # keeps gradients O(1) before the exact division (fp16-friendly)
+    totals = torch.zeros(2, device=dev, dtype=torch.float64)  # the window's loss sum and count
+    # Hot path: add_ into views of totals (one op, not the three of `totals[i] += x`), and
+    # int counts added on the host, exactly, flushed before any tensor count and after the loop.
+    loss_acc, count_acc = totals[0], totals[1]
+    host_count = 0
+    for i, batch in enumerate(batches):
+        if not ddp and stop_requested():
+            raise StopRequested()
+        # DDP: only the last micro-batch's backward all-reduces the gradients.
+        sync = w.net.no_sync() if (ddp and i < n_micro - 1) else contextlib.nullcontext()
+        with sync:
+            with w.autocast():
+                out = w.loss(w.net, batch)
+            if not w.loss_checked:
+                check_loss_output(w.task_name, out)
+                w.loss_checked = True
+            loss_sum, count = out
+            scaled = loss_sum * host_scale
+            if w.scaler is not None:
+                scaled = w.scaler.scale(scaled)
+            scaled.backward()
+        loss_acc.add_(loss_sum.detach())
+        if isinstance(count, int):
+            host_count += count
+        else:
+            if host_count:
+                count_acc.add_(host_count)
+                host_count = 0
+            count_acc.add_(count)
+        del batch, out, loss_sum, scaled  # this micro-batch's graph and activations go now
+    if host_count:
+        count_acc.add_(host_count)
+
+    agree = None
+    if ddp:
+        # Two tiny all-reduces, read with the step's numbers: the window's loss sum and count
+        # over all ranks, and (max) whether any rank was asked to stop and the smallest
+        # micro-batch any rank fell back to after an out-of-memory error.
+        D.all_reduce_sum(totals, w.ctx)
+        agree = D.all_reduce_max(torch.tensor([1.0 if stop_requested() else 0.0, -float(micro_batch)],
+                                              device=dev, dtype=torch.float64), w.ctx)
+    if w.scaler is not None:
+        w.scaler.unscale_(w.optimizer)  # once per window, before the norm and the clip
+    grads = [p.grad for p in w.params if p.grad is not None]
+    # DDP averaged over ranks (/world) and every rank scaled by 1/window_samples: undo both
+    # and divide by the window's global count. One fused multiply per dtype.
+    G.scale_(grads, (window_samples * w.ctx.world) / totals[1])
+    # Per-parameter norms (to name non-finite parameters without another sync) and the
+    # total norm before clipping, as clip_grad_norm_ computes it.
+    per_param = G.per_param_norms(grads, dev)
+    norm = torch.linalg.vector_norm(per_param)
+    bad = ~(torch.isfinite(norm) & torch.isfinite(totals[0]) & (totals[1] > 0))
+    if clip > 0:
+        G.clip_(w.params, clip, norm)
+    return w.stepper.finish(pack(totals, agree, norm, per_param), bad)

@@ -1,0 +1,63 @@
+"""Where a run is: one dataclass, written into every checkpoint and read back on resume.
+
+Step, epoch, window in epoch, the epoch's running train-loss sums and the skip
+counters live here and nowhere else, so save and resume cannot disagree on which
+fields make up "where the run is". The RNG state is captured at save time and
+restored at load time through the same two functions.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+import torch
+
+
+@dataclass
+class Progress:
+    step: int = 0  # optimizer steps done
+    epoch: int = 1  # the epoch being trained (1-based)
+    window: int = 0  # windows of this epoch already trained
+    epoch_loss: float = 0.0  # this epoch's sum of loss x count so far
+    epoch_count: float = 0.0  # and of count
+    nonfinite_steps: int = 0
+    scaler_skips: int = 0
+
+    def start_epoch(self) -> None:
+        """A new epoch from its first window: its train loss starts from zero."""
+        self.epoch_loss = self.epoch_count = 0.0
+
+    def add_loss(self, loss: float, count: float) -> None:
+        self.epoch_loss += loss * count
+        self.epoch_count += count
+
+    @property
+    def epoch_train_loss(self) -> float:
+        return self.epoch_loss / self.epoch_count if self.epoch_count else float("nan")
+
+    def end_epoch(self) -> None:
+        self.epoch += 1
+        self.window = 0
+
+    # -- checkpoints -------------------------------------------------------------------------
+    def to_checkpoint(self, device: torch.device) -> dict[str, Any]:
+        """The checkpoint keys for this state (flat, as DESIGN.md names step and epoch), RNG included."""
+        state: dict[str, Any] = asdict(self)
+        state["rng"] = {"torch": torch.get_rng_state(),
+                        **({"cuda": torch.cuda.get_rng_state(device)} if device.type == "cuda" else {})}
+        return state
+
+    @classmethod
+    def from_checkpoint(cls, state: dict[str, Any], device: torch.device) -> "Progress":
+        """Read back what to_checkpoint wrote (older checkpoints: `epoch_sums`), and restore the RNG."""
+        known = {f.name for f in fields(cls)}
+        p = cls(**{k: state[k] for k in known if k in state})
+        if "epoch_sums" in state and "epoch_loss" not in state:
+            p.epoch_loss, p.epoch_count = (float(x) for x in state["epoch_sums"])
+        p.step, p.epoch, p.window = int(p.step), int(p.epoch), int(p.window)
+        rng = state.get("rng") or {}
+        if "torch" in rng:
+            torch.set_rng_state(rng["torch"])
+        if "cuda" in rng and device.type == "cuda":
+            torch.cuda.set_rng_state(rng["cuda"], device)
+        return p

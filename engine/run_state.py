@@ -1,0 +1,50 @@
+"""A run's full state in a checkpoint, and back: weights, optimizer, scaler, progress,
+live settings and the config the run was started with."""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from . import checkpoint as ckpt
+from .commands import Command
+from .progress import Progress
+from .schema import LIVE_SETTINGS, LiveSettings
+from .setup import RunParts
+
+
+def checkpoint_state(parts: RunParts, progress: Progress, settings: LiveSettings) -> dict[str, Any]:
+    return {
+        "model": parts.model.state_dict(),
+        "optimizer": parts.optimizer.state_dict(),
+        "scaler": parts.scaler.state_dict() if parts.scaler is not None else {},
+        **progress.to_checkpoint(parts.device),
+        "settings": settings.to_dict(),
+        "config": parts.config.to_dict(),
+    }
+
+
+def save(parts: RunParts, progress: Progress, settings: LiveSettings, epoch_done: Optional[int] = None) -> str:
+    """Write last.pt (and epoch-N.pt at an epoch's end), atomically. Returns last.pt's path."""
+    state = checkpoint_state(parts, progress, settings)
+    if epoch_done is not None:
+        ckpt.save_atomic(state, ckpt.epoch_path(parts.run_dir, epoch_done))
+    ckpt.save_atomic(state, ckpt.last_path(parts.run_dir))
+    return ckpt.last_path(parts.run_dir)
+
+
+def restore(parts: RunParts, state: dict[str, Any]) -> tuple[Progress, LiveSettings, list[Command]]:
+    """Load a checkpoint into the run's model, optimizer and scaler; return where the run
+    was, its settings, and the commands for flags given again with --resume that differ
+    from the run's saved config (the user's new settings, applied at the next boundary)."""
+    parts.model.load_state_dict(state["model"])
+    parts.optimizer.load_state_dict(state["optimizer"])
+    if parts.scaler is not None and state.get("scaler"):
+        parts.scaler.load_state_dict(state["scaler"])
+    progress = Progress.from_checkpoint(state, parts.device)
+    settings = LiveSettings.from_config(parts.config).updated(state.get("settings"))
+    saved, asked = state.get("config") or {}, parts.config
+    commands = [s.command_for(getattr(asked, s.name)) for s in LIVE_SETTINGS
+                if s.name in saved and saved[s.name] != getattr(asked, s.name)
+                and getattr(settings, s.name) != getattr(asked, s.name)]
+    for group in parts.optimizer.param_groups:
+        group["lr"] = settings.lr
+    return progress, settings, commands

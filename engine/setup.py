@@ -1,0 +1,184 @@
+"""Set-up: everything a run needs, built in one place, before anything is written.
+
+`build(config, task, ctx)` checks the input (device, task, first batch, resume
+checkpoint) and returns `RunParts` with every field set: device, model and its DDP
+wrapper, autocast, scaler, optimizer, the step variant, the window policy and the
+state to resume from. A failure here is bad input (ConfigError / TaskError): the
+CLI prints one `error:` line and exits 2, and no run folder holds a half-started run.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass
+from typing import Any, Callable, ContextManager, Optional
+
+import torch
+
+from . import checkpoint as ckpt
+from . import distributed as D
+from . import step as S
+from .accumulate import WindowContext
+from .config import ConfigError, TrainConfig
+from .devices import default_optimizer, resolve_device, to_device
+from .oom import is_oom
+from .paths import default_run_dir
+from .progress import Progress
+from .schema import LiveSettings
+from .task import Task, TaskError, check_loss_output, default_collate
+from .task_loader import load_task
+from .telemetry import MemoryProbe
+from .window_policy import FixedWindows, TokenBudgetWindows, WindowPolicy
+
+
+@dataclass
+class RunParts:
+    config: TrainConfig
+    ctx: D.DistContext
+    device: torch.device
+    task: Task
+    model: torch.nn.Module
+    collate: Callable[[list], Any]
+    autocast: Callable[[], ContextManager]
+    optimizer: torch.optim.Optimizer
+    scaler: Optional[torch.amp.GradScaler]
+    window: WindowContext  # what training one window needs
+    policy: WindowPolicy
+    probe: MemoryProbe
+    run_dir: str
+    resume_state: Optional[dict[str, Any]]  # the checkpoint to continue from, or None
+    progress: Progress
+    settings: LiveSettings
+
+    @property
+    def named_params(self) -> list[tuple[str, torch.nn.Parameter]]:
+        return [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
+
+    def fetch(self, indices: list[int]) -> Any:
+        """One micro-batch, collated and on the device."""
+        data = self.task.train_data
+        return to_device(self.collate([data[j] for j in indices]), self.device)
+
+
+def build(config: TrainConfig, task: Optional[Task], ctx: D.DistContext) -> RunParts:
+    cfg = config
+    device = resolve_device(cfg.device, ctx)
+    if cfg.vram_limit is not None and device.type != "cuda":
+        raise ConfigError("--vram-limit needs a CUDA device: it caps this process's share of GPU memory")
+    if cfg.precision == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        raise ConfigError("--precision bf16 is not supported on this GPU (use fp16 or fp32)")
+    if task is None:
+        task = load_task(cfg.task, cfg.seed)
+    if cfg.token_budget is not None and task.sample_length is None:
+        raise TaskError(f"task {task.name}: --token-budget needs the task's sample_length")
+    if cfg.micro_batch > len(task.train_data):
+        raise ConfigError(f"--micro-batch {cfg.micro_batch} is larger than the data set "
+                          f"({len(task.train_data)} samples)")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+        if cfg.vram_limit is not None:  # before the first allocation
+            total = torch.cuda.get_device_properties(device).total_memory
+            torch.cuda.set_per_process_memory_fraction(min(1.0, cfg.vram_limit / total), device)
+    model = task.model.to(device)
+    collate = task.collate or default_collate
+    amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.precision)
+    autocast: Callable[[], ContextManager] = ((lambda: torch.autocast(device.type, dtype=amp_dtype)) if amp_dtype
+                                              else contextlib.nullcontext)
+    loss_checked = check_first_batch(task, model, collate, autocast, device)
+    policy = _window_policy(cfg, task)
+    resume_state, run_dir = _resume_or_new(cfg, ctx)
+
+    D.init(ctx, device)  # the process group, once the input is known good
+    params = [p for p in model.parameters() if p.requires_grad]
+    net: torch.nn.Module = model
+    if ctx.enabled:
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        net = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+    optimizer = (task.optimizer or default_optimizer(cfg.optimizer, device))(params, cfg.lr)
+    scaler = torch.amp.GradScaler(device.type) if cfg.precision == "fp16" else None
+    stepper = S.choose(optimizer, scaler, ctx.enabled, device, os.environ.get("HEADROOM_STEP_MODE", "auto"))
+    window = WindowContext(net=net, loss=task.loss, task_name=task.name, params=params, optimizer=optimizer,
+                           scaler=scaler, autocast=autocast, device=device, ctx=ctx, stepper=stepper,
+                           loss_checked=loss_checked)
+    return RunParts(config=cfg, ctx=ctx, device=device, task=task, model=model, collate=collate, autocast=autocast,
+                    optimizer=optimizer, scaler=scaler, window=window, policy=policy, probe=MemoryProbe(device),
+                    run_dir=run_dir, resume_state=resume_state, progress=Progress(),
+                    settings=LiveSettings.from_config(cfg))
+
+
+@torch.no_grad()
+def check_first_batch(task: Task, model: torch.nn.Module, collate: Callable, autocast: Callable,
+                      device: torch.device) -> bool:
+    """One forward of the loss on two samples: a malformed task is bad input, found before
+    the run folder exists, not a failure halfway through the first window. False if the
+    check could not run (out of memory: the run's own recovery decides)."""
+    data, name = task.train_data, task.name
+    try:
+        batch = to_device(collate([data[i] for i in range(min(2, len(data)))]), device)
+    except Exception as e:
+        raise TaskError(f"task {name}: building a first batch failed: {type(e).__name__}: {e}") from None
+    was_training = model.training
+    model.eval()  # no BatchNorm statistics or dropout draws spent on a check
+    try:
+        with autocast():
+            out = task.loss(model, batch)
+    except Exception as e:
+        if is_oom(e):
+            return False
+        raise TaskError(f"task {name}: loss(model, batch) failed on a first batch: {type(e).__name__}: {e}") from None
+    finally:
+        model.train(was_training)
+    check_loss_output(name, out)
+    return True
+
+
+def _window_policy(cfg: TrainConfig, task: Task) -> WindowPolicy:
+    data = task.train_data
+    if cfg.token_budget is None:
+        return FixedWindows(len(data), cfg.seed)
+    assert task.sample_length is not None
+    lengths = [int(task.sample_length(data[i])) for i in range(len(data))]
+    return TokenBudgetWindows(len(data), cfg.seed, cfg.token_budget, lengths.__getitem__)
+
+
+def _resume_or_new(cfg: TrainConfig, ctx: D.DistContext) -> tuple[Optional[dict[str, Any]], str]:
+    if cfg.resume:
+        if not os.path.isfile(os.path.join(cfg.resume, "run.db")):
+            raise ConfigError(f"--resume {cfg.resume}: not a run folder (no run.db)")
+        path = ckpt.last_path(cfg.resume)
+        return (ckpt.load(path) if os.path.exists(path) else None), cfg.resume
+    run_dir = cfg.run_dir or default_run_dir(cfg.task)
+    if ctx.is_main:  # rank 0 alone writes the run folder
+        check_writable_dir(run_dir)
+    return None, run_dir
+
+
+def check_writable_dir(path: str) -> None:
+    """Refuse a run folder we could not write. Creates the folder (the run is about to
+    start), and removes what it created if any part is not writable."""
+    import tempfile
+    if os.path.exists(path):
+        if not os.path.isdir(path):
+            raise ConfigError(f"--run-dir {path}: exists and is not a folder")
+        if os.path.exists(os.path.join(path, "run.db")):
+            raise ConfigError(f"--run-dir {path}: already holds a run (use --resume {path} to continue it)")
+    created = []
+    probe = os.path.join(path, ckpt.CKPT_DIR)
+    try:
+        missing, p = [], os.path.abspath(probe)
+        while not os.path.exists(p):
+            missing.append(p)
+            p = os.path.dirname(p)
+        for d in reversed(missing):
+            os.mkdir(d)
+            created.append(d)
+        fd, tmp = tempfile.mkstemp(prefix=".probe-", dir=probe)
+        os.close(fd)
+        os.unlink(tmp)
+    except OSError as e:
+        for d in reversed(created):
+            try:
+                os.rmdir(d)
+            except OSError:
+                pass
+        raise ConfigError(f"--run-dir {path}: not writable ({e.strerror or e})") from None

@@ -1,0 +1,143 @@
+"""The optimizer step after a window's last backward, in two variants behind one interface.
+
+Both get the window's numbers as one device tensor (`pack`) and a device flag
+`bad` (loss, count or norm not finite), and return an `InFlight` whose
+`numbers()` gives the `WindowNumbers` on the host:
+
+- `SyncStep` (CPU, or an optimizer that cannot skip on the device): reads the
+  numbers to the host now, the step's one CPU-GPU sync, and steps or skips there.
+- `DeferredStep` (CUDA with a fused optimizer): no sync at all. The fused
+  optimizer skips a bad window on the device through `found_inf` (weights and
+  state bit-identical), and the numbers go to pinned memory, read one step later
+  (`depth` = 1: the run loop reports step N after it has launched step N+1).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+# Host numbers of the DDP agreement, when a job has several ranks (see accumulate.py).
+AGREE_STOP, AGREE_MICRO = 0, 1
+
+
+@dataclass(frozen=True)
+class WindowNumbers:
+    """A window's numbers on the host, all ranks combined."""
+    loss_sum: float
+    count: float
+    norm: float  # total gradient norm before clipping
+    per_param: tuple[float, ...]  # per-parameter norms, in grads.dtype_order of the gradients held
+    stop_any: bool = False  # DDP: some rank was asked to stop
+    min_micro: int = 0  # DDP: the smallest micro-batch any rank trained with (0: single process)
+
+    @property
+    def loss(self) -> float:
+        return self.loss_sum / self.count if self.count else float("nan")
+
+    @property
+    def finite(self) -> bool:
+        return math.isfinite(self.loss_sum) and math.isfinite(self.norm) and self.count > 0
+
+
+def pack(totals: torch.Tensor, agree: Optional[torch.Tensor], norm: torch.Tensor,
+         per_param: torch.Tensor) -> torch.Tensor:
+    """The window's numbers as one float64 device tensor, so they reach the host in one copy."""
+    parts = [totals] + ([agree] if agree is not None else []) + [norm.double().reshape(1), per_param.double()]
+    return torch.cat(parts)
+
+
+def unpack(values: list[float], ddp: bool) -> WindowNumbers:
+    """The inverse of pack, the one place that knows the layout."""
+    loss_sum, count = values[0], values[1]
+    rest = values[2:]
+    stop_any, min_micro = False, 0
+    if ddp:
+        stop_any, min_micro = rest[AGREE_STOP] > 0, int(-rest[AGREE_MICRO])
+        rest = rest[2:]
+    return WindowNumbers(loss_sum, count, rest[0], tuple(rest[1:]), stop_any, min_micro)
+
+
+class InFlight:
+    """A launched step whose numbers may still be on their way to the host."""
+
+    def __init__(self, host: Optional[torch.Tensor], ready: Optional["torch.cuda.Event"], ddp: bool,
+                 numbers: Optional[WindowNumbers] = None) -> None:
+        self._host, self._ready, self._ddp, self._numbers = host, ready, ddp, numbers
+
+    def numbers(self) -> WindowNumbers:
+        if self._numbers is None:
+            if self._ready is not None:
+                self._ready.synchronize()  # the step's one wait, usually long over
+            assert self._host is not None
+            self._numbers = unpack(self._host.tolist(), self._ddp)
+        return self._numbers
+
+
+class SyncStep:
+    depth = 0  # numbers are known when finish returns
+
+    def __init__(self, optimizer: torch.optim.Optimizer, scaler: Optional[torch.amp.GradScaler], ddp: bool) -> None:
+        self.optimizer, self.scaler, self.ddp = optimizer, scaler, ddp
+
+    def finish(self, packed: torch.Tensor, bad: torch.Tensor) -> InFlight:
+        # The one CPU-GPU sync point of the step: loss, count and norms to the host, then decide.
+        nums = unpack(packed.tolist(), self.ddp)
+        if nums.finite:
+            self.optimizer.step()
+            if self.scaler is not None:
+                self.scaler.update()
+        elif self.scaler is not None:
+            if math.isfinite(nums.loss_sum):
+                self.scaler.update()  # fp16 overflow: lower the scale
+            else:
+                self.scaler.update(self.scaler.get_scale())  # a NaN loss is no overflow: keep the scale
+        # A skipped window leaves weights and optimizer state untouched: its gradients just go.
+        self.optimizer.zero_grad(set_to_none=True)
+        return InFlight(None, None, self.ddp, nums)
+
+
+class DeferredStep:
+    depth = 1  # numbers are read one step later
+
+    def __init__(self, optimizer: torch.optim.Optimizer, scaler: Optional[torch.amp.GradScaler], ddp: bool,
+                 device: torch.device) -> None:
+        self.optimizer, self.scaler, self.ddp, self.device = optimizer, scaler, ddp, device
+        self._pinned: dict[int, list[torch.Tensor]] = {}
+
+    def finish(self, packed: torch.Tensor, bad: torch.Tensor) -> InFlight:
+        opt = self.optimizer
+        opt.found_inf = bad.float()  # 0-dim, as GradScaler passes it: the fused kernel skips on the device
+        opt.grad_scale = None
+        try:
+            opt.step()
+        finally:
+            del opt.found_inf, opt.grad_scale
+        if self.scaler is not None:
+            self.scaler.update()  # backs off on the overflow unscale_ found; no sync
+        opt.zero_grad(set_to_none=True)
+        if self.device.type != "cuda":
+            return InFlight(packed, None, self.ddp)  # CPU (tests): nothing is in flight
+        buf = self._pinned_buffer(packed.numel())
+        buf.copy_(packed, non_blocking=True)
+        ready = torch.cuda.Event()
+        ready.record()
+        return InFlight(buf, ready, self.ddp)
+
+    def _pinned_buffer(self, n: int) -> torch.Tensor:
+        """Two pinned buffers used in turn: one may still be unread when the next is filled."""
+        pool = self._pinned.setdefault(n, [torch.empty(n, dtype=torch.float64, pin_memory=True) for _ in range(2)])
+        pool.reverse()
+        return pool[0]
+
+
+def choose(optimizer: torch.optim.Optimizer, scaler: Optional[torch.amp.GradScaler], ddp: bool,
+           device: torch.device, mode: str) -> "SyncStep | DeferredStep":
+    """Deferred where the optimizer can skip on the device: on CUDA by default;
+    mode (HEADROOM_STEP_MODE) 'sync' or 'deferred' forces one (benchmarks; tests run deferred on CPU)."""
+    fused = bool(getattr(optimizer, "_step_supports_amp_scaling", False))
+    if fused and (mode == "deferred" or (mode == "auto" and device.type == "cuda")):
+        return DeferredStep(optimizer, scaler, ddp, device)
+    return SyncStep(optimizer, scaler, ddp)

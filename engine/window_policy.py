@@ -1,0 +1,65 @@
+"""How an epoch is cut into accumulation windows and a window into micro-batches.
+
+Two policies behind one interface:
+
+- `FixedWindows`: a window is micro-batch x accumulation x world size samples.
+- `TokenBudgetWindows` (--token-budget N): a window closes once it holds N counted
+  items (tokens); its number of micro-batches follows from the data, so
+  accumulation is not a setting there and a `set_accum` is refused.
+
+Either way the order of samples is a function of (seed, epoch) only (windows.py),
+so two runs that differ only in how a window is split see the same windows.
+Torch is used only for the seeded permutation.
+"""
+from __future__ import annotations
+
+from typing import Callable, Optional, Protocol, Sequence
+
+from . import windows as W
+from .schema import LiveSettings
+
+
+class WindowPolicy(Protocol):
+    def plan(self, epoch: int, settings: LiveSettings, world: int) -> list[list[int]]:
+        """The epoch's windows (all ranks), as sample indices, in training order."""
+
+    def split(self, share: Sequence[int], settings: LiveSettings) -> list[list[int]]:
+        """This rank's share of a window, as micro-batches."""
+
+    def refusal(self, setting: str) -> Optional[str]:
+        """Why this policy cannot take a change of `setting`, or None if it can."""
+
+
+class FixedWindows:
+    """micro-batch x accumulation x world size samples a window; the last may be short."""
+
+    def __init__(self, n_samples: int, seed: int) -> None:
+        self.n, self.seed = n_samples, seed
+
+    def plan(self, epoch: int, settings: LiveSettings, world: int) -> list[list[int]]:
+        return W.fixed_windows(W.epoch_order(self.n, self.seed, epoch), settings.window_samples * world)
+
+    def split(self, share: Sequence[int], settings: LiveSettings) -> list[list[int]]:
+        return W.micro_batches(share, settings.micro_batch)
+
+    def refusal(self, setting: str) -> Optional[str]:
+        return None
+
+
+class TokenBudgetWindows:
+    """A window holds `budget` counted items; micro-batches of `micro_batch` samples each."""
+
+    def __init__(self, n_samples: int, seed: int, budget: int, length: Callable[[int], int]) -> None:
+        self.n, self.seed, self.budget, self.length = n_samples, seed, budget, length
+
+    def plan(self, epoch: int, settings: LiveSettings, world: int) -> list[list[int]]:
+        return W.token_windows(W.epoch_order(self.n, self.seed, epoch), self.budget, self.length)
+
+    def split(self, share: Sequence[int], settings: LiveSettings) -> list[list[int]]:
+        return W.micro_batches(share, settings.micro_batch)
+
+    def refusal(self, setting: str) -> Optional[str]:
+        if setting == "accum":
+            return (f"accumulation follows from --token-budget {self.budget} (a window closes when it holds "
+                    f"{self.budget} counted items); change the micro-batch instead")
+        return None
