@@ -1,0 +1,64 @@
+"""Bring your own loop: other training loops write Headroom run folders.
+
+Three adapters over one writer (`engine.integrations.loop.HeadroomRun`), so a run
+from any of them appears in the app like an engine run, live: one `metrics` row per
+optimizer step, epochs with validation loss, events, and the `run` table the runs
+list reads (task, config, status running -> finished, pid, started).
+
+    # a hand-written PyTorch loop
+    from engine.integrations.loop import headroom_run
+    with headroom_run(config={"lr": 1e-3}) as run:
+        ...
+        run.log_step(loss=loss, grad_norm=norm, lr=lr, accum=4, micro_batch=16)
+        for cmd in run.poll(): ...
+
+    # Hugging Face Trainer (extra `hf`)
+    from engine.integrations.transformers import HeadroomCallback
+    Trainer(..., callbacks=[HeadroomCallback()])
+
+    # Lightning (extra `lightning`)
+    from engine.integrations.lightning import HeadroomCallback
+    L.Trainer(..., callbacks=[HeadroomCallback()])
+
+Importing this package imports nothing else: `transformers` and `lightning` load only
+when their adapter module is imported, and `import engine` never imports them.
+
+What the app can change, and where (anything else is refused: the command row is
+marked "refused" with the reason and a `command_refused` event says why):
+
+=================  ==========================  ============================  ==========================
+command            plain loop (`loop`)         Hugging Face Trainer          Lightning
+=================  ==========================  ============================  ==========================
+set_lr             what your loop applies      next optimizer step: every    next optimizer step: same
+                   (`set_lr()` helper scales   param group and the           (param groups + each
+                   the optimizer and the       scheduler's base lrs scaled   scheduler of the
+                   scheduler's base lrs)       by one factor, so the         optimizer)
+                                               schedule keeps its shape
+set_clip           what your loop applies      next step (`args.max_grad_    next step (`trainer.
+                                               norm`); refused under         gradient_clip_val`);
+                                               DeepSpeed (it clips itself)   refused when clipping by
+                                                                             value or under manual
+                                                                             optimization
+set_accum          what your loop applies      refused: the Trainer sizes    next epoch start (as
+                                               its epochs and schedule from  GradientAccumulation-
+                                               it when training starts       Scheduler does); refused
+                                                                             with that callback, manual
+                                                                             optimization or DeepSpeed
+set_micro_batch    what your loop applies      refused (the DataLoader is    refused (same)
+                                               built)
+set_lr_scaling     refused (the engine's       refused                       refused
+                   rule; send set_lr)
+pause / resume     between steps, inside       between optimizer steps       between optimizer steps
+                   `run.poll()`
+stop               `run.stop_requested`; your  after the step: the Trainer's after the step: `trainer.
+                   loop saves and leaves       own checkpoint (`control.     save_checkpoint` (atomic),
+                                               should_save`) then `should_   then `trainer.should_stop`
+                                               training_stop`
+=================  ==========================  ============================  ==========================
+
+Commands are read at step boundaries only, on the training thread: a change of
+`PRAGMA data_version` (another process committed to run.db) triggers one read of the
+`commands` table, so the per-step cost is one SQLite pragma. In a run of several
+processes (DDP), process 0 writes the run folder and every command is refused: a
+setting applied on one rank alone would make the ranks diverge.
+"""

@@ -1,0 +1,368 @@
+"""Lightning -> a Headroom run folder: one line in an existing script.
+
+    from engine.integrations.lightning import HeadroomCallback
+    trainer = L.Trainer(max_epochs=3, accumulate_grad_batches=4, callbacks=[HeadroomCallback()])
+
+Needs the `lightning` extra (`lightning.pytorch`). Per optimizer step the callback
+writes one `metrics` row through the shared writer (engine.integrations.loop.HeadroomRun):
+
+- loss: the window's token-weighted loss, sum over micro-batches of loss x count / the
+  window's count. The count of a micro-batch is `training_step`'s `"count"` when it
+  returns a dict with one (tokens, say), else its batch size. Lightning's own window
+  loss is the mean of the micro-batch means (each divided by accumulate_grad_batches,
+  a short last window too); when the two differ a `loss_weighting` event gives both.
+- grad_norm: the total norm before clipping, measured once, after every
+  on_before_optimizer_step hook (the callbacks' and the LightningModule's, so a module
+  that rescales its gradients there is measured after it) and before Lightning clips.
+- lr: the lr the optimizer stepped with; accum (micro-batches in the window),
+  micro_batch, samples, tokens, step_time, throughput; GPU memory from MemoryProbe.
+- skipped work: an fp16 overflow the GradScaler skipped (`scaler_skipped`, a
+  `scaler_skip` event); micro-batches whose training_step returned None (a
+  `step_skipped` event); a non-finite loss or norm (a `nonfinite` event).
+
+Epochs: an `epochs` row at each training epoch end, with the validation loss logged as
+`val_key` ("val_loss") when validation ran in that epoch. Commands at optimizer-step
+boundaries, accumulation at the next epoch start: see engine/integrations/__init__.py.
+
+loss_reduction="sum" is for a training_step that returns a loss *sum* (and its
+"count") and divides the gradients by the window's count itself (README: exact
+accumulation with Lightning): the row's loss is then sum of sums / window count.
+"""
+from __future__ import annotations
+
+import math
+import os
+from typing import Any, Mapping, Optional
+
+try:
+    import lightning
+    import lightning.pytorch as pl
+    from lightning.pytorch.callbacks import Callback, GradientAccumulationScheduler
+except ImportError as e:  # pragma: no cover - the extra is not installed
+    raise ImportError("engine.integrations.lightning needs Lightning: pip install 'headroom[lightning]'") from e
+
+import torch
+
+from ..commands import Command, SetAccum, SetClip, SetLr
+from ..events import ScalerSkip
+from .loop import HeadroomRun, IntegrationError, StepSkipped, batch_size, clean, set_lr
+
+__all__ = ["HeadroomCallback"]
+
+REFUSED = {
+    "set_micro_batch": "the DataLoader is built when training starts; its batch size cannot change mid-run",
+    "set_lr_scaling": "lr scaling follows the engine's own accumulation changes; send set_lr instead",
+}
+
+
+class HeadroomCallback(Callback):
+    """Write this Lightning run to a Headroom run folder, and take the app's commands.
+
+    run_dir: the run folder (new; must not hold a run); None = a new folder under the runs
+        root, named like the engine's. One fit() per run_dir given.
+    task: the name the runs list shows (default "lightning-<LightningModule class>").
+    config: extra settings for the run table (merged over what the Trainer says).
+    val_key: the logged metric that is the validation loss. count_key: the key of a
+        training_step dict holding the micro-batch's count (tokens). loss_reduction:
+        "mean" (training_step returns a mean over its count, Lightning's usual) or "sum".
+    checkpoint_dir: where a stop from the app saves its checkpoint (default: the
+        ModelCheckpoint's folder, else <default_root_dir>/checkpoints).
+    """
+
+    def __init__(self, run_dir: Optional[str] = None, *, task: Optional[str] = None,
+                 config: Optional[Mapping[str, Any]] = None, val_key: str = "val_loss", count_key: str = "count",
+                 loss_reduction: str = "mean", checkpoint_dir: Optional[str] = None,
+                 commit_interval: float = 1.0) -> None:
+        HeadroomRun(run_dir, task=task or "lightning", config=config, commit_interval=commit_interval)  # checks
+        for name, v in (("val_key", val_key), ("count_key", count_key)):
+            if not isinstance(v, str) or not v:
+                raise TypeError(f"{name} must be a non-empty string, got {v!r}")
+        if loss_reduction not in ("mean", "sum"):
+            raise IntegrationError(f"loss_reduction must be 'mean' or 'sum', got {loss_reduction!r}")
+        if checkpoint_dir is not None and not isinstance(checkpoint_dir, (str, os.PathLike)):
+            raise TypeError(f"checkpoint_dir must be a folder path or None, got {type(checkpoint_dir).__name__}")
+        self.run_dir_arg = run_dir
+        self.task = task
+        self.extra_config = dict(config or {})
+        self.val_key, self.count_key, self.loss_reduction = val_key, count_key, loss_reduction
+        self.checkpoint_dir = os.fspath(checkpoint_dir) if checkpoint_dir is not None else None
+        self.commit_interval = commit_interval
+        self.run: Optional[HeadroomRun] = None
+        self.run_dir: Optional[str] = None
+        self.stop_checkpoint: Optional[str] = None
+        self._module: Any = None
+        self._stopping = False
+        self._val: Optional[float] = None
+        self._reset_window()
+
+    # -- set-up --------------------------------------------------------------------------------------
+    def _config(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> dict:
+        opt = trainer.optimizers[0] if trainer.optimizers else None
+        prec = str(trainer.precision)
+        precision = "bf16" if "bf16" in prec else "fp16" if prec.startswith("16") else "fp32"
+        dl = getattr(trainer, "train_dataloader", None)
+        cfg = dict(micro_batch=getattr(dl, "batch_size", None), accum=trainer.accumulate_grad_batches,
+                   lr=float(opt.param_groups[0]["lr"]) if opt is not None else None,
+                   clip=float(trainer.gradient_clip_val or 0.0),
+                   epochs=trainer.max_epochs if trainer.max_epochs and trainer.max_epochs > 0 else None,
+                   max_steps=trainer.max_steps if trainer.max_steps and trainer.max_steps > 0 else None,
+                   optimizer=type(opt).__name__.lower() if opt is not None else None, precision=precision,
+                   device=str(pl_module.device), seed=None, framework="lightning",
+                   framework_version=lightning.__version__,
+                   clip_algorithm=clean(trainer.gradient_clip_algorithm) if trainer.gradient_clip_algorithm else "norm")
+        cfg.update(self.extra_config)
+        return cfg
+
+    def on_train_start(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
+        if self.run is not None and not self.run.finished:
+            self.run.fail("fit() ended without on_train_end")
+        self._unwrap()
+        self.run, self._stopping, self._val, self.stop_checkpoint = None, False, None, None
+        self._reset_window()
+        if not trainer.is_global_zero:
+            return
+        world = int(trainer.world_size or 1)
+        steering = "" if world == 1 else (f"this run trains in {world} processes: a setting applied on process 0 "
+                                          "alone would make them diverge")
+        run = HeadroomRun(self.run_dir_arg, task=self.task or f"lightning-{type(pl_module).__name__}",
+                          config=self._config(trainer, pl_module), device=pl_module.device, world_size=world,
+                          steering=steering, integration="lightning", commit_interval=self.commit_interval)
+        run.start(step=int(trainer.global_step), epoch=int(trainer.current_epoch) + 1)
+        self.run, self.run_dir = run, run.run_dir
+        self._wrap(trainer, pl_module)
+
+    def _wrap(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
+        """Measure after the module's own on_before_optimizer_step (Lightning calls the
+        callbacks' hook first, then the module's, then clips)."""
+        hook = pl_module.on_before_optimizer_step
+        cb = self
+
+        def on_before_optimizer_step(optimizer: Any, *a: Any, **kw: Any) -> Any:
+            out = hook(optimizer, *a, **kw)
+            cb._before_step(trainer, pl_module, optimizer)
+            return out
+
+        object.__setattr__(pl_module, "on_before_optimizer_step", on_before_optimizer_step)
+        self._module = pl_module
+
+    def _unwrap(self) -> None:
+        m, self._module = self._module, None
+        if m is not None:
+            m.__dict__.pop("on_before_optimizer_step", None)
+
+    # -- one window ----------------------------------------------------------------------------------
+    def _reset_window(self) -> None:
+        self._losses: list[Any] = []
+        self._counts: list[Any] = []
+        self._sizes: list[int] = []
+        self._skipped_micro = 0
+        self._norm: Any = None
+        self._lr: Optional[float] = None
+        self._clip = 0.0
+        self._scale: Optional[float] = None
+        self._stepped = False
+        self._bad_check: Optional[list[Any]] = None
+
+    def _before_step(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", optimizer: Any) -> None:
+        if self.run is None or self.run.finished:
+            return
+        grads = [p.grad for p in pl_module.parameters() if p.grad is not None]
+        self._norm = torch.nn.utils.get_total_norm(grads) if grads else None
+        self._lr = float(optimizer.param_groups[0]["lr"])
+        algo = clean(trainer.gradient_clip_algorithm) if trainer.gradient_clip_algorithm else "norm"
+        self._clip = float(trainer.gradient_clip_val or 0.0) if algo == "norm" else 0.0
+        scaler = getattr(trainer.precision_plugin, "scaler", None)
+        self._scale = float(scaler.get_scale()) if scaler is not None else None
+        self._stepped = True
+
+    def on_train_batch_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", outputs: Any,
+                           batch: Any, batch_idx: int) -> None:
+        run = self.run
+        if run is None or run.finished:
+            return
+        loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
+        if isinstance(loss, torch.Tensor):
+            self._losses.append(loss.detach().reshape(()).float())
+            c = outputs.get(self.count_key) if isinstance(outputs, Mapping) else None
+            size = batch_size(batch)
+            self._sizes.append(size)
+            self._counts.append(c if c is not None else size)
+        else:
+            self._skipped_micro += 1
+        if self._stepped:
+            self._log(trainer, pl_module)
+            self._reset_window()
+            self._commands(trainer, pl_module)
+
+    def _log(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
+        run = self.run
+        assert run is not None
+        k = len(self._losses)
+        tensors = list(self._losses)
+        tcounts = [(i, c) for i, c in enumerate(self._counts) if isinstance(c, torch.Tensor)]
+        tensors += [c.float().sum().reshape(()) for _, c in tcounts]
+        if isinstance(self._norm, torch.Tensor):
+            tensors.append(self._norm.float().reshape(()))
+        dev = tensors[0].device if tensors else torch.device("cpu")
+        values = torch.stack([t.to(dev) for t in tensors]).tolist() if tensors else []
+        outs = values[:k]
+        counts = [float(c) if not isinstance(c, torch.Tensor) else 0.0 for c in self._counts]
+        for j, (i, _) in enumerate(tcounts):
+            counts[i] = values[k + j]
+        norm = values[-1] if isinstance(self._norm, torch.Tensor) else None
+        norm_k = trainer.accumulate_grad_batches if pl_module.automatic_optimization else 1
+        total = sum(counts)
+        if self.loss_reduction == "sum":  # outputs are loss sums / k
+            weighted = sum(o * norm_k for o in outs) / total if total else float("nan")
+            framework = None
+        else:
+            weighted = sum(o * norm_k * c for o, c in zip(outs, counts)) / total if total else float("nan")
+            framework = sum(outs)
+        skipped = False
+        scaler = getattr(trainer.precision_plugin, "scaler", None)
+        if scaler is not None and self._scale is not None:
+            now = float(scaler.get_scale())
+            if now < self._scale:
+                skipped = True
+                run.record(ScalerSkip(int(trainer.global_step), run.epoch, scale=now))
+        bad: tuple[str, ...] = ()
+        if not skipped and (norm is not None and not math.isfinite(norm) or not math.isfinite(weighted)):
+            bad = tuple(n for n, p in pl_module.named_parameters()
+                        if p.grad is not None and not bool(torch.isfinite(p.grad).all()))
+        world = run.world_size
+        run.log_step(loss=weighted, grad_norm=norm, lr=self._lr, accum=k + self._skipped_micro, clip=self._clip,
+                     micro_batch=max(self._sizes) if self._sizes else None, samples=sum(self._sizes) * world,
+                     tokens=int(round(total)) * world, scaler_skipped=skipped, step=int(trainer.global_step),
+                     framework_loss=framework, bad_params=bad, nonfinite_action="not skipped (Lightning stepped)")
+        if self._skipped_micro:
+            run.record(StepSkipped(run.step, run.epoch, micro_batches=self._skipped_micro,
+                                   reason="training_step returned None: Lightning skipped their backward"))
+
+    # -- commands ------------------------------------------------------------------------------------
+    def _commands(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
+        run = self.run
+        assert run is not None
+        for cmd in run.poll():
+            self._apply(cmd, trainer, pl_module)
+        if run.stop_requested and not self._stopping:
+            self._stopping = True
+            self._save_and_stop(trainer)
+
+    def _schedulers(self, trainer: "pl.Trainer", opt: Any) -> list[Any]:
+        out = []
+        for c in getattr(trainer, "lr_scheduler_configs", None) or []:
+            s = c.scheduler
+            if getattr(s, "optimizer", None) is opt or getattr(s, "optimizer", None) is None:
+                out.append(s)
+        return out
+
+    def _accum_refusal(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> str:
+        if not pl_module.automatic_optimization:
+            return "manual optimization: the LightningModule accumulates gradients itself"
+        if any(isinstance(c, GradientAccumulationScheduler) for c in trainer.callbacks):
+            return "a GradientAccumulationScheduler sets the accumulation of this run"
+        if "deepspeed" in type(trainer.strategy).__name__.lower():
+            return "DeepSpeed fixes the accumulation when training starts"
+        return ""
+
+    def _apply(self, cmd: Command, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
+        run = self.run
+        assert run is not None
+        if isinstance(cmd, SetLr):
+            if not trainer.optimizers:
+                run.refuse(cmd, "the LightningModule configured no optimizer")
+                return
+            opt = trainer.optimizers[0]
+            run.apply(cmd, lr=set_lr(opt, cmd.lr, self._schedulers(trainer, opt)))
+        elif isinstance(cmd, SetClip):
+            if not pl_module.automatic_optimization:
+                run.refuse(cmd, "manual optimization: Lightning does not clip gradients for this module")
+                return
+            algo = clean(trainer.gradient_clip_algorithm) if trainer.gradient_clip_algorithm else "norm"
+            if algo != "norm":
+                run.refuse(cmd, f"this run clips gradients by {algo} (gradient_clip_algorithm), not by norm")
+                return
+            old = float(trainer.gradient_clip_val or 0.0)
+            trainer.gradient_clip_val = float(cmd.norm) if cmd.norm > 0 else None
+            run.apply(cmd, clip=(old, float(cmd.norm)))
+        elif isinstance(cmd, SetAccum):
+            why = self._accum_refusal(trainer, pl_module)
+            if why:
+                run.refuse(cmd, why)
+            else:
+                run.defer(cmd, target_epoch=run.epoch + 1)  # applied at the next epoch start
+        else:
+            run.refuse(cmd, REFUSED.get(cmd.kind, f"{cmd.kind} is not supported with Lightning"))
+
+    def _save_and_stop(self, trainer: "pl.Trainer") -> None:
+        run = self.run
+        assert run is not None
+        folder = self.checkpoint_dir
+        ckpt_cb = getattr(trainer, "checkpoint_callback", None)
+        if folder is None and ckpt_cb is not None and getattr(ckpt_cb, "dirpath", None):
+            folder = str(ckpt_cb.dirpath)
+        if folder is None:
+            folder = os.path.join(trainer.default_root_dir, "checkpoints")
+        os.makedirs(folder, exist_ok=True)
+        path = os.path.join(folder, f"headroom-stop-step={run.step}.ckpt")
+        tmp = path + ".part"
+        trainer.save_checkpoint(tmp)  # Lightning's own checkpoint (weights, optimizer, loops, callbacks)
+        os.replace(tmp, path)  # never a half-written checkpoint under the real name
+        self.stop_checkpoint = path
+        run.checkpoint_saved(path)
+        trainer.should_stop = True
+
+    # -- epochs and the end --------------------------------------------------------------------------
+    def on_train_epoch_start(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
+        run = self.run
+        if run is None or run.finished:
+            return
+        run.epoch = int(trainer.current_epoch) + 1
+        for cmd in run.deferred():
+            if isinstance(cmd, SetAccum):
+                why = self._accum_refusal(trainer, pl_module)
+                if why:
+                    run.refuse(cmd, why)
+                    continue
+                old = int(trainer.accumulate_grad_batches)
+                trainer.accumulate_grad_batches = int(cmd.steps)  # as GradientAccumulationScheduler does
+                run.apply(cmd, accum=(old, int(cmd.steps)))
+        run.reset_timer()
+
+    def on_validation_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
+        if self.run is None or trainer.sanity_checking:
+            return
+        v = trainer.callback_metrics.get(self.val_key)
+        self._val = float(v) if v is not None else None
+        self.run.reset_timer()
+
+    def on_train_epoch_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
+        run = self.run
+        if run is None or run.finished:
+            return
+        run.log_epoch(val_loss=self._val, epoch=int(trainer.current_epoch) + 1)
+        self._val = None
+
+    def on_train_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
+        run = self.run
+        try:
+            if run is None or run.finished:
+                return
+            if self._stopping:
+                reason = "stopped"
+            elif trainer.max_steps and trainer.max_steps > 0 and trainer.global_step >= trainer.max_steps:
+                reason = "max_steps"
+            else:
+                reason = "completed"
+            run.finish(reason)
+        finally:
+            self._unwrap()
+
+    def on_exception(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", exception: BaseException) -> None:
+        run = self.run
+        try:
+            if run is not None and not run.finished:
+                run.fail("interrupted" if isinstance(exception, KeyboardInterrupt)
+                         else f"{type(exception).__name__}: {exception}")
+        finally:
+            self._unwrap()

@@ -1,0 +1,378 @@
+"""Hugging Face Trainer -> a Headroom run folder: one line in an existing script.
+
+    from engine.integrations.transformers import HeadroomCallback
+    trainer = Trainer(model=model, args=args, train_dataset=ds, callbacks=[HeadroomCallback()])
+
+Needs the `hf` extra (transformers, accelerate). Per optimizer step the callback writes
+one `metrics` row through the shared writer (engine.integrations.loop.HeadroomRun):
+
+- loss: the window's token-weighted loss, sum of micro-batch loss sums / the window's
+  count (labels != -100, counted as the Trainer counts them). When the Trainer's own
+  loss differs (it averages micro-batch means unless the model takes
+  `num_items_in_batch`), a `loss_weighting` event gives both.
+- grad_norm: the Trainer's own total norm before clipping (the value
+  `accelerator.clip_grad_norm_` returns; nothing is computed twice).
+- lr: the lr the optimizer stepped with; accum, micro_batch, samples, tokens from the
+  window's batches; step_time, throughput; GPU memory from the engine's MemoryProbe.
+- skipped steps: an fp16 overflow the optimizer skipped (accelerate's
+  `optimizer_step_was_skipped`) is `scaler_skipped` plus a `scaler_skip` event; a
+  non-finite loss or norm the Trainer stepped through anyway is a `nonfinite` event.
+
+Epochs: an `epochs` row at each epoch end, with `eval_loss` when the Trainer evaluates
+at epoch ends (eval_strategy="epoch"). Commands at optimizer-step boundaries: see the
+table in engine/integrations/__init__.py (lr, clip, pause, resume, stop with the
+Trainer's checkpoint; accumulation and micro-batch are refused).
+
+To see inside a step the callback needs the Trainer, which the callback API does not
+pass: at on_train_begin it finds the Trainer that called it (the calling frames) and
+wraps two of its attributes for the run (training_step, to see each micro-batch's loss
+and count, and accelerator.clip_grad_norm_, to see the norm), restored at
+on_train_end. Nothing else of the Trainer is changed.
+"""
+from __future__ import annotations
+
+import math
+import sys
+from typing import Any, Mapping, Optional
+
+try:
+    import transformers
+    from transformers import Trainer, TrainerCallback
+except ImportError as e:  # pragma: no cover - the extra is not installed
+    raise ImportError("engine.integrations.transformers needs Hugging Face transformers: "
+                      "pip install 'headroom[hf]' (transformers and accelerate)") from e
+
+import torch
+
+from ..commands import Command, SetClip, SetLr
+from ..events import ScalerSkip
+from .loop import HeadroomRun, IntegrationError, batch_size, clean, set_lr
+
+__all__ = ["HeadroomCallback"]
+
+_MARK = "_headroom_wrapped"
+REFUSED = {
+    "set_accum": ("the Trainer sizes its epochs and its lr schedule from gradient_accumulation_steps when "
+                  "training starts; it cannot change mid-run"),
+    "set_micro_batch": "the Trainer's DataLoader is built when training starts; its batch size cannot change mid-run",
+    "set_lr_scaling": "lr scaling follows the engine's own accumulation changes; send set_lr instead",
+}
+
+
+def _find_trainer() -> Optional[Trainer]:
+    f = sys._getframe(1)
+    for _ in range(40):
+        if f is None:
+            return None
+        s = f.f_locals.get("self")
+        if isinstance(s, Trainer):
+            return s
+        f = f.f_back
+    return None
+
+
+def _unwrap(trainer: Any) -> None:
+    wrapped = trainer.__dict__.pop(_MARK, None)
+    if wrapped is not None:
+        trainer.__dict__.pop("training_step", None)
+        wrapped[1].__dict__.pop("clip_grad_norm_", None)
+
+
+class HeadroomCallback(TrainerCallback):
+    """Write this Trainer's run to a Headroom run folder, and take the app's commands.
+
+    run_dir: the run folder (new; must not hold a run); None = a new folder under the runs
+        root, named like the engine's. One train() call per run_dir given.
+    task: the name the app's runs list shows (default "hf-<model class>").
+    config: extra settings to keep in the run table (merged over the Trainer's).
+    commit_interval: seconds between run.db commits of metrics rows (the engine's 1.0).
+    """
+
+    def __init__(self, run_dir: Optional[str] = None, *, task: Optional[str] = None,
+                 config: Optional[Mapping[str, Any]] = None, commit_interval: float = 1.0) -> None:
+        HeadroomRun(run_dir, task=task or "hf", config=config, commit_interval=commit_interval)  # checks the arguments
+        self.run_dir_arg = run_dir
+        self.task = task
+        self.extra_config = dict(config or {})
+        self.commit_interval = commit_interval
+        self.run: Optional[HeadroomRun] = None
+        self.run_dir: Optional[str] = None  # the folder of the current (or last) run
+        self._trainer: Optional[Trainer] = None
+        self._reset_window()
+        self._epoch_pending: Optional[int] = None
+        self._stopping = False
+
+    # -- set-up --------------------------------------------------------------------------------------
+    def _config(self, args: Any, state: Any, trainer: Trainer) -> dict:
+        precision = "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32"
+        epochs = getattr(state, "num_train_epochs", None) or args.num_train_epochs
+        cfg = dict(micro_batch=args.per_device_train_batch_size, accum=args.gradient_accumulation_steps,
+                   lr=args.learning_rate, clip=args.max_grad_norm or 0.0, epochs=clean(epochs),
+                   max_steps=state.max_steps if state.max_steps and state.max_steps > 0 else None,
+                   optimizer=clean(args.optim), precision=precision, device=str(args.device), seed=args.seed,
+                   lr_schedule=clean(args.lr_scheduler_type), warmup=clean(args.warmup_steps),
+                   output_dir=args.output_dir, framework="transformers",
+                   framework_version=transformers.__version__)
+        cfg.update(self.extra_config)
+        return cfg
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
+        if self.run is not None and not self.run.finished:  # a previous train() that never reached on_train_end
+            self.run.fail("train() ended without on_train_end (an exception?)")
+            self._unwrap()
+        self.run = None
+        self._stopping = False
+        self._epoch_pending = None
+        if not state.is_world_process_zero:
+            return
+        trainer = _find_trainer()
+        if trainer is None:
+            raise IntegrationError("HeadroomCallback: no transformers.Trainer found calling on_train_begin; "
+                                   "pass it in Trainer(callbacks=[HeadroomCallback()])")
+        world = int(getattr(args, "world_size", 1) or 1)
+        steering = "" if world == 1 else (f"this run trains in {world} processes: a setting applied on process 0 "
+                                          "alone would make them diverge")
+        task = self.task or f"hf-{type(model if model is not None else trainer.model).__name__}"
+        run = HeadroomRun(self.run_dir_arg, task=task, config=self._config(args, state, trainer), device=args.device,
+                          world_size=world, steering=steering, integration="transformers",
+                          commit_interval=self.commit_interval)
+        run.start(step=int(state.global_step), epoch=int(math.floor((state.epoch or 0) + 1e-9)) + 1)
+        run.set_info(checkpoint_dir=args.output_dir)
+        self.run, self.run_dir, self._trainer = run, run.run_dir, trainer
+        self._wrap(trainer)
+        self._shifts = getattr(trainer, "_loss_shifts_labels", None)
+        if self._shifts is None:
+            self._shifts = type(trainer.model).__name__.endswith(("ForCausalLM", "LMHeadModel"))
+
+    def _wrap(self, trainer: Trainer) -> None:
+        _unwrap(trainer)  # left by a train() that raised
+        step_fn = trainer.training_step
+        cb = self
+
+        def training_step(model: Any, inputs: Any, *a: Any, **kw: Any) -> Any:
+            try:
+                loss = step_fn(model, inputs, *a, **kw)
+            except BaseException as e:
+                cb._failed(e)
+                raise
+            nib = a[0] if a else kw.get("num_items_in_batch")
+            cb._micro(loss, inputs, nib)
+            return loss
+
+        training_step._headroom = True  # type: ignore[attr-defined]
+        trainer.training_step = training_step  # an instance attribute: the class's method is untouched
+        acc = trainer.accelerator
+        clip_fn = acc.clip_grad_norm_
+
+        def clip_grad_norm_(parameters: Any, max_norm: Any, *a: Any, **kw: Any) -> Any:
+            norm = clip_fn(parameters, max_norm, *a, **kw)
+            cb._norm = norm
+            return norm
+
+        acc.clip_grad_norm_ = clip_grad_norm_
+        setattr(trainer, _MARK, (trainer, acc))
+
+    def _unwrap(self) -> None:
+        if self._trainer is not None:
+            _unwrap(self._trainer)
+        self._trainer = None
+
+    def _failed(self, e: BaseException) -> None:
+        run = self.run
+        if run is None or run.finished:
+            return
+        t = self._trainer
+        if t is not None and getattr(t.args, "auto_find_batch_size", False) and "out of memory" in str(e).lower():
+            return  # the Trainer retries with a smaller batch: a new on_train_begin ends this run
+        run.fail("interrupted" if isinstance(e, KeyboardInterrupt) else f"{type(e).__name__}: {e}")
+        self._unwrap()
+
+    # -- one window ----------------------------------------------------------------------------------
+    def _reset_window(self) -> None:
+        self._losses: list[torch.Tensor] = []
+        self._counts: list[Any] = []
+        self._sizes: list[int] = []
+        self._nib: Any = None
+        self._scaled = False
+        self._cgas = 1
+        self._norm: Any = None
+        self._host: Optional[tuple] = None
+
+    def _micro(self, loss: Any, inputs: Any, nib: Any) -> None:
+        if self.run is None or not isinstance(loss, torch.Tensor):
+            return
+        t = self._trainer
+        if not self._losses:
+            self._nib = nib
+            scaled = getattr(t, "loss_is_scaled_for_ga", None)
+            if scaled is None:
+                scaled = (bool(getattr(t, "model_accepts_loss_kwargs", False)) and nib is not None) or \
+                    getattr(t, "compute_loss_func", None) is not None
+            self._scaled = bool(scaled)
+            self._cgas = int(getattr(t, "current_gradient_accumulation_steps", 0) or t.args.gradient_accumulation_steps)
+        self._losses.append(loss.detach().reshape(()))
+        size = batch_size(inputs)
+        self._sizes.append(size)
+        labels = inputs.get("shift_labels") if isinstance(inputs, Mapping) else None
+        if labels is None and isinstance(inputs, Mapping):
+            labels = inputs.get("labels")
+            if isinstance(labels, torch.Tensor) and labels.dim() > 1 and self._shifts:
+                labels = labels[..., 1:]
+        if isinstance(labels, torch.Tensor) and labels.dim() > 1:
+            self._counts.append(labels.ne(-100).sum())
+        else:
+            self._counts.append(size)
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._reset_window()
+
+    def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """After backward and clipping, before optimizer.step(): the window's one host read."""
+        run, t = self.run, self._trainer
+        if run is None or t is None:
+            return
+        norm = self._norm
+        if norm is None:  # no clip_grad_norm_ call seen (an older Trainer without clipping): measure it
+            grads = [p.grad for p in t.model.parameters() if p.grad is not None]
+            norm = torch.nn.utils.get_total_norm(grads) if grads else torch.zeros(())
+        tensors = [x.float() for x in self._losses]
+        k = len(tensors)
+        counts_t = [(i, c) for i, c in enumerate(self._counts) if isinstance(c, torch.Tensor)]
+        tensors += [c.float().reshape(()) for _, c in counts_t]
+        nib = self._nib
+        if isinstance(nib, torch.Tensor):
+            tensors.append(nib.float().sum().reshape(()))
+        if isinstance(norm, torch.Tensor):
+            tensors.append(norm.float().reshape(()))
+        dev = tensors[0].device if tensors else torch.device("cpu")
+        values = torch.stack([x.to(dev) for x in tensors]).tolist() if tensors else []
+        losses = values[:k]
+        counts = [float(c) if not isinstance(c, torch.Tensor) else 0.0 for c in self._counts]
+        for j, (i, _) in enumerate(counts_t):
+            counts[i] = values[k + j]
+        rest = values[k + len(counts_t):]
+        if isinstance(nib, torch.Tensor):
+            nib, rest = rest[0], rest[1:]
+        norm_f = rest[0] if isinstance(norm, torch.Tensor) else (float(norm) if norm is not None else None)
+        lr = float(t.optimizer.param_groups[0]["lr"]) if t.optimizer is not None else None
+        bad: tuple[str, ...] = ()
+        if norm_f is not None and not math.isfinite(norm_f) or not all(math.isfinite(v) for v in losses):
+            bad = tuple(n for n, p in t.model.named_parameters()
+                        if p.grad is not None and not bool(torch.isfinite(p.grad).all()))
+        self._host = (losses, counts, nib, norm_f, lr, bad, float(args.max_grad_norm or 0.0))
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        run, t = self.run, self._trainer
+        if run is None or t is None or run.finished:
+            return
+        if self._host is not None:
+            self._log(args, state, t)
+        self._reset_window()
+        self._commands(args, state, control, t)
+
+    def _log(self, args: Any, state: Any, t: Trainer) -> None:
+        run = self.run
+        assert run is not None and self._host is not None
+        losses, counts, nib, norm, lr, bad, clip = self._host
+        framework = sum(losses)
+        total = sum(counts)
+        if self._scaled:
+            weighted = framework  # each micro-batch backpropagated loss_sum / the window's count
+            tokens = int(round(nib)) if nib is not None else int(total)
+        else:
+            weighted = (sum(l * self._cgas * c for l, c in zip(losses, counts)) / total) if total else framework
+            tokens = int(total)
+        skipped = bool(getattr(t.accelerator, "optimizer_step_was_skipped", False))
+        if skipped:
+            scaler = getattr(t.accelerator, "scaler", None)
+            run.record(ScalerSkip(int(state.global_step), run.epoch,
+                                  scale=float(scaler.get_scale()) if scaler is not None else float("nan")))
+        world = run.world_size
+        run.log_step(loss=weighted, grad_norm=norm, lr=lr, accum=len(losses), clip=clip,
+                     micro_batch=max(self._sizes) if self._sizes else None,
+                     samples=sum(self._sizes) * world, tokens=tokens * world, scaler_skipped=skipped,
+                     step=int(state.global_step), framework_loss=framework, bad_params=bad,
+                     nonfinite_action="not skipped (the Trainer stepped)")
+
+    # -- commands ------------------------------------------------------------------------------------
+    def _commands(self, args: Any, state: Any, control: Any, t: Trainer) -> None:
+        run = self.run
+        assert run is not None
+        for cmd in run.poll():
+            self._apply(cmd, args, t)
+        if run.stop_requested and not self._stopping:
+            self._stopping = True
+            control.should_save = True  # the Trainer's own checkpoint, output_dir/checkpoint-<step>
+            control.should_training_stop = True
+
+    def _apply(self, cmd: Command, args: Any, t: Trainer) -> None:
+        run = self.run
+        assert run is not None
+        if isinstance(cmd, SetLr):
+            if t.optimizer is None:
+                run.refuse(cmd, "the Trainer has no optimizer yet")
+                return
+            run.apply(cmd, lr=set_lr(t.optimizer, cmd.lr, t.lr_scheduler))
+        elif isinstance(cmd, SetClip):
+            if getattr(args, "deepspeed", None):
+                run.refuse(cmd, "DeepSpeed clips gradients itself (its config's gradient_clipping)")
+                return
+            old = float(args.max_grad_norm or 0.0)
+            args.max_grad_norm = float(cmd.norm)
+            run.apply(cmd, clip=(old, float(cmd.norm)))
+        else:
+            run.refuse(cmd, REFUSED.get(cmd.kind, f"{cmd.kind} is not supported with the Hugging Face Trainer"))
+
+    # -- epochs, saves, the end ----------------------------------------------------------------------
+    def on_epoch_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        run = self.run
+        if run is None or run.finished:
+            return
+        self._flush_epoch(None)
+        run.epoch = int(math.floor((state.epoch or 0) + 1e-9)) + 1
+        run.reset_timer()
+
+    def on_epoch_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.run is not None and not self.run.finished:
+            self._epoch_pending = self.run.epoch  # written at the evaluation that follows, or the next epoch
+
+    def on_evaluate(self, args: Any, state: Any, control: Any, metrics: Optional[dict] = None, **kwargs: Any) -> None:
+        run = self.run
+        if run is None or run.finished:
+            return
+        if self._epoch_pending is not None:
+            val = (metrics or {}).get("eval_loss")
+            self._flush_epoch(float(val) if isinstance(val, (int, float)) else None)
+        run.reset_timer()
+
+    def _flush_epoch(self, val_loss: Optional[float]) -> None:
+        if self._epoch_pending is not None and self.run is not None:
+            self.run.log_epoch(val_loss=val_loss, epoch=self._epoch_pending)
+            self._epoch_pending = None
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        run = self.run
+        if run is None or run.finished:
+            return
+        import os
+        from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+        path = os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")
+        if os.path.isdir(path):
+            run.checkpoint_saved(path)
+        run.reset_timer()
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        run = self.run
+        try:
+            if run is None or run.finished:
+                return
+            self._flush_epoch(None)
+            if self._stopping:
+                reason = "stopped"
+            elif args.max_steps and args.max_steps > 0 and state.global_step >= args.max_steps:
+                reason = "max_steps"
+            else:
+                reason = "completed"
+            run.finish(reason)
+        finally:
+            self._unwrap()
