@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from engine import windows as W
 from engine.task import Task, default_collate
 from engine.tasks.charlm import GPT
-from engine.trainer import to_device
+from engine.devices import to_device
 
 # -- the bare seed loop -------------------------------------------------------------------
 
@@ -80,7 +80,7 @@ def bare_loop(task: Task, device: torch.device, micro: int, accum: int, clip: fl
 
 def engine_default_optimizer(params, device: torch.device, lr: float) -> torch.optim.Optimizer:
     """The engine's default (--optimizer adamw): AdamW, fused on CUDA."""
-    from engine.trainer import _default_optimizer
+    from engine.devices import default_optimizer as _default_optimizer
     return _default_optimizer("adamw", device)(params, lr)
 
 

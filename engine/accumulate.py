@@ -50,7 +50,8 @@ def train_window(w: WindowContext, batches: Iterable[Any], n_micro: int, window_
     # Hot path: add_ into views of totals (one op, not the three of `totals[i] += x`), and
     # int counts added on the host, exactly, flushed before any tensor count and after the loop.
     loss_acc, count_acc = totals[0], totals[1]
-    host_count = 0
+    host_count = host_total = 0
+    tensor_count = False
     for i, batch in enumerate(batches):
         if not ddp and stop_requested():
             raise StopRequested()
@@ -70,7 +71,9 @@ def train_window(w: WindowContext, batches: Iterable[Any], n_micro: int, window_
         loss_acc.add_(loss_sum.detach())
         if isinstance(count, int):
             host_count += count
+            host_total += count
         else:
+            tensor_count = True
             if host_count:
                 count_acc.add_(host_count)
                 host_count = 0
@@ -91,13 +94,17 @@ def train_window(w: WindowContext, batches: Iterable[Any], n_micro: int, window_
         w.scaler.unscale_(w.optimizer)  # once per window, before the norm and the clip
     grads = [p.grad for p in w.params if p.grad is not None]
     # DDP averaged over ranks (/world) and every rank scaled by 1/window_samples: undo both
-    # and divide by the window's global count. One fused multiply per dtype.
-    G.scale_(grads, (window_samples * w.ctx.world) / totals[1])
+    # and divide by the window's global count, one fused multiply per dtype. When every count
+    # was a host int (one process), the factor is a host number, and exactly 1 (count ==
+    # samples, a classifier) needs no multiply at all.
+    if ddp or tensor_count:
+        G.scale_(grads, (window_samples * w.ctx.world) / totals[1])
+    elif host_total != window_samples:
+        G.scale_by_(grads, window_samples / host_total if host_total else float("inf"))
     # Per-parameter norms (to name non-finite parameters without another sync) and the
     # total norm before clipping, as clip_grad_norm_ computes it.
     per_param = G.per_param_norms(grads, dev)
     norm = torch.linalg.vector_norm(per_param)
-    bad = ~(torch.isfinite(norm) & torch.isfinite(totals[0]) & (totals[1] > 0))
     if clip > 0:
         G.clip_(w.params, clip, norm)
-    return w.stepper.finish(pack(totals, agree, norm, per_param), bad)
+    return w.stepper.finish(pack(totals, agree, norm, per_param))

@@ -29,11 +29,19 @@ def scale_(grads: list[torch.Tensor], factor: torch.Tensor) -> None:
         torch._foreach_mul_(group, factor.to(dtype))
 
 
+def scale_by_(grads: list[torch.Tensor], factor: float) -> None:
+    """grads *= a host number, one fused multiply per dtype."""
+    for group in by_dtype(grads).values():
+        torch._foreach_mul_(group, factor)
+
+
 def per_param_norms(grads: list[torch.Tensor], device: torch.device) -> torch.Tensor:
     """The 2-norm of every gradient, in dtype_order, as one tensor."""
     if not grads:
         return torch.zeros(1, device=device)
     groups = by_dtype(grads)
+    if len(groups) == 1:  # the common case: one dtype, no cat
+        return torch.stack(torch._foreach_norm(grads))
     wide = torch.float64 if torch.float64 in groups else torch.float32
     return torch.cat([torch.stack(torch._foreach_norm(group)).to(wide) for group in groups.values()])
 

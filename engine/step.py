@@ -1,8 +1,7 @@
 """The optimizer step after a window's last backward, in two variants behind one interface.
 
-Both get the window's numbers as one device tensor (`pack`) and a device flag
-`bad` (loss, count or norm not finite), and return an `InFlight` whose
-`numbers()` gives the `WindowNumbers` on the host:
+Both get the window's numbers as one device tensor (`pack`) and return an
+`InFlight` whose `numbers()` gives the `WindowNumbers` on the host:
 
 - `SyncStep` (CPU, or an optimizer that cannot skip on the device): reads the
   numbers to the host now, the step's one CPU-GPU sync, and steps or skips there.
@@ -49,6 +48,16 @@ def pack(totals: torch.Tensor, agree: Optional[torch.Tensor], norm: torch.Tensor
     return torch.cat(parts)
 
 
+def _norm_at(ddp: bool) -> int:
+    return 4 if ddp else 2
+
+
+def device_bad(packed: torch.Tensor, ddp: bool) -> torch.Tensor:
+    """On the device, no sync: loss sum or norm not finite, or no count."""
+    norm = packed[_norm_at(ddp)]
+    return ~(torch.isfinite(norm) & torch.isfinite(packed[0]) & (packed[1] > 0))
+
+
 def unpack(values: list[float], ddp: bool) -> WindowNumbers:
     """The inverse of pack, the one place that knows the layout."""
     loss_sum, count = values[0], values[1]
@@ -82,7 +91,7 @@ class SyncStep:
     def __init__(self, optimizer: torch.optim.Optimizer, scaler: Optional[torch.amp.GradScaler], ddp: bool) -> None:
         self.optimizer, self.scaler, self.ddp = optimizer, scaler, ddp
 
-    def finish(self, packed: torch.Tensor, bad: torch.Tensor) -> InFlight:
+    def finish(self, packed: torch.Tensor) -> InFlight:
         # The one CPU-GPU sync point of the step: loss, count and norms to the host, then decide.
         nums = unpack(packed.tolist(), self.ddp)
         if nums.finite:
@@ -107,9 +116,9 @@ class DeferredStep:
         self.optimizer, self.scaler, self.ddp, self.device = optimizer, scaler, ddp, device
         self._pinned: dict[int, list[torch.Tensor]] = {}
 
-    def finish(self, packed: torch.Tensor, bad: torch.Tensor) -> InFlight:
+    def finish(self, packed: torch.Tensor) -> InFlight:
         opt = self.optimizer
-        opt.found_inf = bad.float()  # 0-dim, as GradScaler passes it: the fused kernel skips on the device
+        opt.found_inf = device_bad(packed, self.ddp).float()  # 0-dim, as GradScaler passes it: the fused kernel skips on the device
         opt.grad_scale = None
         try:
             opt.step()

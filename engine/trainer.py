@@ -16,7 +16,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -27,20 +27,19 @@ from . import windows as W
 from .accumulate import StopRequested, train_window
 from .command_rules import CommandRules
 from .commands import Command, Pause, Resume, Stop
-from .config import ConfigError, TrainConfig
-from .devices import default_optimizer, device_name, resolve_device, to_device  # noqa: F401 - re-exported
+from .config import TrainConfig
+from .devices import device_name
 from .evaluate import validation_loss
 from .events import (CheckpointSaved, EpochEnd, Event, NonFinite, OomRecovered, Paused, Resumed, RunFailed,
-                     RunFinished, RunStarted, ScalerSkip, StepMetrics)
+                     RunFinished, RunStarted, ScalerSkip)
 from .finder import NothingFits, find_micro_batch
-from .grads import dtype_order
 from .inbox import CommandInbox, Pending
 from .memory_model import MemoryModel
 from .oom import free_memory, is_oom
-from .paths import default_run_dir, default_runs_root  # noqa: F401 - re-exported
 from .progress import Progress
 from .schema import LiveSettings
 from .setup import RunParts, build
+from .report import Launched, failure_message, nonfinite_params, skip_kind, step_metrics
 from .step import InFlight, WindowNumbers
 from .store import RunStore
 from .task import Task
@@ -70,19 +69,6 @@ class RunResult:
     nonfinite_steps: int = 0
     scaler_skips: int = 0
     losses: list[float] = field(default_factory=list)
-
-
-@dataclass(frozen=True)
-class Launched:
-    """What the loop knew about a step when it launched it (its numbers may come later)."""
-    step: int
-    epoch: int
-    samples: int  # in the window, all ranks
-    n_micro: int  # micro-batches this rank ran
-    settings: LiveSettings
-    started: float
-    mem: Any
-    flight: InFlight
 
 
 class Trainer:
@@ -294,48 +280,27 @@ class Trainer:
         nums = launched.flight.numbers()
         if self.ctx.enabled:
             self._agree(nums)
-        s, p = launched.settings, self.progress
-        loss, finite = nums.loss, nums.finite
-        nonfinite = scaler_skipped = False
-        if not finite:
-            scaler = self.prepare().scaler
-            if scaler is not None and math.isfinite(loss) and nums.count > 0:
-                scaler_skipped = True  # fp16 overflow: the scaler's business, not a NaN in the model
-                p.scaler_skips += 1
-                self._emit(ScalerSkip(launched.step, launched.epoch, scale=float(scaler.get_scale())))
-            else:
-                nonfinite = True
-                p.nonfinite_steps += 1
-                self._emit(NonFinite(launched.step, launched.epoch, params=self._nonfinite_params(nums),
-                                     loss_finite=math.isfinite(loss),
-                                     action="stopped" if self.config.nonfinite == "stop" else "skipped"))
-        step_time = time.perf_counter() - launched.started
-        mem = launched.mem
-        m = StepMetrics(launched.step, launched.epoch, loss=loss, grad_norm=nums.norm,
-                        clipped=s.clip > 0 and finite and nums.norm > s.clip, lr=s.lr, accum=launched.n_micro,
-                        clip=s.clip, micro_batch=s.micro_batch, samples=launched.samples, tokens=int(nums.count),
-                        step_time=step_time, throughput=nums.count / step_time if step_time > 0 else 0.0,
-                        nonfinite=nonfinite, scaler_skipped=scaler_skipped, mem_allocated=mem.allocated,
-                        mem_reserved=mem.reserved, mem_peak=mem.peak, mem_used=mem.used, mem_total=mem.total)
+        parts, p = self.prepare(), self.progress
+        skip = skip_kind(nums, parts.scaler)
+        if skip == "scaler":
+            p.scaler_skips += 1
+            self._emit(ScalerSkip(launched.step, launched.epoch, scale=float(parts.scaler.get_scale())))
+        elif skip == "nonfinite":
+            p.nonfinite_steps += 1
+            self._emit(NonFinite(launched.step, launched.epoch, params=nonfinite_params(parts.named_params, nums),
+                                 loss_finite=math.isfinite(nums.loss),
+                                 action="stopped" if self.config.nonfinite == "stop" else "skipped"))
+        m = step_metrics(launched, nums, skip)
         self._emit(m)
-        if finite:
-            self._losses.append(loss)
-            p.add_loss(loss, nums.count)
+        if not skip:
+            self._losses.append(m.loss)
+            p.add_loss(m.loss, nums.count)
         for w in self.watchers:
             self._emit_all(w.on_step(m, self.settings))
-        if nonfinite and self.config.nonfinite == "stop":
+        if skip == "nonfinite" and self.config.nonfinite == "stop":
             self._drain()
             raise NonFiniteStop(f"non-finite loss or gradient at step {launched.step}: stopped with the last "
                                 "good weights saved (--nonfinite stop)")
-
-    def _nonfinite_params(self, nums: WindowNumbers) -> tuple[str, ...]:
-        """Names of the parameters whose gradient norm was not finite, in the order the
-        per-parameter norms were taken (grads.dtype_order of the gradients held)."""
-        named = [(n, q) for n, q in self.prepare().named_params if q.grad is not None]
-        if len(named) != len(nums.per_param):  # gradients were dropped since: name all parameters
-            named = self.prepare().named_params
-        ordered = [named[k] for k in dtype_order([q for _, q in named])]
-        return tuple(n for (n, _), v in zip(ordered, nums.per_param) if not math.isfinite(v))
 
     def _agree(self, nums: WindowNumbers) -> None:
         """DDP: every rank takes the same stop decision and the same (smallest) micro-batch."""
@@ -398,12 +363,7 @@ class Trainer:
         self._emit(CheckpointSaved(self.step, self.epoch, path=path))
 
     def _fail(self, e: BaseException) -> None:
-        msg = e.args[0] if isinstance(e, (TrainingError, ConfigError)) and e.args else f"{type(e).__name__}: {e}"
-        if self.ctx.enabled and isinstance(e, RuntimeError) and _is_peer_failure(e):
-            first = str(e).strip().splitlines()[0][:200]
-            msg = f"another rank of this {self.ctx.world}-process job died or stopped answering ({first})"
-        if isinstance(e, KeyboardInterrupt):
-            msg = "interrupted"
+        msg = failure_message(e, self.ctx, (TrainingError,))
         try:
             if self.step > 0:
                 self._save_checkpoint()
@@ -482,9 +442,3 @@ class Trainer:
     @property
     def task(self) -> Task:
         return self.prepare().task
-
-
-def _is_peer_failure(e: BaseException) -> bool:
-    text = str(e).lower()
-    return any(k in text for k in ("connection closed by peer", "connection reset", "broken pipe", "nccl",
-                                   "timed out", "socket", "gloo"))
