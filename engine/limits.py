@@ -148,13 +148,18 @@ def quote(value: Any, limit: int = QUOTE_CHARS) -> str:
 
 
 def one_line(text: Any, limit: int = ERROR_LINE_CHARS) -> str:
-    """Collapse all whitespace (newlines included) to single spaces and cap the length."""
+    """Collapse all whitespace (newlines included) to single spaces and cap the length. A
+    long message keeps its beginning and its end (where "not writable", "no such file" and
+    the like usually are) with '…' for the middle."""
     try:
         s = text if isinstance(text, str) else str(text)
     except Exception:
         s = f"<{type(text).__name__}>"
     s = " ".join(s.split())
-    return s if len(s) <= limit else s[: limit - 1] + "…"
+    if len(s) <= limit:
+        return s
+    head = limit * 3 // 5
+    return s[:head] + "…" + s[len(s) - (limit - head - 1):]
 
 
 def json_depth_exceeds(text: str, max_depth: int = MAX_COMMAND_DEPTH) -> bool:
