@@ -1,0 +1,50 @@
+"""The layers hold: import-linter's contracts in pyproject.toml pass on the real tree, and a
+copy of the tree with one forbidden import added breaks them (the check can fail)."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LINT = os.path.join(os.path.dirname(sys.executable), "lint-imports")
+
+pytestmark = pytest.mark.skipif(not os.path.exists(LINT), reason="import-linter is not installed (pip install -e .[dev])")
+
+
+def lint(root: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=root)
+    return subprocess.run([LINT, "--no-cache"], cwd=root, env=env, capture_output=True, text=True, timeout=240)
+
+
+def test_contracts_are_kept():
+    r = lint(ROOT)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    assert "0 broken" in r.stdout
+
+
+def copy_tree(dst) -> str:
+    for name in ("engine", "app"):
+        shutil.copytree(os.path.join(ROOT, name), os.path.join(dst, name),
+                        ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(os.path.join(ROOT, "pyproject.toml"), dst)
+    return str(dst)
+
+
+@pytest.mark.parametrize("module,line,contract", [
+    ("engine/store.py", "import torch", "torch-free"),
+    ("engine/config.py", "import PySide6", "never imports the app"),
+    ("engine/checkpoint.py", "from . import trainer", "no import cycles"),
+])
+def test_a_forbidden_import_breaks_a_contract(tmp_path, module, line, contract):
+    root = copy_tree(tmp_path)
+    path = os.path.join(root, module)
+    with open(path, "a") as f:
+        f.write(f"\n{line}  # added by the test\n")
+    r = lint(root)
+    assert r.returncode != 0
+    broken = [ln for ln in r.stdout.splitlines() if ln.endswith("BROKEN")]
+    assert any(contract in ln for ln in broken), r.stdout[-3000:]
