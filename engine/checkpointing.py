@@ -75,7 +75,9 @@ def checkpoint_modules(modules: Iterable[nn.Module], on: bool) -> int:
     training with gradients enabled: eval and no_grad forwards run plainly.
 
     It sets an instance-level forward (a bound method, so copy.deepcopy of the model
-    rebinds it to the copy); a forward some other tool already set on the instance
+    rebinds it to the copy). The module's own hooks stay outside the checkpoint and run
+    once per call either way (as transformers 5 does; FSDP2-style hooks must not run twice);
+    the hooks of its submodules run again in the recomputation. a forward some other tool already set on the instance
     is kept and called through the checkpoint, and restored when switched off."""
     n = 0
     for m in modules:

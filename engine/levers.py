@@ -285,7 +285,7 @@ def lines_for(models: Mapping[State, MemoryModel], current: State, persistent: O
                 out[s] = None
                 continue
 
-            def rank(b: State) -> tuple:
+            def rank(b: State, p: str = p, c: bool = c) -> tuple:
                 dist = (b[0] != p) + (b[1] != c)
                 n = len(models[b].points)
                 return (dist, b != current, -n, PRECISIONS.index(b[0]) if b[0] in PRECISIONS else 9, b[1])

@@ -85,7 +85,7 @@ def test_task_switch_recomputes_each_block_once_more_and_keeps_the_gradients():
     assert switch.on
     on = train_window(model)
     assert calls(model) == [6, 6, 6]  # forward + recomputation in the backward, per micro-batch
-    for a, b in zip(on, ref):
+    for a, b in zip(on, ref, strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
 
     switch(False)
@@ -93,7 +93,7 @@ def test_task_switch_recomputes_each_block_once_more_and_keeps_the_gradients():
         b.calls = 0
     off = train_window(model)
     assert calls(model) == [3, 3, 3]
-    for a, b in zip(off, ref):
+    for a, b in zip(off, ref, strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
 
 
@@ -108,7 +108,7 @@ def test_negative_control_the_gradient_comparison_can_fail():
         b.forward = lambda x, plain=plain: checkpoint(plain, x, use_reentrant=False, preserve_rng_state=False)
     bad = train_window(model)
     assert calls(model) == [6, 6, 6]
-    assert max((a - b).abs().max().item() for a, b in zip(bad, ref)) > 1e-3
+    assert max((a - b).abs().max().item() for a, b in zip(bad, ref, strict=True)) > 1e-3
 
 
 def test_switch_is_idempotent_eval_runs_plainly_and_deepcopy_rebinds():
@@ -180,7 +180,8 @@ class Wrapper(nn.Module):
 
 
 def test_hf_surface_found_directly_and_one_level_down_not_two():
-    for outer, inner in ((FakeHF(),) * 2, (lambda m: (Wrapper(m), m))(FakeHF())):
+    direct, inner_one = FakeHF(), FakeHF()
+    for outer, inner in ((direct, direct), (Wrapper(inner_one), inner_one)):
         task = toy_task(declare=False)
         switch = find_switch(task, outer)
         assert switch is not None and switch.source == "huggingface"
@@ -261,7 +262,7 @@ def test_tiny_gpt2_from_config_is_found_and_toggled():
     switch(True)
     on = step()
     assert runs["n"] == 4
-    for a, b in zip(on, off):
+    for a, b in zip(on, off, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
     switch(False)
     for h in hooks:
