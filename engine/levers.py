@@ -51,13 +51,15 @@ How the trainer calls it (at most once per optimizer step, in practice only when
     # keep one MemoryModel per state instead of one per run:
     self.memory_models.setdefault((precision, ckpt_on), MemoryModel()).add(micro, peak)
     table = levers.build_table(self.memory_models,
-                               Current(micro_batch=s.micro_batch, accum=s.accum, precision=..,
-                                       checkpointing=.., world=self.ctx.world),
+                               Current(micro_batch=s.micro_batch, accum=s.accum, precision=self.config.precision,  # or what SetPrecision set
+                                       checkpointing=self.ckpt_switch.on if self.ckpt_switch else False,
+                                       world=self.ctx.world,
+                                       effective_batch=self.config.effective_batch),  # None: micro x accum x world
                                capacity=capacity,            # as _forecast computes it; None on CPU
                                margin=self.config.memory_margin,
                                persistent=Persistent.from_breakdown(breakdown),   # or None
-                               checkpoint=CheckpointModel(layers=switch.layers if switch else None),
-                               can_checkpoint=switch is not None)
+                               checkpoint=CheckpointModel(layers=self.ckpt_switch.layers if self.ckpt_switch else None),
+                               can_checkpoint=self.ckpt_switch is not None)
     # a chosen cell -> commands, queued like the user's own:
     for cmd in levers.commands_for(cell, current): self.send(cmd)
 """
@@ -68,10 +70,9 @@ from dataclasses import dataclass, field
 from typing import Mapping, Optional, Sequence
 
 from .commands import Command, SetAccum, SetMicroBatch
+from .config import PRECISIONS
 from .mem_commands import SetCheckpointing, SetPrecision
 from .memory_model import MemoryModel
-
-PRECISIONS = ("fp32", "bf16", "fp16")
 AUTOCAST_DTYPE = {"bf16": "bfloat16", "fp16": "float16"}
 AUTOCAST_BYTES = 2
 # Bytes per element by dtype name (engine.mem_breakdown.dtype_name spells them so).
