@@ -1,0 +1,97 @@
+"""Helpers for tests/integrations (imported by name: this folder has no __init__.py, so
+no test module can shadow the real `transformers` or `lightning` packages).
+
+Tiny models built from code, data made here: nothing is downloaded.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("WANDB_DISABLED", "true")
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+VOCAB = 24
+
+
+def token_data(n: int = 48, seed: int = 0, max_len: int = 14) -> list[dict[str, torch.Tensor]]:
+    """Sequences of 2..max_len tokens: variable lengths, so token weighting matters."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n):
+        length = int(torch.randint(2, max_len + 1, (1,), generator=g))
+        out.append({"input_ids": torch.randint(0, VOCAB, (length,), generator=g)})
+    return out
+
+
+def pad_collate(batch: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """Right-padded ids; labels -100 on padding (the Hugging Face convention)."""
+    length = max(len(x["input_ids"]) for x in batch)
+    ids = torch.zeros(len(batch), length, dtype=torch.long)
+    labels = torch.full((len(batch), length), -100, dtype=torch.long)
+    for i, x in enumerate(batch):
+        n = len(x["input_ids"])
+        ids[i, :n] = x["input_ids"]
+        labels[i, :n] = x["input_ids"]
+    return {"input_ids": ids, "labels": labels}
+
+
+class TokenModel(torch.nn.Module):
+    """Predicts each token from itself (no shift): loss = mean over labels != -100.
+
+    Its forward takes no loss kwargs, so the Trainer averages micro-batch means (the
+    common case this project measures). `log` holds (loss_sum, count) of every training
+    forward, to check the callback's token-weighted loss against; `nan_at` makes the
+    loss of that training forward (1-based) NaN.
+    """
+
+    def __init__(self, dim: int = 12) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb = torch.nn.Embedding(VOCAB, dim)
+        self.out = torch.nn.Linear(dim, VOCAB)
+        self.log: list[tuple[float, int]] = []
+        self.nan_at = 0
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor, attention_mask: Any = None) -> dict:
+        logits = self.out(self.emb(input_ids))
+        loss_sum = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100, reduction="sum")
+        n = int((labels != -100).sum())
+        if self.training:
+            self.log.append((float(loss_sum.detach()), n))
+            if self.nan_at and len(self.log) == self.nan_at:
+                loss_sum = loss_sum * float("nan")
+        return {"loss": loss_sum / n, "logits": logits}
+
+
+def windows(log: list[tuple[float, int]], accum: int) -> list[tuple[float, int]]:
+    """(token-weighted loss, count) per window of `accum` forwards."""
+    out = []
+    for i in range(0, len(log), accum):
+        w = log[i:i + accum]
+        n = sum(c for _, c in w)
+        out.append((sum(s for s, _ in w) / n, n))
+    return out
+
+
+class ExactTokenModel(TokenModel):
+    """The README's exact recipe: the forward takes the Trainer's loss kwargs and divides
+    each micro-batch's loss sum by the window's count (`num_items_in_batch`)."""
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor, attention_mask: Any = None,
+                num_items_in_batch: Any = None, **kwargs: Any) -> dict:
+        out = super().forward(input_ids, labels)
+        if num_items_in_batch is not None:
+            n = int((labels != -100).sum())
+            out["loss"] = out["loss"] * n / num_items_in_batch
+        return out

@@ -1,0 +1,154 @@
+"""HeadroomCallback on a real Hugging Face Trainer (CPU, a tiny model built here, offline)."""
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+
+pytest.importorskip("transformers", reason="the 'hf' extra is not installed (pip install -e '.[hf]')")
+pytest.importorskip("accelerate", reason="the 'hf' extra is not installed (pip install -e '.[hf]')")
+
+from transformers import Trainer, TrainerCallback, TrainingArguments  # noqa: E402
+
+from integ_helpers import ExactTokenModel, TokenModel, pad_collate, token_data, windows  # noqa: E402
+from engine.commands import SetAccum, SetClip, SetLr, Stop  # noqa: E402
+from engine.integrations.loop import IntegrationError  # noqa: E402
+from engine.integrations.transformers import HeadroomCallback  # noqa: E402
+from engine.store import RunReader, send_command  # noqa: E402
+
+MICRO, ACCUM = 4, 4  # 48 samples: 12 micro-batches, 3 optimizer steps an epoch
+
+
+def _args(tmp_path, **kw) -> TrainingArguments:
+    base = dict(output_dir=str(tmp_path / "out"), per_device_train_batch_size=MICRO, gradient_accumulation_steps=ACCUM,
+                num_train_epochs=2, learning_rate=0.02, max_grad_norm=0.5, report_to="none", use_cpu=True,
+                disable_tqdm=True, logging_steps=1, save_strategy="no", eval_strategy="epoch",
+                per_device_eval_batch_size=8, dataloader_num_workers=0, seed=0)
+    base.update(kw)
+    return TrainingArguments(**base)
+
+
+class Sender(TrainerCallback):
+    """Sends commands from inside the run at given steps: they arrive deterministically."""
+
+    def __init__(self, headroom: HeadroomCallback, at: dict) -> None:
+        self.headroom, self.at = headroom, at
+
+    def on_step_end(self, args, state, control, **kwargs):
+        for cmd in self.at.get(state.global_step, ()):
+            send_command(self.headroom.run_dir, cmd)
+
+
+def test_rows_per_optimizer_step_match_the_trainer(tmp_path):
+    model = TokenModel()
+    data = token_data(48)
+    cb = HeadroomCallback(run_dir=str(tmp_path / "run"))
+    trainer = Trainer(model=model, args=_args(tmp_path), train_dataset=data, eval_dataset=data[:16],
+                      data_collator=pad_collate, callbacks=[cb])
+    trainer.train()
+    assert "training_step" not in trainer.__dict__  # the Trainer is left as it was
+    r = RunReader(str(tmp_path / "run"))
+    rows = r.metrics()
+    logs = [h for h in trainer.state.log_history if "grad_norm" in h]
+    assert [x["step"] for x in rows] == [h["step"] for h in logs] == list(range(1, 7))
+    # The Trainer's own numbers: its pre-clip norm and the lr it stepped with.
+    assert [x["grad_norm"] for x in rows] == pytest.approx([h["grad_norm"] for h in logs], rel=1e-6)
+    assert [x["lr"] for x in rows] == pytest.approx([h["learning_rate"] for h in logs])
+    assert any(x["grad_norm"] > 0.5 for x in rows)  # before clipping (clip 0.5)
+    assert [x["clipped"] for x in rows] == [int(x["grad_norm"] > 0.5) for x in rows]
+    assert all(x["accum"] == ACCUM and x["micro_batch"] == MICRO and x["samples"] == MICRO * ACCUM
+               and x["clip"] == 0.5 and x["step_time"] > 0 for x in rows)
+    # The loss is the window's token-weighted loss; the Trainer's (mean of means) is beside it.
+    expected = windows(model.log, ACCUM)
+    assert [x["tokens"] for x in rows] == [n for _, n in expected]
+    assert [x["loss"] for x in rows] == pytest.approx([l for l, _ in expected], rel=1e-5)
+    assert [h["loss"] for h in logs] != pytest.approx([x["loss"] for x in rows], rel=1e-4)
+    gap = r.events(kinds=["loss_weighting"])
+    assert gap and gap[0]["data"]["framework_loss"] == pytest.approx(logs[0]["loss"], rel=1e-5)
+    epochs = r.epochs()
+    evals = [h["eval_loss"] for h in trainer.state.log_history if "eval_loss" in h]
+    assert [(e["epoch"], e["step"]) for e in epochs] == [(1, 3), (2, 6)]
+    assert [e["val_loss"] for e in epochs] == pytest.approx(evals)
+    assert [x["epoch"] for x in rows] == [1, 1, 1, 2, 2, 2]
+    info = r.info()
+    assert info["status"] == "finished" and info["task"] == "hf-TokenModel" and info["pid"] == os.getpid()
+    assert info["integration"] == "transformers" and info["config"]["accum"] == ACCUM
+    assert info["config"]["epochs"] == 2 and info["step"] == 6
+    assert r.events(kinds=["run_finished"])[0]["data"]["reason"] == "completed"
+
+
+def test_exact_recipe_num_items_in_batch_leaves_no_gap(tmp_path):
+    """With a model taking num_items_in_batch the Trainer's loss is the token-weighted one."""
+    model = ExactTokenModel()
+    cb = HeadroomCallback(run_dir=str(tmp_path / "run"))
+    trainer = Trainer(model=model, args=_args(tmp_path, max_steps=3, eval_strategy="no"),
+                      train_dataset=token_data(48), data_collator=pad_collate, callbacks=[cb])
+    assert trainer.model_accepts_loss_kwargs
+    trainer.train()
+    r = RunReader(str(tmp_path / "run"))
+    rows = r.metrics()
+    logs = [h for h in trainer.state.log_history if "grad_norm" in h]
+    expected = windows(model.log, ACCUM)
+    assert [x["loss"] for x in rows] == pytest.approx([l for l, _ in expected], rel=1e-5)
+    assert [x["loss"] for x in rows] == pytest.approx([h["loss"] for h in logs], rel=1e-5)
+    assert [x["tokens"] for x in rows] == [n for _, n in expected]
+    assert r.events(kinds=["loss_weighting"]) == []
+
+
+def test_commands_lr_clip_refusal_and_stop_with_the_trainers_checkpoint(tmp_path):
+    model = TokenModel()
+    cb = HeadroomCallback()  # a new folder under the runs root
+    # Sent at the end of step 2; the Sender runs before HeadroomCallback, which polls right after:
+    # step 3 is the first with the new settings. The stop at step 4 ends the run after step 4.
+    sender = Sender(cb, {2: [SetLr(0.05), SetClip(0.25), SetAccum(2)], 4: [Stop()]})
+    trainer = Trainer(model=model, args=_args(tmp_path, num_train_epochs=5, eval_strategy="no"), train_dataset=token_data(48),
+                      data_collator=pad_collate, callbacks=[sender, cb])
+    trainer.train()
+    assert cb.run_dir.startswith(str(tmp_path / "runs"))
+    r = RunReader(cb.run_dir)
+    rows = r.metrics()
+    assert [x["step"] for x in rows] == [1, 2, 3, 4] and trainer.state.global_step == 4
+    assert rows[1]["lr"] != pytest.approx(0.05) and rows[2]["lr"] == pytest.approx(0.05)
+    assert rows[3]["lr"] < rows[2]["lr"]  # the linear decay goes on from the new lr
+    assert [x["clip"] for x in rows] == [0.5, 0.5, 0.25, 0.25]
+    cmds = {c["kind"]: c for c in r.commands()}
+    assert cmds["set_lr"]["status"] == "applied" and cmds["set_clip"]["status"] == "applied"
+    assert cmds["set_accum"]["status"] == "refused" and "gradient_accumulation_steps" in cmds["set_accum"]["note"]
+    [refused] = r.events(kinds=["command_refused"])
+    assert refused["data"]["command"] == "set_accum" and refused["data"]["reason"] == cmds["set_accum"]["note"]
+    ckpt = tmp_path / "out" / "checkpoint-4"
+    assert (ckpt / "trainer_state.json").exists()
+    assert any(f.startswith("model") or f.startswith("pytorch_model") for f in os.listdir(ckpt))
+    assert r.events(kinds=["checkpoint"])[0]["data"]["path"] == str(ckpt)
+    assert r.events(kinds=["run_finished"])[0]["data"]["reason"] == "stopped"
+    assert r.info()["status"] == "finished" and cmds["stop"]["status"] == "applied"
+
+
+def test_nonfinite_loss_is_an_event(tmp_path):
+    model = TokenModel()
+    model.nan_at = 6  # the second micro-batch of step 2
+    cb = HeadroomCallback(run_dir=str(tmp_path / "run"))
+    Trainer(model=model, args=_args(tmp_path, max_steps=2, eval_strategy="no", logging_steps=50),
+            train_dataset=token_data(48), data_collator=pad_collate, callbacks=[cb]).train()
+    r = RunReader(str(tmp_path / "run"))
+    rows = r.metrics()
+    assert [x["nonfinite"] for x in rows] == [0, 1]
+    assert rows[1]["loss"] is None or math.isnan(rows[1]["loss"])  # SQLite keeps a NaN as NULL
+    [ev] = r.events(kinds=["nonfinite"])
+    assert ev["step"] == 2 and ev["data"]["loss_finite"] is False and "Trainer stepped" in ev["message"]
+    assert r.events(kinds=["run_finished"])[0]["data"]["reason"] == "max_steps"
+
+
+def test_bad_arguments(tmp_path):
+    with pytest.raises(TypeError, match="run_dir"):
+        HeadroomCallback(run_dir=5)
+    with pytest.raises(TypeError, match="config"):
+        HeadroomCallback(config="lr=1")
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / "run.db").write_bytes(b"")
+    cb = HeadroomCallback(run_dir=str(tmp_path / "taken"))
+    trainer = Trainer(model=TokenModel(), args=_args(tmp_path, max_steps=1, eval_strategy="no"),
+                      train_dataset=token_data(16), data_collator=pad_collate, callbacks=[cb])
+    with pytest.raises(IntegrationError, match="already holds a run"):
+        trainer.train()

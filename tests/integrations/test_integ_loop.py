@@ -1,0 +1,249 @@
+"""The plain-loop API (engine.integrations.loop): the writer under all three adapters."""
+from __future__ import annotations
+
+import math
+import os
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+import torch
+
+from integ_helpers import ROOT
+from engine.commands import Pause, Resume, SetAccum, SetLr, Stop
+from engine.integrations.loop import HeadroomRun, IntegrationError, headroom_run, set_lr
+from engine.store import RunReader, send_command
+
+
+def _mlp() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
+    return m, torch.optim.SGD(m.parameters(), lr=0.1)
+
+
+def _window(m: torch.nn.Module, opt: torch.optim.Optimizer, clip: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    x, y = torch.randn(16, 8), torch.randint(0, 3, (16,))
+    loss = torch.nn.functional.cross_entropy(m(x), y)
+    loss.backward()
+    norm = torch.nn.utils.clip_grad_norm_(m.parameters(), clip)
+    opt.step()
+    opt.zero_grad()
+    return loss.detach(), norm
+
+
+def _list_runs():
+    try:  # the app's runs list (app/runs.py, or app/core/runs.py after the app's reorganisation)
+        from app.core.runs import list_runs
+    except ImportError:
+        from app.runs import list_runs
+    return list_runs
+
+
+def test_rows_epochs_and_run_table(tmp_path):
+    list_runs = _list_runs()
+    m, opt = _mlp()
+    logged = []
+    with headroom_run(config={"lr": 0.1, "epochs": 2, "accum": 4}, task="my-loop") as run:
+        assert os.path.dirname(run.run_dir) == str(tmp_path / "runs")  # the runs root, like the engine
+        for epoch in range(2):
+            for _ in range(3):
+                loss, norm = _window(m, opt)
+                run.log_step(loss=loss, grad_norm=norm, lr=opt.param_groups[0]["lr"], accum=4, micro_batch=4,
+                             clip=1.0)
+                logged.append((float(loss), float(norm)))
+            run.log_epoch(val_loss=0.25 + epoch)
+    r = RunReader(run.run_dir)
+    rows = r.metrics()
+    assert [x["step"] for x in rows] == [1, 2, 3, 4, 5, 6]
+    assert [x["epoch"] for x in rows] == [1, 1, 1, 2, 2, 2]
+    assert [x["loss"] for x in rows] == pytest.approx([l for l, _ in logged])
+    assert [x["grad_norm"] for x in rows] == pytest.approx([n for _, n in logged])
+    assert all(x["lr"] == 0.1 and x["accum"] == 4 and x["micro_batch"] == 4 and x["samples"] == 16 for x in rows)
+    assert all(x["step_time"] > 0 and x["throughput"] > 0 for x in rows)
+    assert [x["clipped"] for x in rows] == [int(n > 1.0) for _, n in logged]
+    eps = r.epochs()
+    assert [(e["epoch"], e["step"], e["val_loss"]) for e in eps] == [(1, 3, 0.25), (2, 6, 1.25)]
+    assert eps[0]["train_loss"] == pytest.approx(sum(l for l, _ in logged[:3]) / 3)
+    info = r.info()
+    assert info["status"] == "finished" and info["pid"] == os.getpid() and info["task"] == "my-loop"
+    assert info["integration"] == "loop" and info["config"]["epochs"] == 2 and info["step"] == 6
+    assert isinstance(info["started"], float)
+    kinds = [e["kind"] for e in r.events()]
+    assert kinds[0] == "run_started" and kinds[-1] == "run_finished" and kinds.count("epoch_end") == 2
+    assert r.events(kinds=["run_finished"])[0]["data"]["reason"] == "completed"
+    [listed] = list_runs(str(tmp_path / "runs"))
+    assert (listed.task, listed.status, listed.steps) == ("my-loop", "finished", 6)
+
+
+def test_set_lr_applies_next_step_and_unhandled_is_refused(tmp_path):
+    m, opt = _mlp()
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1 + s))
+    with headroom_run(tmp_path / "r") as run:
+        for step in range(1, 6):
+            lr = opt.param_groups[0]["lr"]
+            _window(m, opt)
+            sched.step()
+            run.log_step(loss=1.0, lr=lr)
+            if step == 2:
+                send_command(run.run_dir, SetLr(0.5))
+                send_command(run.run_dir, SetAccum(3))
+                db = sqlite3.connect(os.path.join(run.run_dir, "run.db"))  # what no app would send
+                db.execute("INSERT INTO commands (time, kind, payload) VALUES (0, 'set_lr', '{\"lr\": -1}')")
+                db.commit()
+                db.close()
+            for cmd in run.poll():
+                if cmd.kind == "set_lr":
+                    run.apply(cmd, lr=set_lr(opt, cmd.lr, sched))
+    r = RunReader(run.run_dir)
+    lrs = [x["lr"] for x in r.metrics()]
+    assert lrs[:2] == pytest.approx([0.1, 0.05])
+    assert lrs[2] == pytest.approx(0.5)  # sent and polled after step 2: step 3 uses it
+    assert lrs[3:] == pytest.approx([0.5 * 3 / 4, 0.5 * 3 / 5])  # the schedule goes on: its 1/(1+s) shape
+    cmds = {c["kind"] + c["payload"]: c for c in r.commands()}
+    assert cmds['set_lr{"lr": 0.5}']["status"] == "applied"
+    assert cmds['set_accum{"steps": 3}']["status"] == "refused"
+    assert "does not apply" in cmds['set_accum{"steps": 3}']["note"]
+    assert cmds['set_lr{"lr": -1}']["status"] == "refused" and "lr" in cmds['set_lr{"lr": -1}']["note"]
+    refused = r.events(kinds=["command_refused"])
+    assert {e["data"]["command"] for e in refused} >= {"set_accum"} and len(refused) == 2
+    assert r.events(kinds=["settings_applied"])[0]["data"]["changes"] == [["lr", pytest.approx(1 / 30), 0.5]]
+
+
+def test_pause_blocks_poll_until_resume_and_stop_ends_the_run(tmp_path):
+    with headroom_run(tmp_path / "r") as run:
+        run.log_step(loss=1.0)
+        send_command(run.run_dir, Pause())
+        threading.Timer(0.4, send_command, (run.run_dir, Resume())).start()
+        t0 = time.monotonic()
+        assert run.poll() == []
+        waited = time.monotonic() - t0
+        assert not run.paused and waited >= 0.35
+        run.log_step(loss=0.5)
+        send_command(run.run_dir, Stop())
+        run.poll()
+        assert run.stop_requested
+    r = RunReader(run.run_dir)
+    kinds = [e["kind"] for e in r.events()]
+    assert kinds.index("paused") < kinds.index("resumed")
+    assert r.events(kinds=["run_finished"])[0]["data"]["reason"] == "stopped"
+    assert all(c["status"] == "applied" for c in r.commands())
+    assert r.metrics()[1]["step_time"] < 0.3  # the pause is not counted as training time
+
+
+def test_an_exception_fails_the_run_and_propagates(tmp_path):
+    with pytest.raises(ZeroDivisionError):
+        with headroom_run(tmp_path / "r") as run:
+            run.log_step(loss=1.0)
+            1 / 0
+    r = RunReader(str(tmp_path / "r"))
+    assert r.info()["status"] == "failed"
+    assert "ZeroDivisionError" in r.events(kinds=["run_failed"])[0]["message"]
+
+
+def test_nonfinite_step_is_an_event(tmp_path):
+    with headroom_run(tmp_path / "r") as run:
+        run.log_step(loss=float("nan"), grad_norm=2.0, bad_params=("w",), nonfinite_action="skipped")
+        run.log_step(loss=1.0, grad_norm=float("inf"))
+        run.log_step(loss=1.0, grad_norm=0.5)
+    r = RunReader(str(tmp_path / "r"))
+    assert [x["nonfinite"] for x in r.metrics()] == [1, 1, 0]
+    ev = r.events(kinds=["nonfinite"])
+    assert len(ev) == 2 and ev[0]["data"]["params"] == ["w"] and "skipped" in ev[0]["message"]
+    assert ev[0]["data"]["loss_finite"] is False and ev[1]["data"]["loss_finite"] is True
+    assert r.epochs() == []
+
+
+def test_bad_arguments_say_what_is_wrong(tmp_path):
+    with pytest.raises(TypeError, match="run_dir"):
+        HeadroomRun(123)
+    with pytest.raises(TypeError, match="config"):
+        HeadroomRun(config=["lr", 1])
+    with pytest.raises(TypeError, match="world_size"):
+        HeadroomRun(world_size=0)
+    with headroom_run(tmp_path / "r") as run:
+        with pytest.raises(IntegrationError, match="loss"):
+            run.log_step(loss="low")
+        with pytest.raises(IntegrationError, match="accum"):
+            run.log_step(loss=1.0, accum=0)
+        with pytest.raises(IntegrationError, match="not a command handed out"):
+            run.apply(SetLr(0.1))
+    with pytest.raises(IntegrationError, match="already holds a run"):
+        HeadroomRun(tmp_path / "r").start()
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(IntegrationError, match="not a folder"):
+        HeadroomRun(tmp_path / "file").start()
+    with pytest.raises(RuntimeError, match="not started"):
+        HeadroomRun(tmp_path / "new").log_step(loss=1.0)
+    m, opt = _mlp()
+    with pytest.raises(IntegrationError, match="positive"):
+        set_lr(opt, -1.0)
+    assert not (tmp_path / "new").exists()  # nothing written for a run that never started
+
+
+@pytest.mark.parametrize("make", ["lambda", "onecycle", "sequential", "cosine"])
+def test_set_lr_keeps_the_schedules_shape(make):
+    """After set_lr(x) at step 4, every later lr is the untouched schedule's times one factor."""
+    def build():
+        p = [torch.nn.Parameter(torch.zeros(2))]
+        opt = torch.optim.SGD([{"params": p, "lr": 0.1}, {"params": [torch.nn.Parameter(torch.zeros(1))], "lr": 0.02}])
+        S = torch.optim.lr_scheduler
+        if make == "lambda":
+            s = S.LambdaLR(opt, lambda t: 0.9 ** t)
+        elif make == "onecycle":
+            s = S.OneCycleLR(opt, max_lr=[0.1, 0.02], total_steps=20)
+        elif make == "sequential":
+            s = S.SequentialLR(opt, [S.LinearLR(opt, 0.1, 1.0, total_iters=5), S.ExponentialLR(opt, 0.8)],
+                               milestones=[5])
+        else:
+            s = S.CosineAnnealingLR(opt, T_max=30)
+        return opt, s
+
+    a, sa = build()
+    b, sb = build()
+    for _ in range(4):
+        for o, s in ((a, sa), (b, sb)):
+            o.step()
+            s.step()
+    old, new = set_lr(b, 0.05, sb)
+    assert new == pytest.approx(0.05) and old == pytest.approx(a.param_groups[0]["lr"])
+    factor = 0.05 / old
+    for _ in range(10):
+        for i in range(2):
+            assert b.param_groups[i]["lr"] == pytest.approx(a.param_groups[i]["lr"] * factor, rel=1e-6)
+        assert sb.get_last_lr()[0] == pytest.approx(b.param_groups[0]["lr"])
+        for o, s in ((a, sa), (b, sb)):
+            o.step()
+            s.step()
+
+
+def test_importing_engine_and_the_app_loads_no_framework():
+    code = ("import sys, engine, engine.integrations, engine.integrations.loop, engine.store, app.window\n"
+            "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('transformers', 'lightning', "
+            "'pytorch_lightning', 'accelerate'))\n"
+            "assert not bad, bad\n"
+            "assert 'PySide6' not in str([m for m in sys.modules if m.startswith('engine')])\n")
+    env = dict(os.environ, PYTHONPATH=str(ROOT), QT_QPA_PLATFORM="offscreen")
+    r = subprocess.run([sys.executable, "-c", code], cwd=str(ROOT), env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+
+
+def test_readme_plain_loop_example_runs(tmp_path):
+    """The README's plain-loop example, as printed, trains and writes a run the reader reads."""
+    import re
+    readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    section = readme.split("## Already have a training script?", 1)[1].split("\n## ", 1)[0]
+    [example] = [b for b in re.findall(r"```python\n(.*?)```", section, flags=re.S) if "headroom_run(" in b]
+    script = tmp_path / "loop.py"
+    script.write_text(example)
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    r = subprocess.run([sys.executable, str(script)], cwd=str(tmp_path), env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    [run_dir] = [os.path.join(tmp_path / "runs", d) for d in os.listdir(tmp_path / "runs")]
+    rows = RunReader(run_dir).metrics()
+    assert len(rows) >= 10 and all(x["grad_norm"] is not None and x["lr"] > 0 for x in rows)
+    assert math.isfinite(rows[-1]["loss"])
