@@ -144,9 +144,10 @@ def test_data_or_collate_raising_mid_epoch_fails_the_run_and_keeps_everything(tm
 
 
 def test_nonfinite_stop_saves_last_good_weights(tmp_path):
-    # --lr huge makes the loss overflow quickly; stop mode ends the run at the first bad step.
+    # --lr at its upper limit (1e4, engine/limits.py) makes the loss overflow within a few steps;
+    # stop mode ends the run at the first bad step.
     run_dir = tmp_path / "run"
-    r = cli("--task", TASK, "--epochs", "3", "--lr", "1e30", "--optimizer", "sgd", "--clip", "0",
+    r = cli("--task", TASK, "--epochs", "3", "--lr", "1e4", "--optimizer", "sgd", "--clip", "0",
             "--nonfinite", "stop", "--run-dir", str(run_dir))
     assert r.returncode == 1
     assert "non-finite" in one_error_line([l for l in r.stderr.splitlines() if l.startswith("error")][0])
