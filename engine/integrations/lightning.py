@@ -24,9 +24,10 @@ Epochs: an `epochs` row at each training epoch end, with the validation loss log
 `val_key` ("val_loss") when validation ran in that epoch. Commands at optimizer-step
 boundaries, accumulation at the next epoch start: see engine/integrations/__init__.py.
 
-loss_reduction="sum" is for a training_step that returns a loss *sum* (and its
-"count") and divides the gradients by the window's count itself (README: exact
-accumulation with Lightning): the row's loss is then sum of sums / window count.
+loss_reduction="sum" is for a training_step that returns its micro-batch's loss *sum*
+(and its "count") and, in the module's on_before_optimizer_step, multiplies the
+gradients by accumulate_grad_batches / the window's count (README: exact accumulation
+with Lightning): the row's loss is then the sum of the sums / the window's count.
 """
 from __future__ import annotations
 
@@ -212,7 +213,7 @@ class HeadroomCallback(Callback):
         norm = values[-1] if isinstance(self._norm, torch.Tensor) else None
         norm_k = trainer.accumulate_grad_batches if pl_module.automatic_optimization else 1
         total = sum(counts)
-        if self.loss_reduction == "sum":  # outputs are loss sums / k
+        if self.loss_reduction == "sum":  # outputs are the returned loss sums / k (Lightning's division)
             weighted = sum(o * norm_k for o in outs) / total if total else float("nan")
             framework = None
         else:
