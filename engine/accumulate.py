@@ -41,6 +41,24 @@ class WindowContext:
     stepper: Any  # step.SyncStep | step.DeferredStep
     loss_checked: bool = False
 
+    @property
+    def loss_model(self) -> Any:
+        """What the task's loss is given: the model itself, or under DDP a view that runs the
+        wrapper when called (so gradients are all-reduced) and reads attributes from the
+        user's model (so `model.config` works under torchrun as in one process)."""
+        return DDPModelView(self.net) if self.ctx.enabled else self.net
+
+
+class DDPModelView:
+    def __init__(self, ddp: torch.nn.Module) -> None:
+        self.__dict__["_ddp"] = ddp
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._ddp(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.__dict__["_ddp"].module, name)
+
 
 def train_window(w: WindowContext, batches: Iterable[Any], n_micro: int, window_samples: int, clip: float,
                  micro_batch: int, stop_requested: Callable[[], bool]) -> InFlight:
@@ -59,7 +77,7 @@ def train_window(w: WindowContext, batches: Iterable[Any], n_micro: int, window_
         sync = w.net.no_sync() if (ddp and i < n_micro - 1) else contextlib.nullcontext()
         with sync:
             with w.autocast():
-                out = w.loss(w.net, batch)
+                out = w.loss(w.loss_model, batch)
             if not w.loss_checked:
                 check_loss_output(w.task_name, out)
                 w.loss_checked = True

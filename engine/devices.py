@@ -1,7 +1,9 @@
 """Devices: which one a run uses, what it is called, and moving a batch onto it."""
 from __future__ import annotations
 
+import dataclasses
 import os
+from collections.abc import Mapping
 from typing import Any, Callable
 
 import torch
@@ -32,12 +34,36 @@ def device_name(device: torch.device) -> str:
 
 
 def to_device(batch: Any, device: torch.device) -> Any:
+    """Move every tensor in `batch` to `device`, whatever holds it: tensors, lists, tuples,
+    NamedTuples, Mappings (a transformers BatchEncoding too), dataclasses, and objects with
+    their own `.to(device)`. Containers keep their type; anything else is left as it is."""
     if isinstance(batch, torch.Tensor):
         return batch.to(device, non_blocking=True)
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # a NamedTuple: fields by position
+        return type(batch)(*(to_device(b, device) for b in batch))
     if isinstance(batch, (list, tuple)):
         return type(batch)(to_device(b, device) for b in batch)
     if isinstance(batch, dict):
+        moved = {k: to_device(v, device) for k, v in batch.items()}
+        if type(batch) is dict:
+            return moved
+        try:
+            return type(batch)(moved)  # OrderedDict and friends keep their type
+        except TypeError:
+            return moved
+    if dataclasses.is_dataclass(batch) and not isinstance(batch, type):
+        return dataclasses.replace(batch, **{f.name: to_device(getattr(batch, f.name), device)
+                                             for f in dataclasses.fields(batch) if f.init})
+    if isinstance(batch, Mapping) and callable(getattr(batch, "to", None)):
+        return batch.to(device)  # BatchEncoding and friends move themselves
+    if isinstance(batch, Mapping):
         return {k: to_device(v, device) for k, v in batch.items()}
+    to = getattr(batch, "to", None)
+    if callable(to) and not isinstance(batch, (str, bytes, type)):
+        try:
+            return to(device)
+        except TypeError:
+            return batch
     return batch
 
 

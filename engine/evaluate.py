@@ -31,4 +31,4 @@ def validation_loss(parts: RunParts, micro_batch: int) -> Optional[float]:
         loss, count = total.tolist()  # a sync, once per epoch
         return loss / count if count else None
     finally:
-        model.train()
+        parts.modes.train_mode(model)  # back to training, frozen parts still in eval

@@ -137,8 +137,7 @@ def find_micro_batch(parts: RunParts, memory_model: MemoryModel) -> MicroBatchFo
     opt_state = copy.deepcopy(t.optimizer.state_dict())
     rng = torch.get_rng_state()
     cuda_rng = torch.cuda.get_rng_state(t.device) if t.device.type == "cuda" else None
-    was_training = t.model.training
-    t.model.train()
+    t.modes.train_mode(t.model)
     prober = Prober(t, upper)
     try:
         best = search(prober, upper, _capacity(t), cfg.memory_margin)
@@ -152,7 +151,7 @@ def find_micro_batch(parts: RunParts, memory_model: MemoryModel) -> MicroBatchFo
         torch.set_rng_state(rng)
         if cuda_rng is not None:
             torch.cuda.set_rng_state(cuda_rng, t.device)
-        t.model.train(was_training)
+        t.modes.train_mode(t.model)
         free_memory(t.device)
         if t.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(t.device)

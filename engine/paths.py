@@ -28,3 +28,11 @@ def default_run_dir(task: str, suffix: str = "", root: str = "") -> str:
         n += 1
         path = f"{base}-{n}"
     return path
+
+
+def resolve_task_spec(spec: str) -> str:
+    """A task file given by a relative path, made absolute, so the run can be resumed (and
+    opened in the app) from any folder. Built-in names and module:attr specs are kept."""
+    if (spec.endswith(".py") or os.sep in spec or "/" in spec) and os.path.isfile(spec):
+        return os.path.abspath(spec)
+    return spec

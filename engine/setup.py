@@ -21,6 +21,7 @@ from . import step as S
 from .accumulate import WindowContext
 from .config import ConfigError, TrainConfig
 from .devices import default_optimizer, resolve_device, to_device
+from .modes import TrainModes
 from .oom import is_oom
 from .paths import default_run_dir
 from .progress import Progress
@@ -49,6 +50,7 @@ class RunParts:
     resume_state: Optional[dict[str, Any]]  # the checkpoint to continue from, or None
     progress: Progress
     settings: LiveSettings
+    modes: TrainModes  # train/eval mode as the task built it (frozen parts stay in eval)
 
     @property
     def named_params(self) -> list[tuple[str, torch.nn.Parameter]]:
@@ -79,12 +81,13 @@ def build(config: TrainConfig, task: Optional[Task], ctx: D.DistContext) -> RunP
         if cfg.vram_limit is not None:  # before the first allocation
             total = torch.cuda.get_device_properties(device).total_memory
             torch.cuda.set_per_process_memory_fraction(min(1.0, cfg.vram_limit / total), device)
+    modes = TrainModes.record(task.model)
     model = task.model.to(device)
     collate = task.collate or default_collate
     amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.precision)
     autocast: Callable[[], ContextManager] = ((lambda: torch.autocast(device.type, dtype=amp_dtype)) if amp_dtype
                                               else contextlib.nullcontext)
-    loss_checked = check_first_batch(task, model, collate, autocast, device)
+    loss_checked = check_first_batch(task, model, collate, autocast, device, modes)
     policy = _window_policy(cfg, task)
     resume_state, run_dir = _resume_or_new(cfg, ctx)
 
@@ -103,12 +106,12 @@ def build(config: TrainConfig, task: Optional[Task], ctx: D.DistContext) -> RunP
     return RunParts(config=cfg, ctx=ctx, device=device, task=task, model=model, collate=collate, autocast=autocast,
                     optimizer=optimizer, scaler=scaler, window=window, policy=policy, probe=MemoryProbe(device),
                     run_dir=run_dir, resume_state=resume_state, progress=Progress(),
-                    settings=LiveSettings.from_config(cfg))
+                    settings=LiveSettings.from_config(cfg), modes=modes)
 
 
 @torch.no_grad()
 def check_first_batch(task: Task, model: torch.nn.Module, collate: Callable, autocast: Callable,
-                      device: torch.device) -> bool:
+                      device: torch.device, modes: TrainModes) -> bool:
     """One forward of the loss on two samples: a malformed task is bad input, found before
     the run folder exists, not a failure halfway through the first window. False if the
     check could not run (out of memory: the run's own recovery decides)."""
@@ -117,7 +120,6 @@ def check_first_batch(task: Task, model: torch.nn.Module, collate: Callable, aut
         batch = to_device(collate([data[i] for i in range(min(2, len(data)))]), device)
     except Exception as e:
         raise TaskError(f"task {name}: building a first batch failed: {type(e).__name__}: {e}") from None
-    was_training = model.training
     model.eval()  # no BatchNorm statistics or dropout draws spent on a check
     try:
         with autocast():
@@ -127,7 +129,7 @@ def check_first_batch(task: Task, model: torch.nn.Module, collate: Callable, aut
             return False
         raise TaskError(f"task {name}: loss(model, batch) failed on a first batch: {type(e).__name__}: {e}") from None
     finally:
-        model.train(was_training)
+        modes.restore_built(model)
     check_loss_output(name, out)
     return True
 

@@ -41,15 +41,32 @@ def check_task(task: Task) -> None:
         raise TaskError(f"task {name}: model must be a torch.nn.Module, got {type(task.model).__name__}")
     if not any(p.requires_grad for p in task.model.parameters()):
         raise TaskError(f"task {name}: the model has no trainable parameters")
+    if any(p.is_meta for p in task.model.parameters()):
+        raise TaskError(f"task {name}: the model has parameters on the meta device (no data to train): "
+                        "materialise them first, e.g. model.to_empty(device=...) and load the weights")
     for label, data in (("train_data", task.train_data), ("val_data", task.val_data)):
         if data is None and label == "val_data":
             continue
+        if isinstance(data, torch.utils.data.IterableDataset):
+            raise TaskError(f"task {name}: {label} is an IterableDataset; Headroom needs a map-style dataset "
+                            "(__len__ and __getitem__ by index), so every window is exact and a run resumes "
+                            "at the sample it stopped")
         if not (hasattr(data, "__len__") and hasattr(data, "__getitem__")):
             raise TaskError(f"task {name}: {label} must be a map-style dataset (__len__ and __getitem__)")
-        if label == "train_data" and len(data) == 0:
+        n = dataset_len(name, label, data)
+        if label == "train_data" and n == 0:
             raise TaskError(f"task {name}: train_data is empty")
     if not callable(task.loss):
         raise TaskError(f"task {name}: loss must be callable as loss(model, batch)")
+
+
+def dataset_len(name: str, label: str, data: Any) -> int:
+    """len(data), or a TaskError if __len__ fails or is not a non-negative integer."""
+    try:
+        n = len(data)
+    except Exception as e:  # __len__ raised, or returned -1, 2.5, ...
+        raise TaskError(f"task {name}: len({label}) failed: {type(e).__name__}: {e}") from None
+    return n
 
 
 def check_loss_output(name: str, out: Any) -> tuple[torch.Tensor, Any]:

@@ -44,6 +44,11 @@ def _import(mod_name: str, spec: str):
 def _builder_from_file(path: str) -> Callable[[int], Any]:
     if not os.path.isfile(path):
         raise TaskError(f"task file {path}: no such file")
+    # As `python path/to/task.py` would: the file's folder is on the import path, so the task
+    # can import the helpers next to it whatever the current folder is.
+    folder = os.path.dirname(os.path.abspath(path))
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
     mod_name = "headroom_task_" + os.path.splitext(os.path.basename(path))[0].replace("-", "_")
     spec = importlib.util.spec_from_file_location(mod_name, path)
     if spec is None or spec.loader is None:

@@ -36,6 +36,7 @@ from .finder import NothingFits, find_micro_batch
 from .inbox import CommandInbox, Pending
 from .memory_model import MemoryModel
 from .oom import free_memory, is_oom
+from .paths import resolve_task_spec
 from .progress import Progress
 from .schema import LiveSettings
 from .setup import RunParts, build
@@ -76,7 +77,8 @@ class Trainer:
                  sink: Optional[Callable[[Event], None]] = None,
                  commands: Optional["queue.Queue[Command]"] = None,
                  dist_ctx: Optional[D.DistContext] = None) -> None:
-        self.config = config.validate()
+        config = config.validate()
+        self.config = config.with_(task=resolve_task_spec(config.task))  # resumable from any folder
         self.sink = sink
         self.commands: "queue.Queue[Command]" = commands if commands is not None else queue.Queue()
         self.ctx = dist_ctx if dist_ctx is not None else D.from_env()
@@ -153,6 +155,7 @@ class Trainer:
                     raise OutOfMemoryStop(str(e)) from None
                 self.settings = self.settings.with_(micro_batch=found.micro_batch, accum=found.accum)
                 self._emit(found)
+            parts.modes.train_mode(parts.model)  # train mode, except the parts the user froze in eval
             self._emit_all(BatchNormWatcher(parts.model).check(self.step, self.epoch, self.settings))
             reason = self._train_epochs(parts)
         except NonFiniteStop:
