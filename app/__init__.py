@@ -1,9 +1,18 @@
 """Headroom's desktop app: live plots of a training run and point-and-click tuning between epochs.
 
 The app imports the engine, never the reverse, and holds no training logic: it starts
-`engine.Trainer` in a worker thread (app/worker.py), drains the engine's events on a
+`engine.Trainer` in a worker thread (app/session/worker.py), drains the engine's events on a
 ~30 Hz timer into growable numpy arrays, and sends commands back. torch loads in the
 worker thread when a run starts, so the window shows before torch is imported.
+
+Layers, each importing only the ones below it:
+    app.main      the entry point (argument parsing, QApplication)
+    app.window    the main window: layout and wiring
+    app.ui        widgets and views (controls, plots, alerts, history, status bar, actions)
+    app.session   the run session (Qt-free state machine), its sources, the engine thread,
+                  torchrun launches and the Qt adapter that publishes typed signals
+    app.model     Qt-free data: the run model, pending changes, metrics buffers
+    app.core      resources, log, preferences, run folders, shortcuts
 """
 
-from . import compat as _compat  # noqa: E402,F401 - must run before any plotting (see app/compat.py)
+from .core import compat as _compat  # noqa: E402,F401 - must run before any plotting (see app/core/compat.py)

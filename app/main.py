@@ -45,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def check_task_spec(spec: str) -> None:
     """What can be checked without torch: a missing task file, an unknown built-in name."""
-    from .runs import BUILTIN_TASKS
+    from engine.paths import BUILTIN_TASKS
     if spec in BUILTIN_TASKS:
         return
     if spec.endswith(".py") or os.sep in spec or "/" in spec:
@@ -84,6 +84,10 @@ def parse_args(argv: Optional[Sequence[str]]) -> tuple[argparse.Namespace, dict[
 _NOISE = ("This plugin does not support propagateSizeHints()",)
 
 
+def print_error(message: str) -> None:
+    print(f"error: {message}", file=sys.stderr)
+
+
 def install_message_filter(install: Any) -> None:
     """Drop the offscreen platform's harmless noise; pass everything else through to stderr."""
     def handler(_mode: Any, _context: Any, message: str) -> None:
@@ -100,15 +104,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
 
-    from . import logs
+    from .core import logs
     logs.setup()
     from PySide6.QtCore import QTimer, qInstallMessageHandler
     from PySide6.QtWidgets import QApplication
 
     install_message_filter(qInstallMessageHandler)
 
-    from . import assets, compat  # noqa: F401 - compat: see app/compat.py
-    from .window import MainWindow, print_error
+    from .core import assets, compat  # noqa: F401 - compat: see app/core/compat.py
+    from .window import MainWindow
 
     app = QApplication.instance() or QApplication(sys.argv[:1])
     app.setApplicationName("Headroom")
@@ -139,15 +143,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         else:
             code = EXIT_OK
         exit_code["code"] = code
-        win._really_closing = True
-        QTimer.singleShot(0, win.close)
+        QTimer.singleShot(0, win.close_now)
         QTimer.singleShot(0, lambda: app.exit(code))
 
     win.run_done_callbacks.append(finish)
     win.closed.connect(app.quit)  # a window hidden while its engine thread finished does not quit by itself
     if ns.screenshot:  # scripted screenshots: the same size and layout every time, whatever was saved
         win.resize(1440, 900)
-        win._needs_layout = True
+        win.use_default_layout()
     win.show()
 
     if os.environ.get("HEADROOM_STARTUP_PROBE"):  # bench/ui_latency.py: time to the window, then the plots
@@ -166,11 +169,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                   f"{marks.get('shown_in_process', time.perf_counter() - _T0):.4f} "
                   f"torch_loaded {int(marks.get('torch', 0) or 'torch' in sys.modules)} plots {marks['plots']:.6f}",
                   flush=True)
-            win._really_closing = True
-            QTimer.singleShot(0, win.close)
+            QTimer.singleShot(0, win.close_now)
             QTimer.singleShot(0, lambda: app.exit(0))
 
-        win._placeholder.paint_listeners.insert(0, shown)
+        win.placeholder.paint_listeners.insert(0, shown)
         win.plot_listeners.append(lambda panel: panel.canvas.paint_listeners.append(plotted))
 
     if ns.open:

@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # the real app package (not an editable-install namespace)
 
-from app import compat  # noqa: E402,F401 - before any widget is painted (see app/compat.py)
+from app.core import compat  # noqa: E402,F401 - before any widget is painted (see app/core/compat.py)
 
 # A run of mlp that takes about a second per epoch on a small CPU: 4096 samples, 128 per window (32 steps an epoch).
 FAST = {"task": "mlp", "micro_batch": 64, "accum": 2, "lr": 1e-3, "clip": 1.0, "device": "cpu"}

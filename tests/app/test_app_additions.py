@@ -93,11 +93,11 @@ def test_find_micro_batch_unticked_sends_no_finder_flags(make_window):
 def test_memory_forecast_event_shows_what_fits(qtbot, make_window):
     from engine.events import MemoryForecast, RunStarted
 
-    from app.sources import LiveSource
+    from app.session.sources import LiveSource
     w = make_window()
     assert w.controls.fits.text() == "fits: shown during a GPU run"
-    w.model.state = "starting"
-    w.source = LiveSource(w.runner.buffer, lambda _c: None)  # the path the engine's EventBuffer drains into
+    # the path the engine's EventBuffer drains into
+    w.controller.publish(w.session.begin(LiveSource(w.runner.buffer, lambda _c: None)))
     w.runner.buffer.put(RunStarted(0, 1, run_dir="", task="mlp", device="cpu", device_name="x86_64",
                                    torch_version="", world_size=1, resumed=False, config={}))
     w.tick()
@@ -120,7 +120,7 @@ def test_torchrun_command_round_trips_through_the_engine_flags(tmp_path):
     from engine.cli import build_parser, config_from_args
     from engine.config import TrainConfig
 
-    from app.launch import torchrun_command
+    from app.session.torchrun import torchrun_command
     cfg = TrainConfig(task="charlm", micro_batch=8, accum=3, lr=3e-4, clip=0.5, epochs=2, max_steps=7,
                       precision="bf16", device="cuda", seed=5, lr_scaling="sqrt", find_micro_batch=True,
                       effective_batch=96, vram_limit=3 * 2**30, oom_recovery=False, optimizer="sgd")
@@ -143,12 +143,12 @@ def test_run_on_gpus_is_disabled_here_with_the_reason(qtbot, make_window):
     assert not w.torchrun_action.isEnabled()
     assert w.run_menu.toolTipsVisible()
     w.run_menu.aboutToShow.emit()  # the check runs when the Run menu opens, off the GUI thread
-    wait_until(qtbot, lambda: w.gpu_count is not None, 60, "the GPU count")
-    assert w.gpu_count == torch.cuda.device_count()
-    if w.gpu_count < 2:
+    wait_until(qtbot, lambda: w.launcher.gpu_count is not None, 60, "the GPU count")
+    assert w.launcher.gpu_count == torch.cuda.device_count()
+    if w.launcher.gpu_count < 2:
         assert not w.torchrun_action.isEnabled()
         assert w.torchrun_action.toolTip().startswith("Needs 2 or more CUDA GPUs")
-        assert f"sees {w.gpu_count} GPU" in w.torchrun_action.toolTip()
+        assert f"sees {w.launcher.gpu_count} GPU" in w.torchrun_action.toolTip()
     else:
         assert w.torchrun_action.isEnabled()
 
@@ -164,7 +164,7 @@ def test_launch_torchrun_on_cpu_attaches_shows_metrics_and_stops(qtbot, make_win
     assert w.ui_state() == "starting" and not w.start_action.isEnabled() and w.stop_action.isEnabled()
     try:
         wait_until(qtbot, lambda: ln.attached, 120, "run.db from the torchrun launch")
-        assert w._controlling_remote() and w.controls.remote
+        assert w.session.remote and w.controls.remote
         wait_until(qtbot, lambda: w.model.step >= 2, 120, "steps from the 2 processes")
         assert w.model.info.get("world_size") == 2 and w.controls.world_size == 2
         assert len(w.model.metrics) >= 2 and w.ui_state() == "training"
@@ -174,10 +174,10 @@ def test_launch_torchrun_on_cpu_attaches_shows_metrics_and_stops(qtbot, make_win
         wait_until(qtbot, lambda: not ln.alive(), 60, "torchrun to end after Stop")
         assert not ln.terminated, "Stop through run.db should end it before the SIGTERM fallback"
         assert ln.exit_code == 0, open(ln.log_path).read()[-3000:]
-        wait_until(qtbot, lambda: w.model.state == "finished", 30, "run_finished from run.db")
+        wait_until(qtbot, lambda: w.session.state == "finished", 30, "run_finished from run.db")
         assert w.model.finish_reason == "stopped"
         assert (run_dir / "checkpoints").is_dir()
-        assert not w._run_is_live() and w.start_action.isEnabled()
+        assert not w.session.busy and w.start_action.isEnabled()
         assert w.run_outcome and w.run_outcome["exit_code"] == 0
     finally:
         if ln.alive():
@@ -186,9 +186,9 @@ def test_launch_torchrun_on_cpu_attaches_shows_metrics_and_stops(qtbot, make_win
 
 
 def test_launch_stop_falls_back_to_sigterm(qtbot, make_window, tmp_path, monkeypatch):
-    import app.window as window_mod
+    import app.session.launcher as launcher_mod
     from app_helpers import FAST
-    monkeypatch.setattr(window_mod, "LAUNCH_STOP_S", 0.0)  # SIGTERM at once after Stop
+    monkeypatch.setattr(launcher_mod, "LAUNCH_STOP_S", 0.0)  # SIGTERM at once after Stop
     w = make_window()
     w.controls.set_values({**FAST, "epochs": 50})
     assert w.launch_torchrun(2, run_dir=str(tmp_path / "ddp"))

@@ -6,8 +6,8 @@ from PySide6.QtGui import QValidator
 
 from engine.events import StepMetrics
 
-from app.shortcuts import SHORTCUTS
-from app.validators import DeviceValidator, FloatValidator
+from app.core.shortcuts import SHORTCUTS
+from app.ui.validators import DeviceValidator, FloatValidator
 
 A, I, X = QValidator.State.Acceptable, QValidator.State.Intermediate, QValidator.State.Invalid
 
@@ -61,7 +61,7 @@ def test_settings_and_layout_are_kept(qtbot, make_window):
     v, _ = w2.controls.values()
     assert (v["micro_batch"], v["accum"], v["lr"], v["clip"], v["epochs"], v["precision"], v["lr_scaling"]) == \
         (24, 3, 0.0025, 0.0, 7, "bf16", "sqrt")
-    assert w2.theme == "dark" or w2.settings.theme() == "dark"
+    assert w2.theme == "dark" or w2.preferences.theme() == "dark"
     assert w2.log_action.isChecked() and w2.plots.log_box.isChecked()
 
 
@@ -74,7 +74,7 @@ def _steps(n, gpu):
 
 
 def test_memory_plot_says_no_gpu_plainly_on_cpu(qtbot, make_window):
-    from app.runmodel import RunModel
+    from app.model.runmodel import RunModel
     w = make_window()
     assert w.plots.gpu_mode() == "none"
     m = RunModel()
@@ -96,7 +96,7 @@ def test_memory_plot_says_no_gpu_plainly_on_cpu(qtbot, make_window):
 
 
 def test_theme_switch_keeps_the_data(qtbot, make_window):
-    from app.runmodel import RunModel
+    from app.model.runmodel import RunModel
     w = make_window()
     m = RunModel()
     m.ingest(_steps(30, gpu=False))

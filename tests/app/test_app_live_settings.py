@@ -20,8 +20,11 @@ def test_changes_apply_exactly_at_the_next_epoch_boundary(qtbot, make_window, tm
     c.lr.setText("0.002")
     c.clip.setText("0.5")
     assert c.apply_button.isEnabled()
-    expected = w._target_epoch()
     w.apply_changes()
+    # The engine says when the changes apply (command_received): wait for its word, then take it.
+    wait_until(qtbot, lambda: all("applies at epoch" in c.status_text(n) for n in ("accum", "lr", "clip")), 30,
+               "the engine to take the changes in")
+    expected = w.session.pending.get("accum").target_epoch
     for name in ("accum", "lr", "clip"):
         assert f"applies at epoch {expected}" in c.status_text(name), c.status_text(name)
         assert c.fields[name].property("pending") is True
@@ -76,13 +79,14 @@ def test_pause_then_change_then_resume(qtbot, make_window, tmp_path):
     w.pause_run()
     assert w.ui_state() == "pausing"
     assert w.controls.resume_button.isEnabled() and not w.controls.pause_button.isEnabled()
-    wait_until(qtbot, lambda: w.model.state == "paused", 90, "the pause")
+    wait_until(qtbot, lambda: w.session.state == "paused", 90, "the pause")
     paused_after = next(n.epoch for n in w.model.notes if n.kind == "paused")  # the epoch it finished
     paused_step = w.model.step
     assert paused_step == 64 * paused_after
     assert w.ui_state() == "paused"
     w.controls.accum.setValue(1)
     w.apply_changes()
+    wait_until(qtbot, lambda: "applies at" in w.controls.status_text("accum"), 30, "the engine to take it in")
     assert f"applies at epoch {paused_after + 1} (now: the run is paused)" in w.controls.status_text("accum")
     wait_until(qtbot, lambda: w.controls.status_text("accum").startswith("applied"), 30, "the change while paused")
     qtbot.wait(300)

@@ -5,8 +5,9 @@ import math
 
 import numpy as np
 
-from app.decimate import FACTOR, PeakPyramid
-from app.metrics import EMA_BETA, GrowableArray, MetricsBuffer
+from app.model.decimate import FACTOR, PeakPyramid
+from app.model.growable import GrowableArray
+from app.model.metrics import EMA_BETA, MetricsBuffer
 
 
 def test_growable_array_doubles_and_keeps_values():

@@ -44,7 +44,7 @@ def test_plots_hold_what_run_db_holds(qtbot, make_window, tmp_path):
     w2 = make_window()
     assert w2.open_run(str(run_dir))
     _check_plots_match(w2, rows, epochs)
-    assert w2.model.state == "finished" and w2.ui_state() == "viewing"
+    assert w2.session.state == "finished" and w2.ui_state() == "viewing"
     assert w2.plots.gpu_mode() == "cpu"
 
     # Overlay: run 1's loss EMA on the loss plot of a window showing run 2.
@@ -64,7 +64,7 @@ def test_plots_hold_what_run_db_holds(qtbot, make_window, tmp_path):
 
 def test_a_long_run_is_drawn_from_a_few_thousand_points(qtbot, make_window):
     """Peak decimation keeps every extreme: the drawn curve spans the data's min and max."""
-    from app.runmodel import RunModel
+    from app.model.runmodel import RunModel
     w = make_window()
     n = 300_000
     rng = np.random.default_rng(0)
@@ -101,6 +101,6 @@ def test_resumed_run_continues_the_plots(qtbot, make_window, tmp_path):
     assert w2.model.info.get("resumed") is True
     # Start again: a new run, not a second resume of the same folder.
     assert w2.start_run()
-    assert w2.runner._worker.config.resume is None
+    assert w2.runner.config.resume is None
     w2.stop_run()
     run_to_end(qtbot, w2)

@@ -23,7 +23,7 @@ def test_open_a_running_run_and_control_it(qtbot, make_window, tmp_path):
             time.sleep(0.2)
         w = make_window()
         assert w.open_run(str(run_dir))
-        assert w._controlling_remote() and w.controls.remote
+        assert w.session.remote and w.controls.remote
         wait_until(qtbot, lambda: w.model.step >= 2 and w.controls.engine.get("accum") == 2, 60, "remote steps")
         assert w.ui_state() == "training" and w.controls.stop_button.isEnabled()
         w.controls.accum.setValue(4)
@@ -33,7 +33,7 @@ def test_open_a_running_run_and_control_it(qtbot, make_window, tmp_path):
         assert [n for n in w.model.markers if ("accum", 2, 4) in n.changes]
         w.stop_run()
         proc.wait(timeout=30)
-        wait_until(qtbot, lambda: w.model.state == "finished", 30, "run_finished from run.db")
+        wait_until(qtbot, lambda: w.session.state == "finished", 30, "run_finished from run.db")
         assert w.model.finish_reason == "stopped"
         assert proc.returncode == 0
     finally:

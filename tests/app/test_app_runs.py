@@ -1,20 +1,9 @@
-"""The runs folder and the task names agree with the engine's; run history lists runs."""
+"""Run history lists the runs under the runs folder (where it is comes from engine.paths)."""
 from __future__ import annotations
 
 import os
 
-from app.runs import BUILTIN_TASKS, list_runs, runs_root
-
-
-def test_runs_root_and_builtins_match_the_engine(monkeypatch, tmp_path):
-    from engine.task import BUILTINS
-    from engine.trainer import default_runs_root
-    assert BUILTIN_TASKS == BUILTINS
-    assert runs_root() == default_runs_root()
-    monkeypatch.delenv("HEADROOM_RUNS")
-    assert runs_root() == default_runs_root() == os.path.join(str(tmp_path / "data"), "headroom", "runs")
-    monkeypatch.delenv("XDG_DATA_HOME")
-    assert runs_root() == default_runs_root()
+from app.core.runs import list_runs
 
 
 def test_history_lists_runs_newest_first_and_marks_dead_ones(tmp_path):

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 from PySide6.QtWidgets import QApplication
 
-from . import assets
+from ..core import assets
 
 THEMES = ("light", "dark")
 

@@ -174,6 +174,11 @@ class EngineRunner(QObject):
         """A run was started and its thread has not been cleaned up yet."""
         return self._thread is not None
 
+    @property
+    def config(self) -> Optional[TrainConfig]:
+        """The config of the run going, or None."""
+        return self._worker.config if self._worker is not None else None
+
     def start(self, config: TrainConfig) -> None:
         if self._thread is not None:
             raise RuntimeError("a run is already going")

@@ -6,12 +6,14 @@ from functools import lru_cache
 
 from PySide6.QtGui import QIcon
 
+
 def _find_resources() -> str:
     """$HEADROOM_RESOURCES, else resources/ beside app/ (a checkout, an editable install or the
     frozen bundle), else share/headroom/resources under the installation prefix (a wheel)."""
     import sys
+    app_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # this file is app/core/assets.py
     candidates = [os.environ.get("HEADROOM_RESOURCES", ""),
-                  os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "resources"),
+                  os.path.join(os.path.dirname(app_dir), "resources"),
                   os.path.join(sys.prefix, "share", "headroom", "resources")]
     for c in candidates:
         if c and os.path.isdir(c):

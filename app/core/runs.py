@@ -1,33 +1,38 @@
-"""The runs folder: where it is and what runs it holds. Torch-free.
-
-`runs_root()` mirrors `engine.trainer.default_runs_root()` (which the app must not import
-at start-up: it loads torch); tests/app/test_runs.py checks that the two agree.
+"""The runs folder: what run folders it holds, and whether the process writing one is alive.
+Torch-free. Where the folder is and what the built-in tasks are called come from
+`engine.paths`, which both packages share.
 """
 from __future__ import annotations
 
 import os
 import time
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 from engine.store import DB_NAME, RunReader, StoreError
-
-from .sources import pid_alive
-
-BUILTIN_TASKS = ("mlp", "charlm", "cnn-bn")  # engine.task.BUILTINS (checked by a test)
-
-
-def data_dir() -> str:
-    base = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
-    return os.path.join(base, "headroom")
-
-
-def runs_root() -> str:
-    return os.environ.get("HEADROOM_RUNS") or os.path.join(data_dir(), "runs")
 
 
 def is_run_dir(path: str) -> bool:
     return os.path.isfile(os.path.join(path, DB_NAME))
+
+
+def pid_alive(pid: Any) -> bool:
+    """Whether a process with this id exists (a run.db's writer, say)."""
+    try:
+        pid = int(pid)
+    except (TypeError, ValueError):
+        return False
+    if pid <= 0:
+        return False
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OSError):
+        return True  # exists, not ours
+    return True
 
 
 @dataclass

@@ -1,4 +1,5 @@
-"""QSettings: window layout, last run settings, theme, recent task files and runs.
+"""The user's preferences, kept in QSettings: window layout, the form's last values, theme,
+recent task files and runs. (Not the live knobs of a run: those are the engine's settings.)
 
 HEADROOM_SETTINGS=/path/file.ini puts them in one INI file (tests and benchmarks use
 it so they never touch the user's settings).
@@ -15,16 +16,16 @@ ORG, APP = "Headroom", "Headroom"
 MAX_RECENT = 10
 
 
-def open_settings() -> QSettings:
+def open_qsettings() -> QSettings:
     path = os.environ.get("HEADROOM_SETTINGS")
     if path:
         return QSettings(path, QSettings.Format.IniFormat)
     return QSettings(ORG, APP)
 
 
-class Settings:
+class Preferences:
     def __init__(self) -> None:
-        self.q = open_settings()
+        self.q = open_qsettings()
 
     def get_json(self, key: str, default: Any) -> Any:
         raw = self.q.value(key)

@@ -9,12 +9,9 @@ points costs O(m) plus one bucket per level.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 
-if TYPE_CHECKING:
-    from .metrics import GrowableArray
+from .growable import GrowableArray
 
 FACTOR = 4
 MIN_LEVEL_SIZE = 64  # no level coarser than needed to bring a curve under this many buckets
@@ -32,9 +29,7 @@ def _reduce(values_min: np.ndarray, values_max: np.ndarray) -> tuple[np.ndarray,
 
 
 class PeakPyramid:
-    def __init__(self, source: "GrowableArray") -> None:
-        from .metrics import GrowableArray
-        self._Growable = GrowableArray
+    def __init__(self, source: GrowableArray) -> None:
         self.source = source
         self.levels: list[tuple[GrowableArray, GrowableArray]] = []  # level k+1 at index k
         self._done = 0  # source points already folded in
@@ -60,8 +55,8 @@ class PeakPyramid:
             if k >= len(self.levels):
                 if prev_len <= MIN_LEVEL_SIZE:
                     break
-                self.levels.append((self._Growable(max(16, prev_len // FACTOR + 1)),
-                                    self._Growable(max(16, prev_len // FACTOR + 1))))
+                self.levels.append((GrowableArray(max(16, prev_len // FACTOR + 1)),
+                                    GrowableArray(max(16, prev_len // FACTOR + 1))))
                 prev_done = 0  # a new level is built from everything below it
             lo_arr, hi_arr = self.levels[k]
             start = (prev_done // FACTOR) * FACTOR  # first entry of the open bucket below

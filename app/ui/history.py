@@ -9,8 +9,8 @@ from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (QAbstractItemView, QHBoxLayout, QHeaderView, QLabel, QPushButton, QTreeWidget,
                                QTreeWidgetItem, QVBoxLayout, QWidget)
 
-from . import assets
-from .runs import RunSummary, list_runs
+from ..core import assets
+from ..core.runs import RunSummary, list_runs
 
 PATH_ROLE = Qt.ItemDataRole.UserRole
 

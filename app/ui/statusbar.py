@@ -5,7 +5,8 @@ from typing import Optional
 
 from PySide6.QtWidgets import QLabel, QStatusBar, QWidget
 
-from .runmodel import RunModel
+from ..model.runmodel import RunModel
+from ..session.state import RunState
 
 
 def fmt_duration(s: Optional[float]) -> str:
@@ -15,6 +16,18 @@ def fmt_duration(s: Optional[float]) -> str:
     h, rem = divmod(s, 3600)
     m, sec = divmod(rem, 60)
     return f"{h}:{m:02d}:{sec:02d}" if h else f"{m}:{sec:02d}"
+
+
+def state_text(view_state: str, state: RunState, model: RunModel) -> str:
+    """One or two words for where the run stands, e.g. 'Paused after epoch 2', 'Viewing (finished)'."""
+    st = view_state
+    if st == "idle" and state.is_over:
+        st = state.value
+    return {"idle": "Ready", "starting": "Starting", "training": "Training", "pausing": "Pausing",
+            "paused": f"Paused after epoch {model.epoch}", "stopping": "Stopping",
+            "viewing": f"Viewing ({state.value})" if state is not RunState.IDLE else "Viewing",
+            "finished": f"Finished ({model.finish_reason})", "failed": "Failed",
+            "interrupted": "Interrupted"}.get(st, st)
 
 
 def torch_version_quietly() -> str:
@@ -42,8 +55,8 @@ class StatusBar(QStatusBar):
             self.addPermanentWidget(w)
         self.backend.setVisible(False)
 
-    def update_from(self, model: Optional[RunModel], state_text: str) -> None:
-        self.state.setText(state_text)
+    def update_from(self, model: Optional[RunModel], state: RunState, text: str) -> None:
+        self.state.setText(text)
         if model is None:
             return
         info = model.info
@@ -64,8 +77,8 @@ class StatusBar(QStatusBar):
         else:
             self.progress.setText("step -")
         self.elapsed.setText(f"elapsed {fmt_duration(model.elapsed())}")
-        eta = model.eta()
-        if model.is_live:
+        if state.is_live:
+            eta = model.eta() if state is not RunState.PAUSED else None
             self.eta.setText(f"ETA {fmt_duration(eta)}" if eta is not None else "ETA after epoch 1")
         else:
             self.eta.setText("ETA --")

@@ -4,12 +4,12 @@ from __future__ import annotations
 import csv
 import math
 import os
-from typing import Optional
+from typing import Any, Callable, Optional
 
-from PySide6.QtWidgets import QWidget
+from PySide6.QtWidgets import QApplication, QFileDialog, QMainWindow, QWidget
 
-from .metrics import STEP_COLUMNS, MetricsBuffer
-from .runmodel import RunModel
+from ..model.metrics import STEP_COLUMNS, MetricsBuffer
+from ..model.runmodel import RunModel
 
 CSV_COLUMNS = (*STEP_COLUMNS, "loss_ema")
 INT_COLUMNS = {"step", "epoch", "accum", "micro_batch", "samples", "tokens", "clipped", "nonfinite",
@@ -54,3 +54,27 @@ def write_png(widget: QWidget, path: str) -> bool:
 def default_name(model: Optional[RunModel], suffix: str) -> str:
     run_dir = (model.info.get("run_dir") if model else None) or "headroom"
     return os.path.basename(os.path.normpath(str(run_dir))) + suffix
+
+
+def csv_dialog(parent: QMainWindow, model: RunModel, on_error: Callable[[str, str], Any]) -> None:
+    """File > Export metrics (CSV)..."""
+    path, _ = QFileDialog.getSaveFileName(parent, "Export metrics", default_name(model, ".csv"), "CSV (*.csv)")
+    if not path:
+        return
+    try:
+        n = write_csv(model, path)
+    except OSError as e:
+        on_error("Export failed", str(e))
+        return
+    parent.statusBar().showMessage(f"Wrote {n} rows to {path}", 5000)
+
+
+def png_dialog(parent: QWidget, model: RunModel, plots: Any, on_error: Callable[[str, str], Any]) -> None:
+    """File > Export plots (PNG)...: the plots as they are now, redrawn first."""
+    path, _ = QFileDialog.getSaveFileName(parent, "Export plots", default_name(model, ".png"), "PNG (*.png)")
+    if not path:
+        return
+    plots.refresh(force=True)
+    QApplication.processEvents()
+    if not write_png(plots, path):
+        on_error("Export failed", f"could not write {path}")

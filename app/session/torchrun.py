@@ -1,19 +1,16 @@
-"""Run on N GPUs: the torchrun command line for the current settings, a new run folder, and
-the GPU count (torch, loaded off the GUI thread). Pure functions, no Qt.
+"""Run on N GPUs: the torchrun command line for the current settings, and the GPU count
+(torch, loaded off the GUI thread). Pure functions, no Qt.
 
-The app starts the command as a QProcess and follows the run through its run.db, like any
-run training in another process (Stop goes through run.db's commands table).
+launcher.py starts the command as a QProcess; the session follows the run through its
+run.db, like any run training in another process (Stop goes through run.db's commands table).
 """
 from __future__ import annotations
 
 import os
 import sys
-import time
 from typing import Any, Optional, Union
 
 from engine.config import TrainConfig
-
-from .runs import runs_root
 
 LOG_NAME = "torchrun.log"
 MIN_GPUS = 2
@@ -56,17 +53,6 @@ def torchrun_command(config: Union[TrainConfig, dict[str, Any]], n: int, run_dir
         raise ValueError("a run folder is needed")
     return [python or sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(n),
             "-m", "engine", *engine_flags(config), "--run-dir", str(run_dir)]
-
-
-def new_run_dir(task: str, n: int, root: Optional[str] = None) -> str:
-    """A folder name that does not exist yet under the runs folder (like the engine's, with -Nproc)."""
-    stem = os.path.splitext(os.path.basename(str(task).replace(":", "-")))[0] or "run"
-    base = os.path.join(root or runs_root(), time.strftime("%Y%m%d-%H%M%S") + f"-{stem}-{n}proc")
-    path, k = base, 1
-    while os.path.exists(path):
-        k += 1
-        path = f"{base}-{k}"
-    return path
 
 
 def engine_pythonpath() -> str:

@@ -1,19 +1,36 @@
 """Where a run's data comes from: the in-process engine's EventBuffer, or a run folder's run.db.
 
-Both give the window the same thing on each timer tick: new items in order (steps and
-notes), and both take commands (an in-process queue, or run.db's `commands` table).
+Both give the session the same thing on each timer tick: new items in order (steps and
+notes), and both take commands (an in-process queue, or run.db's `commands` table) and a
+stop (a flag the engine thread checks every micro-batch, or a Stop row). Qt-free.
 """
 from __future__ import annotations
 
 import os
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Protocol
 
-from engine.commands import Command
+from engine.commands import Command, Stop
 from engine.events import EventBuffer, StepMetrics
 from engine.store import RunReader, StoreError, send_command
 
-from .runmodel import Note
+from ..core.runs import pid_alive
+from ..model.metrics import MetricsBuffer
+from ..model.notes import Note
+
+
+class Source(Protocol):
+    live: bool  # the engine thread of this window (True) or a run folder (False)
+    run_dir: Optional[str]
+    step_get: Callable[[Any, str], Any]  # how to read a field of a step item
+
+    def poll(self, force: bool = False) -> list[Any]: ...
+
+    def send(self, command: Command) -> None: ...
+
+    def stop(self) -> None: ...
+
+    def close(self) -> None: ...
 
 
 class LiveSource:
@@ -22,12 +39,14 @@ class LiveSource:
     live = True
     step_get: Callable[[Any, str], Any] = staticmethod(getattr)
 
-    def __init__(self, buffer: EventBuffer, send: Callable[[Command], None]) -> None:
+    def __init__(self, buffer: EventBuffer, send: Callable[[Command], None],
+                 stop: Optional[Callable[[], None]] = None) -> None:
         self.buffer = buffer
         self._send = send
-        self.run_dir: Optional[str] = None
+        self._stop = stop
+        self.run_dir: Optional[str] = None  # known once the engine has prepared the run
 
-    def poll(self) -> list[Any]:
+    def poll(self, force: bool = False) -> list[Any]:
         items = self.buffer.drain()
         if not items:
             return items
@@ -37,26 +56,16 @@ class LiveSource:
     def send(self, command: Command) -> None:
         self._send(command)
 
+    def stop(self) -> None:
+        """The worker's stop flag: the trainer stops at the next micro-batch, even inside an
+        epoch or before its first step (a Stop command would wait for the next step)."""
+        if self._stop is not None:
+            self._stop()
+        else:
+            self._send(Stop())
+
     def close(self) -> None:
         pass
-
-
-def pid_alive(pid: Any) -> bool:
-    try:
-        pid = int(pid)
-    except (TypeError, ValueError):
-        return False
-    if pid <= 0:
-        return False
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OSError):
-        return True  # exists, not ours
-    return True
 
 
 class FolderSource:
@@ -83,6 +92,7 @@ class FolderSource:
         return self.info.get("status") == "running" and not pid_alive(self.info.get("pid"))
 
     def poll(self, force: bool = False) -> list[Any]:
+        """New rows since the last poll, at most every POLL_S unless forced."""
         now = time.monotonic()
         if not force and now < self._next_poll:
             return []
@@ -123,8 +133,24 @@ class FolderSource:
     def send(self, command: Command) -> None:
         send_command(self.run_dir, command)
 
+    def stop(self) -> None:
+        send_command(self.run_dir, Stop())
+
     def close(self) -> None:
         try:
             self.reader.close()
         except Exception:
             pass
+
+
+def read_metrics(run_dir: str) -> MetricsBuffer:
+    """Every step a run folder holds, as a metrics buffer (an overlay of another run). Raises
+    StoreError."""
+    reader = RunReader(run_dir)
+    try:
+        rows = reader.metrics()
+    finally:
+        reader.close()
+    buf = MetricsBuffer(max(16, len(rows)))
+    buf.extend_records(rows, dict.get)
+    return buf

@@ -8,8 +8,8 @@ from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (QAbstractItemView, QHBoxLayout, QHeaderView, QLabel, QPushButton, QTableWidget,
                                QTableWidgetItem, QVBoxLayout, QWidget)
 
-from . import assets
-from .runmodel import Note
+from ..core import assets
+from ..model.notes import Note
 
 MAX_ROWS = 5000  # the oldest rows go first; run.db keeps every event
 TITLES = {

@@ -1,0 +1,61 @@
+"""The run settings a user can change while a run goes, and how each maps to an engine command.
+
+One table, so the form, the session and the pending-changes model agree on names, order,
+command kinds and the command field that carries the value. Qt-free.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+from engine.commands import Command, SetAccum, SetClip, SetLr, SetLrScaling, SetMicroBatch
+
+
+@dataclass(frozen=True)
+class LiveField:
+    name: str  # the TrainConfig field, also the key in every dict of live values
+    label: str  # how the alerts, markers and hints name it
+    command: type[Command]
+    arg: str  # the command's field that carries the value
+    cast: Callable[[Any], Any]
+
+    def make(self, value: Any) -> Command:
+        """The command that sets this field (raises ConfigError for a value out of range)."""
+        return self.command(**{self.arg: self.cast(value)})
+
+
+# A fixed order: micro-batch and accumulation go before lr, so lr scaling sees the new batch.
+FIELDS: tuple[LiveField, ...] = (
+    LiveField("micro_batch", "micro-batch", SetMicroBatch, "size", int),
+    LiveField("accum", "accum", SetAccum, "steps", int),
+    LiveField("lr", "lr", SetLr, "lr", float),
+    LiveField("clip", "clip", SetClip, "norm", float),
+    LiveField("lr_scaling", "lr scaling", SetLrScaling, "rule", str),
+)
+LIVE_FIELDS: tuple[str, ...] = tuple(f.name for f in FIELDS)
+BY_NAME: dict[str, LiveField] = {f.name: f for f in FIELDS}
+BY_COMMAND: dict[str, LiveField] = {f.command.kind: f for f in FIELDS}
+SETTING_LABELS: dict[str, str] = {f.name: f.label for f in FIELDS}
+
+
+def make_command(name: str, value: Any) -> Command:
+    return BY_NAME[name].make(value)
+
+
+def field_of_command(kind: str) -> Optional[LiveField]:
+    """The live field a command kind sets (None for pause, stop, a run.db row's error...)."""
+    return BY_COMMAND.get(kind)
+
+
+def same(a: Any, b: Any) -> bool:
+    """Equal values of a setting: floats compared with a relative tolerance (the form rounds)."""
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool):
+        return math.isclose(float(a), float(b), rel_tol=1e-9, abs_tol=0.0)
+    return a == b
+
+
+def fmt_value(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v)

@@ -1,0 +1,195 @@
+"""What the app knows about one run's data: metrics, epochs, setting markers, notes, info.
+
+Plain Python (no Qt). Fed in order by a source (live events or run.db rows); each
+`ingest` returns a Delta saying what changed, so the views update only that. Where the
+run stands (training, paused, finished...) is the session's business (app/session/),
+not this model's: it keeps facts, the session keeps the one state machine.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, Sequence
+
+from engine.events import StepMetrics
+
+from .fields import SETTING_LABELS, fmt_value
+from .metrics import MetricsBuffer
+from .notes import Note
+
+
+@dataclass
+class Marker:
+    step: float  # drawn between this step and the next
+    label: str
+    changes: tuple = ()
+
+
+@dataclass
+class Delta:
+    steps: int = 0
+    notes: list[Note] = field(default_factory=list)
+    alerts: list[Note] = field(default_factory=list)
+    markers: bool = False
+    epochs: bool = False
+    epoch: bool = False  # the epoch being trained changed
+    info: bool = False
+
+    def __bool__(self) -> bool:
+        return bool(self.steps or self.notes or self.markers or self.epochs or self.epoch or self.info)
+
+    def absorb(self, later: "Delta") -> None:
+        """Add what a later ingest changed to this delta."""
+        self.steps += later.steps
+        self.notes += later.notes
+        self.alerts += later.alerts
+        self.markers |= later.markers
+        self.epochs |= later.epochs
+        self.epoch |= later.epoch
+        self.info |= later.info
+
+
+def marker_label(changes: Sequence[Sequence[Any]]) -> str:
+    return ", ".join(f"{SETTING_LABELS.get(n, n)} {fmt_value(o)}\u2192{fmt_value(v)}" for n, o, v in changes)
+
+
+class RunModel:
+    def __init__(self) -> None:
+        self.metrics = MetricsBuffer()
+        self.epochs: list[tuple[int, int, float, Optional[float]]] = []  # epoch, step, train, val
+        self.markers: list[Marker] = []
+        self.notes: list[Note] = []
+        self.info: dict[str, Any] = {}  # from run_started: run_dir, task, device, device_name, ...
+        self.finish_reason: Optional[str] = None  # from run_finished (reason) or run_failed (error)
+        self.epoch = 0  # the epoch being trained (from the last step)
+        self.step = 0
+        self.started_at: Optional[float] = None  # wall clock of run_started
+        self.ended_at: Optional[float] = None
+        self.samples_per_epoch: Optional[int] = None  # known once an epoch has ended
+        self._samples_this_epoch = 0
+        self._epoch_of_count = 0
+        self._on_note: dict[str, Callable[[Note, Delta], None]] = {
+            "run_started": self._run_started, "settings_applied": self._settings_applied,
+            "oom_recovered": self._oom_recovered, "epoch_end": self._epoch_end,
+            "run_finished": self._run_ended, "run_failed": self._run_ended,
+        }
+
+    # -- feeding -------------------------------------------------------------------------
+    def ingest(self, items: Sequence[Any], step_get: Callable[[Any, str], Any] = getattr) -> Delta:
+        """Items in order: steps (StepMetrics or run.db metric rows) and Notes (or Events)."""
+        delta = Delta()
+        run: list[Any] = []
+        for item in items:
+            if isinstance(item, (StepMetrics, dict)):
+                run.append(item)
+                continue
+            if run:
+                self._steps(run, step_get, delta)
+                run = []
+            self._note(item if isinstance(item, Note) else Note.from_event(item), delta)
+        if run:
+            self._steps(run, step_get, delta)
+        return delta
+
+    def _steps(self, records: list[Any], get: Callable[[Any, str], Any], delta: Delta) -> None:
+        delta.steps += self.metrics.extend_records(records, get)
+        last = records[-1]
+        self.step = int(get(last, "step"))
+        for r in records:  # samples per epoch: the data set size, for the ETA
+            e = int(get(r, "epoch"))
+            if e != self._epoch_of_count:
+                self._epoch_of_count, self._samples_this_epoch = e, 0
+            self._samples_this_epoch += int(get(r, "samples") or 0)
+        epoch = int(get(last, "epoch"))
+        if epoch != self.epoch:
+            self.epoch = epoch
+            delta.epoch = True
+
+    def _note(self, note: Note, delta: Delta) -> None:
+        self.notes.append(note)
+        delta.notes.append(note)
+        if note.is_alert:
+            delta.alerts.append(note)
+        handler = self._on_note.get(note.kind)
+        if handler is not None:
+            handler(note, delta)
+
+    def _run_started(self, note: Note, delta: Delta) -> None:
+        self.info = dict(note.data)
+        self.started_at = note.time or time.time()
+        self.ended_at = None
+        self.finish_reason = None
+        delta.info = True
+
+    def _settings_applied(self, note: Note, delta: Delta) -> None:
+        changes = tuple(tuple(c) for c in note.data.get("changes") or ())
+        if changes:
+            self.markers.append(Marker(note.step + 0.5, marker_label(changes), changes))
+            delta.markers = True
+
+    def _oom_recovered(self, note: Note, delta: Delta) -> None:
+        d = note.data
+        changes = (("micro_batch", d.get("old_micro_batch"), d.get("new_micro_batch")),
+                   ("accum", d.get("old_accum"), d.get("new_accum")))
+        self.markers.append(Marker(note.step + 0.5, "OOM: " + marker_label(changes), changes))
+        delta.markers = True
+
+    def _epoch_end(self, note: Note, delta: Delta) -> None:
+        val = note.data.get("val_loss")
+        self.epochs.append((note.epoch, note.step, float(note.data.get("train_loss", math.nan)),
+                            None if val is None else float(val)))
+        if self._epoch_of_count == note.epoch and self._samples_this_epoch:
+            self.samples_per_epoch = self._samples_this_epoch
+        delta.epochs = True
+
+    def _run_ended(self, note: Note, delta: Delta) -> None:
+        self.finish_reason = note.data.get("reason" if note.kind == "run_finished" else "error")
+        self.ended_at = note.time or time.time()
+        delta.info = True
+
+    # -- reading -------------------------------------------------------------------------
+    @property
+    def config(self) -> dict[str, Any]:
+        c = self.info.get("config")
+        return c if isinstance(c, dict) else {}
+
+    def elapsed(self, now: Optional[float] = None) -> Optional[float]:
+        if self.started_at is None:
+            return None
+        end = self.ended_at if self.ended_at is not None else (now or time.time())
+        return max(0.0, end - self.started_at)
+
+    def eta(self) -> Optional[float]:
+        """Seconds left at the recent sample rate, from the data set size (known after epoch 1)
+        and max_steps. Whether a run is going at all is the caller's to know."""
+        m = self.metrics
+        n = len(m)
+        if n < 2:
+            return None
+        k = min(n, 50)
+        samples = m.view("samples")[-k:]
+        secs = m.view("step_time")[-k:]
+        if not secs.sum() > 0:
+            return None
+        rate = samples.sum() / secs.sum()  # samples per second
+        step_secs = secs.mean()
+        candidates = []
+        epochs = int(self.config.get("epochs") or 0)
+        if self.samples_per_epoch and epochs:
+            left_epochs = epochs - self.epoch
+            left = left_epochs * self.samples_per_epoch + max(0, self.samples_per_epoch - self._samples_this_epoch)
+            candidates.append(left / rate if rate > 0 else math.inf)
+        max_steps = self.config.get("max_steps")
+        if max_steps:
+            candidates.append(max(0, int(max_steps) - self.step) * step_secs)
+        return min(candidates) if candidates else None
+
+    def alerts(self) -> list[Note]:
+        return [n for n in self.notes if n.is_alert]
+
+    def step_values(self, index: int) -> dict[str, Any]:
+        """The live settings a step was trained with (lr, clip, micro-batch, accum), by its index."""
+        buf = self.metrics
+        return {"lr": float(buf.view("lr")[index]), "clip": float(buf.view("clip")[index]),
+                "micro_batch": int(buf.view("micro_batch")[index]), "accum": int(buf.view("accum")[index])}

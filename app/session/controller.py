@@ -1,0 +1,202 @@
+"""Drives a RunSession from Qt: this window's engine thread, torchrun launches, run folders.
+
+The session decides where the run stands; this class starts and stops the things that
+run it, hands their news to the session and publishes what changed through
+SessionSignals. The window connects views to those signals and shows `error` as a dialog.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any, Optional
+
+from PySide6.QtCore import QObject, Signal
+
+from engine.config import ConfigError
+from engine.store import StoreError
+
+from ..core import logs
+from .configs import launch_config, launch_dir, start_config
+from .launcher import Launch, LaunchManager
+from .session import RunSession, Update
+from .signals import SessionSignals
+from .sources import FolderSource, LiveSource
+from .state import RunState
+from .worker import EngineRunner
+
+log = logging.getLogger("headroom.controller")
+
+
+class RunController(QObject):
+    error = Signal(str, str)  # (title, message): something the user must read
+    run_dir_known = Signal(str)  # the folder of the run shown (prepared, launched or opened)
+    folder_opened = Signal(str)  # a run folder's data is in the model
+    run_done = Signal(dict)  # this window's engine thread has ended: the outcome
+
+    def __init__(self, parent: Optional[QObject] = None) -> None:
+        super().__init__(parent)
+        self.session = RunSession()
+        self.signals = SessionSignals(self)
+        self.runner = EngineRunner(self)
+        self.launcher = LaunchManager(self)
+        self.outcome: Optional[dict[str, Any]] = None  # how the last run of this window ended
+        self._resume_used = False  # --resume continues that run once; Start again begins a new one
+        self.runner.prepared.connect(self._on_prepared)
+        self.runner.bad_input.connect(self._on_bad_input)
+        self.runner.failed.connect(self._on_failed)
+        self.runner.finished.connect(self._on_finished)
+        self.runner.stopped.connect(self._on_thread_stopped)
+        self.launcher.ready.connect(self._on_launch_ready)
+        self.launcher.ended.connect(self._on_launch_ended)
+        self.launcher.error.connect(self._on_launch_error)
+
+    def publish(self, u: Update) -> None:
+        self.signals.publish(u, self.session)
+
+    def tick(self) -> None:
+        """Drain the source into the session (the window's ~30 Hz timer)."""
+        self.publish(self.session.poll())
+
+    # -- starting ------------------------------------------------------------------------
+    def start(self, base: dict[str, Any], form: dict[str, Any]) -> bool:
+        """A run in this window's engine thread: the command-line flags under the form's values."""
+        try:
+            config = start_config(base, form, self._resume_used)
+        except ConfigError as e:
+            self.error.emit("Cannot start", str(e))
+            return False
+        history: list[Any] = []
+        if config.resume:
+            self._resume_used = True
+            history = self._history(config.resume)
+        self.outcome = None
+        source = LiveSource(self.runner.buffer, self.runner.send, self.runner.stop)
+        self.publish(self.session.begin(source, engine=True, history=history))
+        log.info("start: %s", config.to_dict())
+        self.runner.start(config)
+        return True
+
+    def _history(self, run_dir: str) -> list[Any]:
+        """A resumed run: what run.db holds so far; the live steps continue it (and supersede any
+        logged after the checkpoint)."""
+        try:
+            src = FolderSource(run_dir)
+        except (StoreError, ConfigError) as e:
+            log.warning("resume %s: cannot read its history: %s", run_dir, e)
+            return []
+        try:
+            return src.poll(force=True)
+        finally:
+            src.close()
+
+    def launch(self, base: dict[str, Any], form: dict[str, Any], n: int, run_dir: str = "") -> Optional[Launch]:
+        """The form's settings under torchrun with n processes; the run is followed through its
+        run.db once it exists."""
+        try:
+            config = launch_config(base, form)
+            ln = self.launcher.start(config, n, launch_dir(config, n, run_dir))
+        except (ConfigError, ValueError, OSError) as e:
+            self.error.emit("Cannot start", str(e))
+            return None
+        self.outcome = None
+        self.publish(self.session.begin(None))
+        self.run_dir_known.emit(ln.run_dir)
+        return ln
+
+    def open(self, path: str) -> bool:
+        """Show a run folder's data (finished, or training in another process)."""
+        if self.runner.is_busy():
+            self.error.emit("A run is going", "This window is training a run. Stop it first, or tick "
+                                              "'Compare' in the run history to overlay the other run's loss.")
+            return False
+        try:
+            src = FolderSource(path)
+        except (StoreError, ConfigError) as e:
+            self.error.emit("Cannot open the run folder", str(e))
+            return False
+        self.publish(self.session.open(src))
+        self.run_dir_known.emit(path)
+        self.folder_opened.emit(path)
+        return True
+
+    # -- commands ------------------------------------------------------------------------
+    def pause(self) -> None:
+        self.publish(self.session.pause())
+
+    def resume(self) -> None:
+        self.publish(self.session.resume())
+
+    def stop(self) -> None:
+        u = self.session.stop()
+        self.publish(u)
+        if self.session.state is not RunState.STOPPING or not u.state:
+            return
+        src = self.session.source
+        if (src is None and self.launcher.starting()) or (src is not None and self.launcher.follows(src.run_dir)):
+            self.launcher.stop_later()  # SIGTERM if Stop through run.db does not end it (or there is none yet)
+
+    def apply(self, edits: dict[str, Any]) -> None:
+        u, err = self.session.apply(edits)
+        self.publish(u)
+        if err:
+            self.error.emit("Could not send the change", err)
+
+    def close(self) -> None:
+        """The window closes: end a launched run the clean way, let go of the run folder."""
+        self.launcher.stop_for_close()
+        self.session.close()
+
+    # -- the engine thread -----------------------------------------------------------------
+    def _on_prepared(self, run_dir: str) -> None:
+        src = self.session.source
+        if isinstance(src, LiveSource):
+            src.run_dir = run_dir
+        self.run_dir_known.emit(run_dir)
+
+    def _on_bad_input(self, message: str) -> None:
+        self.tick()
+        self.outcome = {"status": "bad_input", "message": message}
+        self.publish(self.session.not_started())
+        self.error.emit("Could not start the run", message)
+
+    def _on_failed(self, message: str) -> None:
+        self.tick()
+        self.outcome = {"status": "failed", "message": message}
+        self.error.emit("The run failed", f"{message}\n\nThe metrics and the last checkpoint stay in the run "
+                                          f"folder. The full traceback is in {logs.log_path()}.")
+
+    def _on_finished(self, result: dict) -> None:
+        self.tick()
+        self.outcome = {"status": "finished", **result}
+
+    def _on_thread_stopped(self) -> None:
+        self.publish(self.session.engine_stopped())
+        if self.outcome is None:
+            self.outcome = {"status": "finished", "reason": self.session.model.finish_reason}
+        self.run_done.emit(dict(self.outcome))
+
+    # -- torchrun launches -----------------------------------------------------------------
+    def _on_launch_ready(self, ln: Launch) -> None:
+        stop_asked = self.session.state is RunState.STOPPING  # Stop pressed while it was starting
+        if self.open(ln.run_dir) and stop_asked and self.session.remote:
+            self.stop()
+
+    def _on_launch_ended(self, ln: Launch, code: int) -> None:
+        if not ln.attached:
+            if self.session.source is None:  # still waiting for it (not moved on to another run)
+                self.publish(self.session.not_started())
+            if not ln.terminated:
+                self.error.emit("The run on N GPUs did not start",
+                                f"torchrun exited with code {code} before the run began. Its output is in "
+                                f"{ln.log_path} (Run > Open launch log).")
+        else:
+            src = self.session.source
+            if src is not None and self.launcher.follows(src.run_dir):
+                self.publish(self.session.poll(force=True, flush=True))  # what the processes wrote last
+        if self.outcome is None:
+            self.outcome = {"status": "finished" if code == 0 else "failed",
+                            "reason": self.session.model.finish_reason, "exit_code": int(code)}
+        self.publish(Update(state=True))  # the launch log, Start and Run on N GPUs follow
+
+    def _on_launch_error(self, ln: Launch, message: str) -> None:
+        self.publish(self.session.not_started())
+        self.error.emit("Could not start torchrun", message)

@@ -1,0 +1,347 @@
+"""The run session: one run the window shows, where its data comes from, where it stands,
+and the commands sent to it. Qt-free, so its state machine is tested without a window.
+
+    begin() ──> STARTING ──run_started / a step──> TRAINING ──pause()──> PAUSING ──paused──> PAUSED
+                   │                                  │  <──────────────resumed──────────────┘
+                   └──────── stop() ──> STOPPING <────┘
+    run_finished ──> FINISHED        run_failed ──> FAILED
+    the engine thread ends first, or the form was refused ──> IDLE
+    a run folder whose process is gone without finishing ──> INTERRUPTED
+
+Each method returns an Update saying what changed; the Qt adapter (signals.py) turns it
+into typed signals for the views.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, Sequence
+
+from engine.commands import Command, Pause, Resume, Stop
+from engine.config import ConfigError
+from engine.events import StepMetrics
+
+from ..model.fields import BY_NAME, LIVE_FIELDS
+from ..model.notes import Note
+from ..model.pending import PendingChanges
+from ..model.runmodel import Delta, RunModel
+from .sources import FolderSource, Source
+from .state import Allowed, RunState, allowed
+
+# A command's outcome; held back a frame when its receipt came in the same batch (see receipt_cut).
+OUTCOME_KINDS = ("settings_applied", "command_refused")
+
+
+@dataclass(frozen=True)
+class SentCommand:
+    command: Command
+    step: int  # the last step the window had seen when it was sent
+    time: float
+
+
+@dataclass
+class Update:
+    """What a call on the session changed."""
+    delta: Delta = field(default_factory=Delta)
+    state: bool = False  # the run state changed
+    pending: list[str] = field(default_factory=list)  # live fields whose pending change moved on
+    engine_values: dict[str, Any] = field(default_factory=dict)  # what the engine has (the form follows)
+    reset: bool = False  # a new, empty run model: views start over
+
+    def __bool__(self) -> bool:
+        return bool(self.delta or self.state or self.pending or self.engine_values or self.reset)
+
+    def absorb(self, later: "Update") -> None:
+        self.delta.absorb(later.delta)
+        self.state |= later.state
+        self.pending += [n for n in later.pending if n not in self.pending]
+        self.engine_values.update(later.engine_values)
+        self.reset |= later.reset
+
+
+def receipt_cut(items: Sequence[Any]) -> int:
+    """Where to cut a batch so that a command's receipt and its outcome are not shown in the
+    same frame. The engine can take a command in and apply it at once (while paused it does
+    both in one go); the receipt says when the change applies, and that deserves one frame on
+    screen before "applied" replaces it. Items from the cut on wait for the next poll."""
+    received = False
+    for i, item in enumerate(items):
+        kind = item.kind if isinstance(item, Note) else None
+        if kind == "command_received":
+            received = True
+        elif received and kind in OUTCOME_KINDS:
+            return i
+    return len(items)
+
+
+class RunSession:
+    def __init__(self) -> None:
+        self.model = RunModel()
+        self.pending = PendingChanges()
+        self.source: Optional[Source] = None
+        self.state = RunState.IDLE
+        self.sent: list[SentCommand] = []  # this run's commands, in the order sent
+        self.engine_alive = False  # this window's engine thread runs (it outlives run_finished a moment)
+        self._backlog: list[Any] = []
+        self._seen_epoch = 0  # the epoch of the last steps seen; 0 until the run's first steps
+        self._on_note: dict[str, Callable[[Note, Update], None]] = {
+            "run_started": self._run_started, "paused": self._paused, "resumed": self._resumed,
+            "run_finished": lambda n, u: self._set(RunState.FINISHED, u),
+            "run_failed": lambda n, u: self._set(RunState.FAILED, u),
+            "command_received": self._command_received, "settings_applied": self._settings_applied,
+            "command_refused": self._command_refused, "oom_recovered": self._oom_recovered,
+            "micro_batch_found": self._micro_batch_found,
+        }
+
+    # -- reading -------------------------------------------------------------------------
+    @property
+    def busy(self) -> bool:
+        """No other run may start: one is going, or this window's engine thread is ending."""
+        return self.state.is_live or self.engine_alive
+
+    @property
+    def remote(self) -> bool:
+        """Following a run another process trains: commands go through its run.db."""
+        return isinstance(self.source, FolderSource) and self.source.running
+
+    @property
+    def viewing(self) -> bool:
+        """Showing a run folder's data with no run going."""
+        return not self.state.is_live and isinstance(self.source, FolderSource) and len(self.model.metrics) > 0
+
+    def view_state(self) -> str:
+        """The run state as the controls show it: a live state, 'viewing' or 'idle'."""
+        if self.state.is_live:
+            return self.state.value
+        return "viewing" if self.viewing else "idle"
+
+    def allowed(self, edits_ready: bool, gpus: int, min_gpus: int) -> Allowed:
+        return allowed(self.state, self.busy, edits_ready, gpus, min_gpus)
+
+    # -- beginning -----------------------------------------------------------------------
+    def reset(self) -> Update:
+        """Forget the last run: a new model, no source, nothing pending."""
+        if self.source is not None:
+            self.source.close()
+        self.source = None
+        self.model = RunModel()
+        u = Update(reset=True, pending=self.pending.clear())
+        self.sent = []
+        self._backlog = []
+        self._seen_epoch = 0
+        self.engine_alive = False
+        self._set(RunState.IDLE, u)
+        return u
+
+    def begin(self, source: Optional[Source], engine: bool = False, history: Sequence[Any] = (),
+              history_get: Callable[[Any, str], Any] = dict.get) -> Update:
+        """A run this window starts: in its own engine thread (engine=True), or under torchrun
+        (source None until its run.db exists). `history`: what a resumed run's run.db holds so
+        far, shown before the engine starts (data only: its state and settings are the old run's)."""
+        u = self.reset()
+        if history:
+            u.delta.absorb(self.model.ingest(history, history_get))
+        self.source = source
+        self.engine_alive = engine
+        self._set(RunState.STARTING, u)
+        return u
+
+    def open(self, source: FolderSource) -> Update:
+        """Show a run folder, finished or training in another process."""
+        u = self.reset()
+        self.source = source
+        u.absorb(self._ingest(source.poll(force=True) + source.problems(), source.step_get))
+        if not self.model.info:
+            self.model.info = dict(source.info)
+        if source.running and not self.state.is_live:
+            self._set(RunState.TRAINING, u)  # a run that has not said run_started yet
+        self._settle_folder(u)
+        return u
+
+    # -- following -----------------------------------------------------------------------
+    def poll(self, force: bool = False, flush: bool = False) -> Update:
+        """New items from the source into the model and the state machine. `flush`: take the
+        whole backlog at once (the run is over: there is no next frame to wait for)."""
+        src = self.source
+        if src is None:
+            return Update()
+        items = self._backlog + src.poll(force)
+        self._backlog = []
+        if not flush:
+            cut = receipt_cut(items)
+            items, self._backlog = items[:cut], items[cut:]
+        u = self._ingest(items, src.step_get)
+        self._settle_folder(u)
+        return u
+
+    def _settle_folder(self, u: Update) -> None:
+        """A run folder whose process is gone while the session thinks the run is going: read
+        what it wrote last, then trust run.db's status (killed or crashed: interrupted)."""
+        src = self.source
+        if not isinstance(src, FolderSource) or src.running or self._backlog:
+            return
+        if self.state.is_live:
+            u.absorb(self._ingest(src.poll(force=True), src.step_get))
+        if self.state.is_live or (self.state is RunState.IDLE and len(self.model.metrics)):
+            status = src.info.get("status")
+            self._set(RunState.INTERRUPTED if src.interrupted() else
+                      RunState.FAILED if status == "failed" else RunState.FINISHED, u)
+
+    def _ingest(self, items: Sequence[Any], get: Callable[[Any, str], Any]) -> Update:
+        """Items in order: each note moves the state machine as it comes, between the steps
+        around it (a pause note after the steps of its epoch, say)."""
+        u = Update()
+        run: list[Any] = []
+        for item in items:
+            if isinstance(item, (StepMetrics, dict)):
+                run.append(item)
+                continue
+            if run:
+                self._steps(run, get, u)
+                run = []
+            note = item if isinstance(item, Note) else Note.from_event(item)
+            u.delta.absorb(self.model.ingest([note]))
+            handler = self._on_note.get(note.kind)
+            if handler is not None:
+                handler(note, u)
+        if run:
+            self._steps(run, get, u)
+        return u
+
+    def _steps(self, records: list[Any], get: Callable[[Any, str], Any], u: Update) -> None:
+        d = self.model.ingest(records, get)
+        u.delta.absorb(d)
+        if not d.steps:
+            return
+        if not self.pending.engine or self._seen_epoch == 0:
+            # The run's first steps say what it trains with (a resumed run restores its
+            # settings from the checkpoint, which run_started's config does not show).
+            first = len(self.model.metrics) - d.steps
+            u.engine_values.update(self.pending.set_engine(self.model.step_values(first)))
+        if self.state in (RunState.IDLE, RunState.STARTING, RunState.PAUSED):
+            self._set(RunState.TRAINING, u)
+        if self.model.epoch != self._seen_epoch:
+            self._seen_epoch = self.model.epoch
+            u.pending += self.pending.epoch_reached(self.model.epoch)
+
+    # -- the engine's notes --------------------------------------------------------------
+    def _run_started(self, note: Note, u: Update) -> None:
+        cfg = note.data.get("config") or {}
+        u.engine_values.update(self.pending.set_engine({n: cfg.get(n) for n in LIVE_FIELDS}))
+        if self.state not in (RunState.PAUSING, RunState.STOPPING):
+            self._set(RunState.TRAINING, u)
+
+    def _paused(self, note: Note, u: Update) -> None:
+        if self.state is not RunState.STOPPING:
+            self._set(RunState.PAUSED, u)
+
+    def _resumed(self, note: Note, u: Update) -> None:
+        if self.state is not RunState.STOPPING:
+            self._set(RunState.TRAINING, u)
+
+    def _command_received(self, note: Note, u: Update) -> None:
+        d = note.data
+        u.pending += self.pending.received(str(d.get("command")), dict(d.get("payload") or {}),
+                                           str(d.get("applies")), d.get("target_epoch"),
+                                           paused=self.state is RunState.PAUSED)
+
+    def _settings_applied(self, note: Note, u: Update) -> None:
+        u.pending += self.pending.applied(note.data.get("changes") or (), note.step, note.epoch)
+
+    def _command_refused(self, note: Note, u: Update) -> None:
+        u.pending += self.pending.refused(str(note.data.get("command")), str(note.data.get("reason")))
+
+    def _oom_recovered(self, note: Note, u: Update) -> None:
+        d = note.data
+        u.engine_values.update(self.pending.set_engine({"micro_batch": d.get("new_micro_batch"),
+                                                        "accum": d.get("new_accum")}))
+
+    def _micro_batch_found(self, note: Note, u: Update) -> None:
+        d = note.data
+        u.engine_values.update(self.pending.set_engine({"micro_batch": d.get("micro_batch"),
+                                                        "accum": d.get("accum")}))
+
+    # -- commands ------------------------------------------------------------------------
+    def pause(self) -> Update:
+        u = Update()
+        if self.source is not None and self.state in (RunState.STARTING, RunState.TRAINING):
+            self._send(Pause())
+            self._set(RunState.PAUSING, u)
+        return u
+
+    def resume(self) -> Update:
+        """Resume; a run already paused stays PAUSED until the engine says it resumed."""
+        u = Update()
+        if self.source is not None and self.state in (RunState.PAUSING, RunState.PAUSED):
+            self._send(Resume())
+            if self.state is RunState.PAUSING:
+                self._set(RunState.TRAINING, u)
+        return u
+
+    def stop(self) -> Update:
+        """Stop at the next micro-batch (this window's engine) or step (run.db). With no source
+        yet (a torchrun launch still starting) the state says so and the caller acts."""
+        u = Update()
+        if not self.state.is_live or self.state is RunState.STOPPING:
+            return u
+        self._set(RunState.STOPPING, u)
+        if self.source is not None:
+            self.source.stop()
+            self.sent.append(SentCommand(Stop(), self.model.step, time.time()))
+        return u
+
+    def apply(self, edits: dict[str, Any]) -> tuple[Update, str]:
+        """Send the edited live settings, in the fixed field order. Returns the update and, if
+        the run could not be reached, why (the rest is not sent)."""
+        u = Update()
+        if self.source is None or not self.state.is_live or self.state is RunState.STOPPING:
+            return u, ""
+        for name in LIVE_FIELDS:
+            if name not in edits:
+                continue
+            f = BY_NAME[name]
+            try:
+                cmd = f.make(edits[name])
+            except ConfigError as e:  # the form let through a value the command refuses
+                u.pending += self.pending.refused(f.command.kind, str(e))
+                continue
+            try:
+                self._send(cmd)
+            except (ConfigError, OSError) as e:
+                return u, str(e)
+            u.pending += self.pending.sent(name, edits[name], self.model.epoch)
+        return u, ""
+
+    def _send(self, command: Command) -> None:
+        assert self.source is not None
+        self.source.send(command)
+        self.sent.append(SentCommand(command, self.model.step, time.time()))
+
+    # -- endings -------------------------------------------------------------------------
+    def engine_stopped(self) -> Update:
+        """This window's engine thread has ended: everything it emitted is in, and a run still
+        'going' now never trained a step or never said it ended."""
+        u = self.poll(flush=True)
+        self.engine_alive = False
+        if self.state.is_live:
+            self._set(RunState.IDLE, u)
+        u.state = True  # busy changed
+        return u
+
+    def close(self) -> None:
+        if self.source is not None:
+            self.source.close()
+
+    def not_started(self) -> Update:
+        """The form or the task was refused, or torchrun ended before the run began."""
+        u = Update()
+        self._set(RunState.IDLE, u)
+        return u
+
+    def _set(self, state: RunState, u: Update) -> None:
+        if state is self.state:
+            return
+        was_live, self.state = self.state.is_live, state
+        u.state = True
+        if was_live and not state.is_live:  # the run ended before these reached a boundary
+            u.pending += self.pending.run_ended()

@@ -1,0 +1,124 @@
+"""The window's QActions, in one place: the toolbar, the menus and the Controls panel show
+the same Start, Pause, Resume, Stop and Apply actions, so one rule (app/session/state.py)
+sets what is enabled everywhere at once.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+from PySide6.QtCore import QObject, Qt
+from PySide6.QtGui import QAction, QKeySequence
+from PySide6.QtWidgets import QMainWindow, QMenu, QPushButton, QWidget
+
+from ..core import assets
+from ..core.shortcuts import SHORTCUTS
+from ..session.state import Allowed
+
+
+def make_action(parent: QWidget, text: str, key: str = "", icon: str = "", tip: str = "") -> QAction:
+    """An action with its shortcut (from SHORTCUTS) working anywhere in the app, and a tooltip
+    that names the shortcut."""
+    a = QAction(assets.icon(icon or "none"), text, parent)
+    if key in SHORTCUTS:
+        a.setShortcut(QKeySequence(SHORTCUTS[key]))
+        a.setShortcutContext(Qt.ShortcutContext.ApplicationShortcut)
+    a.setToolTip(f"{tip or text} ({SHORTCUTS[key]})" if key in SHORTCUTS else (tip or text))
+    parent.addAction(a)
+    return a
+
+
+class ActionButton(QPushButton):
+    """A push button that is a view of a QAction: clicking triggers the action, and the button
+    shows the action's text, icon, tooltip and enabled state (what QToolButton.setDefaultAction
+    does, for a QPushButton: the stylesheets style those as the panel's buttons)."""
+
+    def __init__(self, action: QAction, parent: Optional[QWidget] = None) -> None:
+        super().__init__(parent)
+        self.action = action
+        self.clicked.connect(action.trigger)
+        action.changed.connect(self._sync)
+        self._sync()
+
+    def _sync(self) -> None:
+        a = self.action
+        self.setText(a.text())
+        self.setIcon(a.icon())
+        self.setToolTip(a.toolTip())
+        self.setEnabled(a.isEnabled())
+
+
+class RunActions(QObject):
+    """Start, Pause, Resume, Stop and Apply changes."""
+
+    def __init__(self, parent: QWidget) -> None:
+        super().__init__(parent)
+        self.start = make_action(parent, "Start", "start", "start", "Start a run with the form's settings")
+        self.pause = make_action(parent, "Pause", "pause", "pause", "Pause after the current epoch")
+        self.resume = make_action(parent, "Resume", "resume", "resume", "Resume a paused run")
+        self.stop = make_action(parent, "Stop", "stop", "stop", "Stop at the next step and write a checkpoint")
+        self.apply = make_action(parent, "Apply changes", "apply", "apply",
+                                 "Send the edited settings to the run; the engine says when they apply")
+
+    def sync(self, allowed: Allowed) -> None:
+        self.start.setEnabled(allowed.start)
+        self.pause.setEnabled(allowed.pause)
+        self.resume.setEnabled(allowed.resume)
+        self.stop.setEnabled(allowed.stop)
+        self.apply.setEnabled(allowed.apply)
+
+
+class AppActions(QObject):
+    """Files, export, view and help; and Run on N GPUs with its launch log."""
+
+    def __init__(self, parent: QWidget) -> None:
+        super().__init__(parent)
+        self.open_run = make_action(parent, "Open run folder...", "open_run", "open")
+        self.open_task = make_action(parent, "Open task file...", "open_task", "open")
+        self.csv = make_action(parent, "Export metrics (CSV)...", "export_csv", "export-csv")
+        self.png = make_action(parent, "Export plots (PNG)...", "export_png", "export-png")
+        self.log_scale = make_action(parent, "Log scale (loss)", "log_scale")
+        self.log_scale.setCheckable(True)
+        self.theme = make_action(parent, "Dark theme", "theme", "theme", "Switch light/dark")
+        self.theme.setCheckable(True)
+        self.quit = make_action(parent, "Quit", "quit")
+        self.fit = make_action(parent, "Fit all")
+        self.torchrun = make_action(parent, "Run on N GPUs...", icon="start")
+        self.torchrun.setEnabled(False)
+        self.torchrun.setToolTip("Checking how many GPUs torch sees...")
+        self.open_log = make_action(parent, "Open launch log", icon="open",
+                                    tip="Open the torchrun output of the last run started on N GPUs")
+        self.open_log.setEnabled(False)
+        self.about = make_action(parent, "About Headroom", icon="info",
+                                 tip="Versions of Headroom, torch, CUDA, Qt and the NVIDIA driver")
+        self.about.setMenuRole(QAction.MenuRole.AboutRole)
+
+    def set_launch_gate(self, enabled: bool, tooltip: str, has_log: bool) -> None:
+        self.torchrun.setEnabled(enabled)
+        self.torchrun.setToolTip(tooltip)
+        self.torchrun.setStatusTip(tooltip)
+        self.open_log.setEnabled(has_log)
+
+
+def install(window: QMainWindow, run: RunActions, app: AppActions, docks: list[QAction]) -> QMenu:
+    """The toolbar and the menu bar. Returns the Run menu (it checks the GPUs when it opens)."""
+    tb = window.addToolBar("Run")
+    tb.setObjectName("toolbar_run")
+    tb.setMovable(False)
+    tb.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextBesideIcon)
+    for a in (run.start, run.pause, run.resume, run.stop, None, app.open_run, app.open_task, None, app.csv,
+              app.png, None, app.theme):
+        tb.addSeparator() if a is None else tb.addAction(a)
+    mb = window.menuBar()
+    _menu(mb.addMenu("&File"), (app.open_run, app.open_task, None, app.csv, app.png, None, app.quit))
+    run_menu = _menu(mb.addMenu("&Run"), (run.start, run.pause, run.resume, run.stop, None, run.apply, None,
+                                          app.torchrun, app.open_log))
+    run_menu.setToolTipsVisible(True)  # the disabled "Run on N GPUs..." says why
+    _menu(mb.addMenu("&View"), (app.log_scale, app.fit, app.theme, None, *docks))
+    _menu(mb.addMenu("&Help"), (app.about,))
+    return run_menu
+
+
+def _menu(menu: QMenu, actions: tuple[Optional[QAction], ...]) -> QMenu:
+    for a in actions:
+        menu.addSeparator() if a is None else menu.addAction(a)
+    return menu

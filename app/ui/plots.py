@@ -1,0 +1,372 @@
+"""Live plots (pyqtgraph): loss, gradient norm, lr, GPU memory, throughput.
+
+Each curve is drawn from the metrics buffer's numpy columns through a min/max
+pyramid (app/decimate.py): only the visible span, in about two points per pixel,
+reaches pyqtgraph, which also has setDownsampling(auto=True, mode='peak') and
+setClipToView(True) on. The window calls `refresh()` from its ~30 Hz timer; nothing
+here is driven by a signal per step.
+
+Ranges: while "following" (the default, and after "Fit all") the panel sets the axes
+itself, in steps (x grows by a fifth at a time, y only when the data leaves it or
+fills a small part of it), so the axes, whose text is the dearest thing to paint, are
+redrawn now and then rather than on every frame; they are cached as pixmaps between.
+Zooming or panning with the mouse stops following.
+"""
+from __future__ import annotations
+
+import math
+import time
+from typing import Callable, Optional
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtWidgets import QCheckBox, QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget
+
+from ..model.metrics import MetricsBuffer
+from ..model.runmodel import RunModel
+from .plot_marks import PlotMarks
+from .plot_memory import MemoryPlot
+from .plot_overlays import Overlays
+from .plot_parts import PlotCanvas, PlotSet, Series, legend, style_plot
+from .plot_ranges import follow
+from .theme import palette
+
+IDLE_NOTE = "Press Start (F5) to train, or open a run folder (Ctrl+O)"
+STARTING_NOTE = "Starting: loading torch and the task..."
+
+
+class PlotPanel(QWidget):
+    """All live plots of one run, plus overlays of other runs' loss."""
+
+    log_scale_changed = Signal(bool)
+
+    def __init__(self, theme: str = "light", parent: Optional[QWidget] = None) -> None:
+        super().__init__(parent)
+        self.pal = palette(theme)
+        self.theme = theme
+        self.model: Optional[RunModel] = None
+        self.live = False  # a run is going (the empty plot says it is starting, not how to start one)
+        self.follow = True
+        self._version = -1
+        self._range_key: tuple = ()
+        self._epoch_count = -1
+        self._updating = False
+        self._turn = 0
+        self.stale = False  # some small plot waits for its turn: the next refresh must run
+        self.refresh_cost = 0.0
+        self._syncing_x = False
+        self._tput_unit = ""
+        self._log = False
+        self.on_updated: list[Callable[[], None]] = []
+
+        bar = QHBoxLayout()
+        bar.setContentsMargins(6, 4, 6, 0)
+        self.log_box = QCheckBox("Log scale (loss)")
+        self.log_box.setToolTip("Show the loss on a logarithmic y axis")
+        self.log_box.toggled.connect(self.set_log_scale)
+        self.fit_button = QPushButton("Fit all")
+        self.fit_button.setToolTip("Show the whole run and follow new steps (zooming with the mouse stops following)")
+        self.fit_button.clicked.connect(self.fit)
+        self.hint = QLabel("")
+        self.hint.setObjectName("hint")
+        bar.addWidget(self.log_box)
+        bar.addWidget(self.fit_button)
+        bar.addStretch(1)
+        bar.addWidget(self.hint)
+
+        self.canvas = PlotCanvas()
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(0, 0, 0, 0)
+        lay.setSpacing(2)
+        lay.addLayout(bar)
+        lay.addWidget(self.canvas, 1)
+        self._build()
+
+    # -- construction --------------------------------------------------------------------
+    def _build(self) -> None:
+        pal = self.pal
+        c = self.canvas
+        c.setBackground(pal.background)
+        c.ci.setContentsMargins(4, 4, 10, 4)
+        c.ci.setSpacing(8)
+        self.loss_plot = c.addPlot(row=0, col=0, colspan=2)
+        self.norm_plot = c.addPlot(row=1, col=0)
+        self.lr_plot = c.addPlot(row=1, col=1)
+        self.mem_plot = c.addPlot(row=2, col=0)
+        self.tput_plot = c.addPlot(row=2, col=1)
+        self.plot_set = PlotSet(self.loss_plot, self.norm_plot, self.lr_plot, self.mem_plot, self.tput_plot)
+        c.ci.layout.setRowStretchFactor(0, 5)
+        c.ci.layout.setRowStretchFactor(1, 3)
+        c.ci.layout.setRowStretchFactor(2, 3)
+        self.plots = self.plot_set.all
+        for p, label in zip(self.plots, ("loss", "norm", "lr", "GiB", "samples/s")):
+            style_plot(p, label, pal)
+        self.lr_plot.getAxis("left").enableAutoSIPrefix(False)
+        for p in (self.loss_plot, self.mem_plot, self.tput_plot):
+            p.setLabel("bottom", "optimizer step")
+        for p in (self.norm_plot, self.lr_plot):  # same steps as the plot below them
+            p.getAxis("bottom").setStyle(showValues=False)
+        for p in self.plots:
+            # Not setXLink: pyqtgraph links plots of different widths by screen position, so the
+            # half-width plots would show half the steps. Same step range on every plot instead.
+            p.getViewBox().sigXRangeChanged.connect(self._sync_x)
+            p.getViewBox().sigRangeChangedManually.connect(self._user_moved)
+
+        self.loss_raw = self.loss_plot.plot(pen=pg.mkPen(pal.loss, width=1))
+        self.loss_ema = self.loss_plot.plot(pen=pg.mkPen(pal.ema, width=2))
+        self.val_item = self.loss_plot.plot(pen=pg.mkPen(pal.val, width=1.5, style=Qt.PenStyle.DashLine),
+                                            symbol="o", symbolSize=7, symbolBrush=pal.val, symbolPen=pal.val)
+        self.norm_item = self.norm_plot.plot(pen=pg.mkPen(pal.norm, width=1))
+        self.clip_item = self.norm_plot.plot(pen=pg.mkPen(pal.clip, width=1.5, style=Qt.PenStyle.DashLine))
+        # Clipped steps as dots: tiny segments with a wide round pen, one path for all of
+        # them (a ScatterPlotItem costs ~5 ms a frame per thousand points in Python).
+        dot = pg.mkPen(pal.clipped, width=5)
+        dot.setCapStyle(Qt.PenCapStyle.RoundCap)
+        self.clipped_item = self.norm_plot.plot(pen=dot)
+        self.lr_item = self.lr_plot.plot(pen=pg.mkPen(pal.lr, width=1.5))
+        self.tput_item = self.tput_plot.plot(pen=pg.mkPen(pal.throughput_raw, width=1))
+        self.tput_ema = self.tput_plot.plot(pen=pg.mkPen(pal.throughput, width=2))
+        self.memory = MemoryPlot(self.plot_set, pal)
+        self.mem_total, self.mem_used, self.headroom_fill = self.memory.total, self.memory.used, self.memory.fill
+        self.mem_note = self.memory.note
+        self.marks = PlotMarks(self.plot_set, pal)
+        self._overlays = Overlays(self.loss_plot, pal)
+
+        self.series = [
+            Series(self.loss_raw, "loss"), Series(self.loss_ema, "loss_ema"),
+            Series(self.norm_item, "grad_norm"), Series(self.clip_item, "clip_line"),
+            Series(self.clipped_item, "clipped_y"), Series(self.lr_item, "lr"),
+            Series(self.tput_item, "throughput"), Series(self.tput_ema, "throughput_ema"),
+        ]
+        self.mem_series = self.memory.series
+        self._every_frame = self.series[0:2]
+        self._turns = (self.series[2:6], self.series[6:8])  # norm/clip/clipped/lr, then throughput (+ memory)
+        self._y_series = {id(self.loss_plot): self.series[0:2], id(self.norm_plot): self.series[2:5],
+                          id(self.lr_plot): self.series[5:6], id(self.tput_plot): self.series[6:8],
+                          id(self.mem_plot): self.mem_series}
+        for s in self.series + self.mem_series:
+            s.item.setClipToView(True)
+            s.item.setDownsampling(auto=True, method="peak")
+        self._set_titles()
+
+        self.loss_note = pg.TextItem("", color=pal.note, anchor=(0.5, 0.5))
+        self.loss_note.setZValue(50)
+        self.loss_plot.addItem(self.loss_note, ignoreBounds=True)
+        self.loss_plot.getViewBox().sigRangeChanged.connect(lambda *_: self._place_notes())
+        self.loss_plot.setRange(xRange=(0, 100), yRange=(0, 1), padding=0)
+        for p in (self.norm_plot, self.lr_plot, self.tput_plot):
+            p.setYRange(0, 1, padding=0)
+        self.memory.set_mode("none")
+        self._show_loss_note(IDLE_NOTE)
+
+    def _set_titles(self) -> None:
+        pal, fg = self.pal, self.pal.foreground
+        m = self.model
+        extra = []
+        if m is not None and m.markers:
+            extra.append((pal.marker, "\u2506", "setting applied"))
+        if m is not None and m.metrics.nonfinite_steps:
+            extra.append((pal.nonfinite, "\u2506", "non-finite step"))
+        self.loss_plot.setTitle(legend("Loss", [(pal.loss, "\u2501", "per step"), (pal.ema, "\u2501", "EMA"),
+                                                (pal.val, "\u25cf", "validation (per epoch)")] + extra
+                                       + self._overlays.legend(), fg))
+        self.norm_plot.setTitle(legend("Gradient norm, before clipping",
+                                       [(pal.norm, "\u2501", "norm"), (pal.clip, "\u2505", "clip"),
+                                        (pal.clipped, "\u25cf", "clipped")], fg))
+        self.lr_plot.setTitle(legend("Learning rate", [], fg))
+        self.tput_plot.setTitle(legend("Throughput", [(pal.throughput_raw, "\u2501", "per step"),
+                                                      (pal.throughput, "\u2501", "EMA")], fg))
+
+    # -- notes in the plot area ------------------------------------------------------------
+    def _place_notes(self) -> None:
+        for plot, note in ((self.loss_plot, self.loss_note), (self.mem_plot, self.mem_note)):
+            if note.isVisible():
+                note.setPos(plot.getViewBox().viewRect().center())
+
+    def _show_loss_note(self, text: str) -> None:
+        if text == self.loss_note.toPlainText() and self.loss_note.isVisible() == bool(text):
+            return
+        self.loss_note.setText(text)
+        self.loss_note.setVisible(bool(text))
+        self._place_notes()
+
+    # -- data ----------------------------------------------------------------------------
+    def set_model(self, model: Optional[RunModel]) -> None:
+        self.model = model
+        self._version = -1
+        self._epoch_count = -1
+        self.marks.reset()
+        for s in self.series + self.mem_series:
+            s.key = ()
+        self.follow = True
+        self.refresh(force=True)
+
+    def set_live(self, live: bool) -> None:
+        if live != self.live:
+            self.live = live
+            self.refresh(force=True)
+
+    def set_log_scale(self, on: bool) -> None:
+        if self.log_box.isChecked() != on:
+            self.log_box.setChecked(on)
+            return
+        self._log = on
+        self.loss_plot.setLogMode(y=on)
+        self.loss_plot.setLabel("left", "loss (log)" if on else "loss")
+        self.follow = True
+        self.refresh(force=True)
+        self.log_scale_changed.emit(on)
+
+    def fit(self) -> None:
+        """Show everything and follow new steps again."""
+        self.follow = True
+        self.refresh(force=True, refit=True)
+
+    def _user_moved(self, *_args) -> None:
+        if not self._updating:
+            self.follow = False
+
+    def _sync_x(self, vb: pg.ViewBox, rng: tuple) -> None:
+        if self._syncing_x:
+            return
+        self._syncing_x = True
+        try:
+            for p in self.plots:
+                if p.getViewBox() is vb or (p is self.mem_plot and not self.memory.shown):
+                    continue
+                p.setXRange(float(rng[0]), float(rng[1]), padding=0)
+        finally:
+            self._syncing_x = False
+        if not self._updating and not self.follow:
+            self.refresh()
+
+    def _visible(self) -> tuple[Optional[float], Optional[float], int]:
+        vb = self.loss_plot.getViewBox()
+        width = max(100, int(vb.width()) or 600)
+        if self.follow:
+            return None, None, width
+        (x0, x1), _ = vb.viewRange()
+        return float(x0), float(x1), width
+
+    def refresh(self, force: bool = False, refit: bool = False) -> bool:
+        """Bring the plots up to date with the model. Cheap when nothing changed."""
+        model = self.model
+        if model is None:
+            return False
+        buf = model.metrics
+        x0, x1, width = self._visible()
+        range_key = (x0, x1, width, self.follow)
+        if not force and not self.stale and buf.version == self._version and range_key == self._range_key \
+                and len(model.epochs) == self._epoch_count and not self.marks.stale(model):
+            return False
+        self._updating = True
+        t_start = time.perf_counter()
+        try:
+            # New steps while following: the loss every frame, the small plots in turns (each
+            # about 15 times a second at 30 frames), so a frame repaints about half the canvas and
+            # blocks the event loop half as long. A forced refresh, or a zoom/pan, updates all.
+            all_plots = (force or range_key != self._range_key or not self.follow
+                         or buf.version == self._version)  # nothing new: catch up what waited its turn
+            self.stale = not all_plots
+            self._turn = (self._turn + 1) % 2
+            self._version, self._range_key = buf.version, range_key
+            for s in self.series:
+                if all_plots or s in self._every_frame or s in self._turns[self._turn]:
+                    s.update(buf, x0, x1, width)
+            self._overlays.update(x0, x1, width)
+            if all_plots or self._turn == 1:
+                self.memory.update(model, buf, x0, x1, width)
+            self._update_epochs(model)
+            if self.marks.update(model, self.memory.shown):
+                self._set_titles()
+            unit = "tokens/s" if buf.counts_tokens() else "samples/s"
+            if unit != self._tput_unit:
+                self._tput_unit = unit
+                self.tput_plot.setLabel("left", unit)
+            if self.follow:
+                follow(self.plot_set, self._y_series, self._overlays.series(), self.val_item, self._log,
+                       self.memory.shown, refit or force)
+            if len(buf) > 0 or self._overlays.entries:
+                self._show_loss_note("")
+            else:
+                self._show_loss_note(STARTING_NOTE if self.live else IDLE_NOTE)
+        finally:
+            self._updating = False
+            self.refresh_cost = 0.8 * self.refresh_cost + 0.2 * (time.perf_counter() - t_start)
+        for fn in self.on_updated:
+            fn()
+        return True
+
+    def frame_cost(self) -> float:
+        """Seconds one update of the plots costs the GUI thread (refresh + paint), moving average."""
+        return self.refresh_cost + self.canvas.paint_cost
+
+    def _update_epochs(self, model: RunModel) -> None:
+        if len(model.epochs) == self._epoch_count:
+            return
+        self._epoch_count = len(model.epochs)
+        pts = [(step, val) for _e, step, _t, val in model.epochs if val is not None and math.isfinite(val)]
+        if pts:
+            xs, ys = zip(*pts)
+            self.val_item.setData(np.array(xs, float), np.array(ys, float))
+        else:
+            self.val_item.setData([], [])
+
+    # -- marks and overlays ----------------------------------------------------------------
+    @property
+    def marker_lines(self) -> list[tuple[pg.PlotItem, pg.InfiniteLine]]:
+        return self.marks.marker_lines
+
+    @property
+    def nonfinite_lines(self) -> list[tuple[pg.PlotItem, pg.InfiniteLine]]:
+        return self.marks.nonfinite_lines
+
+    @property
+    def overlays(self) -> dict[str, tuple[MetricsBuffer, pg.PlotDataItem, Series]]:
+        return self._overlays.entries
+
+    def add_overlay(self, name: str, buf: MetricsBuffer) -> None:
+        self._overlays.add(name, buf)
+        self._set_titles()
+        self.follow = True
+        self.refresh(force=True, refit=True)
+
+    def remove_overlay(self, name: str, refresh: bool = True) -> None:
+        if self._overlays.remove(name):
+            self._set_titles()
+            if refresh:
+                self.refresh(force=True, refit=True)
+
+    def clear_overlays(self) -> None:
+        for name in list(self.overlays):
+            self.remove_overlay(name)
+
+    # -- reading back --------------------------------------------------------------------
+    def curve_data(self, name: str) -> tuple[np.ndarray, np.ndarray]:
+        """What a curve currently shows (x, y), for tests and export."""
+        item = {"loss": self.loss_raw, "loss_ema": self.loss_ema, "val": self.val_item, "grad_norm": self.norm_item,
+                "clip": self.clip_item, "clipped": self.clipped_item, "lr": self.lr_item,
+                "throughput": self.tput_item, "mem_used": self.mem_used, "mem_total": self.mem_total}[name]
+        x, y = item.getData()
+        x, y = np.asarray(x if x is not None else []), np.asarray(y if y is not None else [])
+        if name == "clipped":  # drawn as zero-length segments: each point twice
+            x, y = x[::2], y[::2]
+        return x, y
+
+    def gpu_mode(self) -> Optional[str]:
+        return self.memory.mode
+
+    def set_theme(self, theme: str) -> None:
+        """Rebuild the plots in the other palette (keeps the model and the overlays)."""
+        overlays = self._overlays.buffers()
+        self.theme, self.pal = theme, palette(theme)
+        self.canvas.clear()
+        self._tput_unit = ""
+        self._build()
+        for n, b in overlays:
+            self.add_overlay(n, b)
+        if self._log:
+            self.loss_plot.setLogMode(y=True)
+            self.loss_plot.setLabel("left", "loss (log)")
+        self.set_model(self.model)
