@@ -23,7 +23,7 @@ import time
 from typing import Any, Optional, Sequence
 
 from . import limits
-from .config import ConfigError, TrainConfig, parse_size
+from .config import LR_SCHEDULES, ConfigError, TrainConfig, parse_size
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -172,6 +172,11 @@ def add_run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nonfinite", choices=("skip", "stop"), default=S)
     p.add_argument("--lr-scaling", choices=("none", "linear", "sqrt"), default=S,
                    help="how lr follows the effective batch when accumulation changes")
+    p.add_argument("--lr-schedule", choices=LR_SCHEDULES, default=S,
+                   help="lr over samples seen: constant (default), linear or cosine decay to --min-lr-ratio x lr")
+    p.add_argument("--warmup", type=_finite_float, default=S,
+                   help="linear warmup: < 1 a fraction of the run's samples, >= 1 a number of samples (default 0)")
+    p.add_argument("--min-lr-ratio", type=_finite_float, default=S, help="where linear/cosine end (default 0.1)")
     p.add_argument("--token-budget", type=_int, default=S, help="close a window once it holds N counted items")
     p.add_argument("--find-micro-batch", action="store_true", default=S)
     p.add_argument("--effective-batch", type=_int, default=S)

@@ -14,6 +14,7 @@ PRECISIONS = ("fp32", "bf16", "fp16")
 OPTIMIZERS = ("adamw", "sgd")
 LR_SCALINGS = ("none", "linear", "sqrt")
 NONFINITE_MODES = ("skip", "stop")
+LR_SCHEDULES = ("constant", "linear", "cosine")
 DEFAULT_TASK = "mlp"
 
 
@@ -45,11 +46,15 @@ class TrainConfig:
     oom_recovery: bool = True
     vram_limit: Optional[int] = None  # bytes
     vram_low_fraction: float = 0.10
+    lr_schedule: str = "constant"  # constant | linear | cosine, over samples seen (engine/schedule.py)
+    warmup: float = 0.0  # < 1: a fraction of the planned samples; >= 1: samples
+    min_lr_ratio: float = 0.1  # linear and cosine end at this x the peak
 
     def validate(self) -> "TrainConfig":
         """Every field against its range in engine/limits.py (the same ranges the commands and
         the app's fields use); one-line ConfigError for the first that is out."""
-        for name in ("micro_batch", "accum", "epochs", "seed", "lr", "clip", "memory_margin"):
+        for name in ("micro_batch", "accum", "epochs", "seed", "lr", "clip", "memory_margin", "warmup",
+                     "min_lr_ratio"):
             limits.check(name, getattr(self, name), error=ConfigError)
         for name in ("max_steps", "token_budget", "effective_batch", "vram_limit"):
             if getattr(self, name) is not None:
@@ -58,6 +63,7 @@ class TrainConfig:
         _choice("precision", self.precision, PRECISIONS)
         _choice("lr-scaling", self.lr_scaling, LR_SCALINGS)
         _choice("nonfinite", self.nonfinite, NONFINITE_MODES)
+        _choice("lr-schedule", self.lr_schedule, LR_SCHEDULES)
         check_device_name(self.device)
         if self.find_micro_batch and self.effective_batch is None:
             raise ConfigError("--find-micro-batch needs --effective-batch N")

@@ -140,6 +140,24 @@ class CommandReceived(Event):
 
 
 @dataclass(frozen=True)
+class LrPlanned(Event):
+    """The lr schedule ahead of the run (over samples seen), so the app can draw it dashed.
+    Emitted at the start and whenever the peak changes."""
+    schedule: str
+    peak: float
+    warmup_samples: float
+    total_samples: float
+    min_lr_ratio: float
+    samples_now: int
+    curve: tuple[tuple[float, float], ...]  # (samples seen, lr)
+    kind: ClassVar[str] = "lr_planned"
+
+    def message(self) -> str:
+        return (f"lr schedule {self.schedule}: peak {self.peak:.3g}, warmup {self.warmup_samples:.0f} of "
+                f"{self.total_samples:.0f} samples")
+
+
+@dataclass(frozen=True)
 class LrHint(Event):
     accum_old: int
     accum_new: int

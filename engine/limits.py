@@ -110,6 +110,9 @@ RANGES: dict[str, Range] = {r.name: r for r in (
     Range("clip", "--clip", float, 0.0, 1e6),
     Range("memory_margin", "--memory-margin", float, 0.0, 1.0, high_open=True),
     Range("vram_low_fraction", "--vram-low-fraction", float, 0.0, 1.0, high_open=True),
+    # warmup < 1 is a fraction of the run, >= 1 a number of samples (up to the window bound).
+    Range("warmup", "--warmup", float, 0.0, 2.0**40),
+    Range("min_lr_ratio", "--min-lr-ratio", float, 0.0, 1.0),
 )}
 
 

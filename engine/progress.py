@@ -22,6 +22,7 @@ class Progress:
     epoch_count: float = 0.0  # and of count
     nonfinite_steps: int = 0
     scaler_skips: int = 0
+    samples: int = 0  # samples seen by optimizer steps so far (all ranks): the lr schedule's clock
 
     def start_epoch(self) -> None:
         """A new epoch from its first window: its train loss starts from zero."""

@@ -25,6 +25,7 @@ from .modes import TrainModes
 from .oom import is_oom
 from .paths import default_run_dir
 from .progress import Progress
+from .schedule import LrSchedule
 from .schema import LiveSettings
 from .task import Task, TaskError, check_loss_output, default_collate
 from .task_loader import load_task
@@ -51,6 +52,7 @@ class RunParts:
     progress: Progress
     settings: LiveSettings
     modes: TrainModes  # train/eval mode as the task built it (frozen parts stay in eval)
+    schedule: LrSchedule  # the lr over samples seen, as a multiple of the peak (the lr setting)
 
     @property
     def named_params(self) -> list[tuple[str, torch.nn.Parameter]]:
@@ -106,7 +108,18 @@ def build(config: TrainConfig, task: Optional[Task], ctx: D.DistContext) -> RunP
     return RunParts(config=cfg, ctx=ctx, device=device, task=task, model=model, collate=collate, autocast=autocast,
                     optimizer=optimizer, scaler=scaler, window=window, policy=policy, probe=MemoryProbe(device),
                     run_dir=run_dir, resume_state=resume_state, progress=Progress(),
-                    settings=LiveSettings.from_config(cfg), modes=modes)
+                    settings=LiveSettings.from_config(cfg), modes=modes,
+                    schedule=LrSchedule.plan(cfg.lr_schedule, cfg.warmup, cfg.min_lr_ratio,
+                                             planned_samples(cfg, len(task.train_data), ctx.world)))
+
+
+def planned_samples(cfg: TrainConfig, data_len: int, world: int) -> int:
+    """The run's planned samples: epochs x data set, or with --max-steps, max steps x the
+    effective batch at the start (what the schedule's warmup fraction and decay span)."""
+    by_epochs = cfg.epochs * data_len
+    if cfg.max_steps is None:
+        return by_epochs
+    return min(by_epochs, cfg.max_steps * cfg.micro_batch * cfg.accum * world)
 
 
 @torch.no_grad()

@@ -30,8 +30,8 @@ from .commands import Command, Pause, Resume, Stop
 from .config import TrainConfig
 from .devices import device_name
 from .evaluate import validation_loss
-from .events import (CheckpointSaved, EpochEnd, Event, NonFinite, OomRecovered, Paused, Resumed, RunFailed,
-                     RunFinished, RunStarted, ScalerSkip)
+from .events import (CheckpointSaved, EpochEnd, Event, LrPlanned, NonFinite, OomRecovered, Paused, Resumed,
+                     RunFailed, RunFinished, RunStarted, ScalerSkip)
 from .finder import NothingFits, find_micro_batch
 from .inbox import CommandInbox, Pending
 from .memory_model import MemoryModel
@@ -93,6 +93,7 @@ class Trainer:
         self.memory_model = MemoryModel()
         self.watchers: list[Watcher] = []
         self._in_flight: deque[Launched] = deque()
+        self._lr_in_use: Optional[float] = None  # the lr last written into the optimizer
         self._losses: list[float] = []  # the loss of every applied step, for RunResult
 
     # -- control from other threads -------------------------------------------------------
@@ -156,6 +157,7 @@ class Trainer:
                 self.settings = self.settings.with_(micro_batch=found.micro_batch, accum=found.accum)
                 self._emit(found)
             parts.modes.train_mode(parts.model)  # train mode, except the parts the user froze in eval
+            self._emit(self._lr_plan())
             self._emit_all(BatchNormWatcher(parts.model).check(self.step, self.epoch, self.settings))
             reason = self._train_epochs(parts)
         except NonFiniteStop:
@@ -217,6 +219,7 @@ class Trainer:
         share = W.rank_share(window, self.ctx.rank, self.ctx.world)
         if parts.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(parts.device)  # so mem_peak is this window's peak
+        launch_settings = self._scheduled(parts)
         while True:
             micro = parts.policy.split(share, self.settings)
             try:
@@ -234,13 +237,32 @@ class Trainer:
             free_memory(parts.device)
             self._shrink_after_oom()
         self.progress.step += 1
-        self._in_flight.append(Launched(self.step, self.epoch, len(window), len(micro), self.settings, t0,
+        self.progress.samples += len(window)
+        if self.settings.micro_batch != launch_settings.micro_batch:  # shrunk after an out-of-memory error
+            launch_settings = launch_settings.with_(micro_batch=self.settings.micro_batch, accum=self.settings.accum)
+        self._in_flight.append(Launched(self.step, self.epoch, len(window), len(micro), launch_settings, t0,
                                         parts.probe.sample(), flight))
         # Deferred steps are reported once the next one is launched: by then their numbers
         # reached pinned memory while this window's work queued behind them.
         while len(self._in_flight) > parts.window.stepper.depth:
             self._report(self._in_flight.popleft())
         return True
+
+    def _scheduled(self, parts: RunParts) -> LiveSettings:
+        """The settings this window trains with: the lr is the schedule's at the samples seen
+        so far (the peak is the lr setting). Written into the optimizer only when it moves."""
+        lr = self.settings.lr * parts.schedule.factor(self.progress.samples)
+        if lr != self._lr_in_use:
+            for group in parts.optimizer.param_groups:
+                group["lr"] = lr
+            self._lr_in_use = lr
+        return self.settings if lr == self.settings.lr else self.settings.with_(lr=lr)
+
+    def _lr_plan(self) -> LrPlanned:
+        sch, peak = self.prepare().schedule, self.settings.lr
+        return LrPlanned(self.step, self.epoch, schedule=sch.kind, peak=peak, warmup_samples=sch.warmup,
+                         total_samples=sch.total, min_lr_ratio=sch.min_ratio, samples_now=self.progress.samples,
+                         curve=sch.curve(peak))
 
     def train_window(self, micro: list[list[int]], window_samples: int) -> InFlight:
         """Forward/backward each micro-batch, then the optimizer step (accumulate.py)."""
@@ -343,9 +365,10 @@ class Trainer:
         for (_, row_id), note in zip(batch, applied.notes):
             self.inbox.mark(row_id, note, self.step)
         self._emit_all(applied.events)
-        for group in parts.optimizer.param_groups:
-            group["lr"] = self.settings.lr
+        self._lr_in_use = None  # the next window writes the scheduled lr of the new peak
         changed = {f for f in before.to_dict() if getattr(before, f) != getattr(self.settings, f)}
+        if "lr" in changed:
+            self._emit(self._lr_plan())
         for w in self.watchers:
             self._emit_all(w.on_settings(self.step, self.epoch, self.settings, changed))
         if self.store is not None:

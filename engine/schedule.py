@@ -1,0 +1,44 @@
+"""The learning-rate schedule: a function of samples seen, never of optimizer steps.
+
+So changing accumulation or the micro-batch mid-run neither stretches the warmup nor
+shifts the decay (the bug behind Lightning issue 1476, where warmup ran 16x too short
+under accumulation). The peak is the live `lr` setting: `set_lr` moves the peak and the
+curve keeps its shape. Torch-free.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .config import LR_SCHEDULES  # noqa: F401 - the one declaration of the names
+
+
+@dataclass(frozen=True)
+class LrSchedule:
+    kind: str  # constant | linear | cosine
+    warmup: float  # samples of linear warmup from 0 to the peak
+    total: float  # the run's planned samples
+    min_ratio: float  # linear and cosine end at min_ratio x peak
+
+    @classmethod
+    def plan(cls, kind: str, warmup: float, min_ratio: float, planned_samples: float) -> "LrSchedule":
+        """`warmup` < 1 is a fraction of the planned samples, >= 1 a number of samples."""
+        w = warmup * planned_samples if warmup < 1 else warmup
+        return cls(kind, float(w), float(max(planned_samples, 1)), float(min_ratio))
+
+    def factor(self, samples: float) -> float:
+        """The multiple of the peak lr for a step that starts after `samples` samples."""
+        if self.warmup > 0 and samples < self.warmup:
+            return (samples + 1) / (self.warmup + 1)  # never exactly 0: the first step moves
+        if self.kind == "constant":
+            return 1.0
+        span = max(self.total - self.warmup, 1.0)
+        t = min(max((samples - self.warmup) / span, 0.0), 1.0)
+        if self.kind == "linear":
+            return 1.0 - (1.0 - self.min_ratio) * t
+        return self.min_ratio + (1.0 - self.min_ratio) * 0.5 * (1.0 + math.cos(math.pi * t))
+
+    def curve(self, peak: float, points: int = 120) -> tuple[tuple[float, float], ...]:
+        """(samples, lr) over the whole planned run, for the app's lr plot ahead of the run."""
+        xs = sorted({0.0, self.warmup, self.total} | {self.total * k / (points - 1) for k in range(points)})
+        return tuple((x, peak * self.factor(x)) for x in xs if x <= self.total)
