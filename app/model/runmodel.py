@@ -2,8 +2,9 @@
 
 Plain Python (no Qt). Fed in order by a source (live events or run.db rows); each
 `ingest` returns a Delta saying what changed, so the views update only that. Where the
-run stands (training, paused, finished...) is the session's business (app/session/),
-not this model's: it keeps facts, the session keeps the one state machine.
+run stands (training, paused, finished...) is the session's business (app/session/):
+it runs the one state machine and writes its state here too, for code that holds only
+the model; nothing here changes it.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from engine.events import StepMetrics
 from .fields import SETTING_LABELS, fmt_value
 from .metrics import MetricsBuffer
 from .notes import Note
+from .state import RunState
 
 
 @dataclass
@@ -61,6 +63,7 @@ class RunModel:
         self.markers: list[Marker] = []
         self.notes: list[Note] = []
         self.info: dict[str, Any] = {}  # from run_started: run_dir, task, device, device_name, ...
+        self.state = RunState.IDLE  # written by the session (its state machine), read by anyone
         self.finish_reason: Optional[str] = None  # from run_finished (reason) or run_failed (error)
         self.epoch = 0  # the epoch being trained (from the last step)
         self.step = 0

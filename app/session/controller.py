@@ -20,7 +20,7 @@ from .launcher import Launch, LaunchManager
 from .session import RunSession, Update
 from .signals import SessionSignals
 from .sources import FolderSource, LiveSource
-from .state import RunState
+from ..model.state import RunState
 from .worker import EngineRunner
 
 log = logging.getLogger("headroom.controller")

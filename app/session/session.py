@@ -26,7 +26,8 @@ from ..model.notes import Note
 from ..model.pending import PendingChanges
 from ..model.runmodel import Delta, RunModel
 from .sources import FolderSource, Source
-from .state import Allowed, RunState, allowed
+from ..model.state import RunState
+from .state import Allowed, allowed
 
 # A command's outcome; held back a frame when its receipt came in the same batch (see receipt_cut).
 OUTCOME_KINDS = ("settings_applied", "command_refused")
@@ -125,6 +126,7 @@ class RunSession:
             self.source.close()
         self.source = None
         self.model = RunModel()
+        self.model.state = self.state
         u = Update(reset=True, pending=self.pending.clear())
         self.sent = []
         self._backlog = []
@@ -342,6 +344,7 @@ class RunSession:
         if state is self.state:
             return
         was_live, self.state = self.state.is_live, state
+        self.model.state = state
         u.state = True
         if was_live and not state.is_live:  # the run ended before these reached a boundary
             u.pending += self.pending.run_ended()

@@ -18,7 +18,7 @@ from ..core.shortcuts import SHORTCUTS
 from ..model.fields import fmt_value
 from ..model.pending import ChangeStatus, PendingChanges
 from ..model.runmodel import RunModel
-from ..session.state import RunState
+from ..model.state import RunState
 from .actions import ActionButton, RunActions
 from .live_fields import LiveFields
 from .readouts import FITS_IDLE, finder_text, fits_at_start, fits_text, fits_tooltip

@@ -6,7 +6,7 @@ from typing import Optional
 from PySide6.QtWidgets import QLabel, QStatusBar, QWidget
 
 from ..model.runmodel import RunModel
-from ..session.state import RunState
+from ..model.state import RunState
 
 
 def fmt_duration(s: Optional[float]) -> str:

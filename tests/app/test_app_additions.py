@@ -44,7 +44,7 @@ def test_about_dialog_shows_the_versions(qtbot, make_window):
 def test_about_is_torch_free_until_opened_and_desktop_file_name_is_set():
     code = ("import sys\n"
             "from PySide6.QtGui import QGuiApplication\n"
-            "import app.window as w, app.about\n"
+            "import app.window as w, app.ui.about\n"
             "def show(self):\n"
             "    print('DESKTOP', QGuiApplication.desktopFileName(), 'torch' in sys.modules, flush=True)\n"
             "    raise SystemExit(0)\n"
@@ -174,7 +174,7 @@ def test_launch_torchrun_on_cpu_attaches_shows_metrics_and_stops(qtbot, make_win
         wait_until(qtbot, lambda: not ln.alive(), 60, "torchrun to end after Stop")
         assert not ln.terminated, "Stop through run.db should end it before the SIGTERM fallback"
         assert ln.exit_code == 0, open(ln.log_path).read()[-3000:]
-        wait_until(qtbot, lambda: w.session.state == "finished", 30, "run_finished from run.db")
+        wait_until(qtbot, lambda: w.model.state == "finished", 30, "run_finished from run.db")
         assert w.model.finish_reason == "stopped"
         assert (run_dir / "checkpoints").is_dir()
         assert not w.session.busy and w.start_action.isEnabled()

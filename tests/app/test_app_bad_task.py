@@ -41,6 +41,6 @@ def test_error_in_the_engine_thread_is_a_dialog_with_the_message(qtbot, make_win
     assert "Traceback" not in message and "headroom.log" in message
     log = (tmp_path / "headroom.log").read_text()
     assert "Traceback" in log and "boom in the task's loss" in log
-    assert w.session.state == "failed" and "run_failed" in w.alerts.kinds()
+    assert w.model.state == "failed" and "run_failed" in w.alerts.kinds()
     assert w.model.step == 2
     assert w.controls.start_button.isEnabled()

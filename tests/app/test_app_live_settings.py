@@ -79,7 +79,7 @@ def test_pause_then_change_then_resume(qtbot, make_window, tmp_path):
     w.pause_run()
     assert w.ui_state() == "pausing"
     assert w.controls.resume_button.isEnabled() and not w.controls.pause_button.isEnabled()
-    wait_until(qtbot, lambda: w.session.state == "paused", 90, "the pause")
+    wait_until(qtbot, lambda: w.model.state == "paused", 90, "the pause")
     paused_after = next(n.epoch for n in w.model.notes if n.kind == "paused")  # the epoch it finished
     paused_step = w.model.step
     assert paused_step == 64 * paused_after

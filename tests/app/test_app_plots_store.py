@@ -44,7 +44,7 @@ def test_plots_hold_what_run_db_holds(qtbot, make_window, tmp_path):
     w2 = make_window()
     assert w2.open_run(str(run_dir))
     _check_plots_match(w2, rows, epochs)
-    assert w2.session.state == "finished" and w2.ui_state() == "viewing"
+    assert w2.model.state == "finished" and w2.ui_state() == "viewing"
     assert w2.plots.gpu_mode() == "cpu"
 
     # Overlay: run 1's loss EMA on the loss plot of a window showing run 2.

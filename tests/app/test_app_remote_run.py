@@ -33,7 +33,7 @@ def test_open_a_running_run_and_control_it(qtbot, make_window, tmp_path):
         assert [n for n in w.model.markers if ("accum", 2, 4) in n.changes]
         w.stop_run()
         proc.wait(timeout=30)
-        wait_until(qtbot, lambda: w.session.state == "finished", 30, "run_finished from run.db")
+        wait_until(qtbot, lambda: w.model.state == "finished", 30, "run_finished from run.db")
         assert w.model.finish_reason == "stopped"
         assert proc.returncode == 0
     finally:
