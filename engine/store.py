@@ -96,17 +96,16 @@ _INT64 = 2**63
 
 
 def _text(s: str) -> str:
-    """A str SQLite can store: surrogates (os.fsdecode of bytes that are not UTF-8) become the
-    original bytes shown as \\xNN escapes; lone surrogates become \\udNNN."""
+    """A str SQLite can store. Surrogates cannot be UTF-8: those os.fsdecode makes of bytes
+    that are not UTF-8 (a run folder's name) are shown as the byte, \\xNN; any other lone
+    surrogate as \\udNNN. Everything else is kept as it is."""
     try:
         s.encode("utf-8")
         return s
     except UnicodeEncodeError:
-        try:
-            raw = s.encode("utf-8", "surrogateescape")
-        except UnicodeEncodeError:
-            raw = s.encode("utf-8", "backslashreplace")
-        return raw.decode("utf-8", "backslashreplace")
+        return "".join(c if not 0xD800 <= ord(c) <= 0xDFFF
+                       else f"\\x{ord(c) - 0xDC00:02x}" if 0xDC80 <= ord(c) <= 0xDCFF
+                       else f"\\u{ord(c):04x}" for c in s)
 
 
 def _bindable(v: Any) -> Any:
@@ -161,6 +160,8 @@ class RunStore:
     FLUSHER_BUSY_MS = 1000  # how long the flusher waits for run.db's write lock per try
     CHECKPOINT_EVERY = 10.0  # seconds between WAL checkpoints (the only fsyncs), on the flusher
     MAX_BUFFERED = 1_000_000  # metrics rows kept in memory while run.db takes none (~0.5 GB)
+    SLOW_WRITE = 0.25  # seconds: a write on the training thread slower than this ...
+    SLOW_BACKGROUND = 30.0  # ... leaves writing to the flusher for this long
 
     def __init__(self, run_dir: str, commit_interval: float = 1.0,
                  on_problem: Optional[Callable[[str], None]] = None) -> None:
@@ -186,6 +187,7 @@ class RunStore:
         self._closing = False
         self._closed = False
         self._urge = False  # commit() is waiting: the flusher writes now
+        self._background_until = 0.0  # monotonic time until which only the flusher writes (slow disk)
         self._read_db: Optional[sqlite3.Connection] = None
         try:
             self._db = sqlite3.connect(self.path, timeout=0, isolation_level=None, check_same_thread=False)
@@ -300,12 +302,18 @@ class RunStore:
         return upto
 
     # -- writing -------------------------------------------------------------------------------
-    def _try_write(self) -> None:
-        """On the caller's thread, only if it costs nothing: the connection free and run.db's
-        write lock free (busy_timeout 0), and run.db not known to be in trouble (then the
-        flusher retries). Otherwise the flusher writes the rows."""
-        if self.problem is None:
-            self._write(busy_ms=0, block=False)
+    def _try_write(self, force: bool = False) -> None:
+        """On the caller's thread, only if it costs nothing: the connection free, run.db's
+        write lock free (busy_timeout 0), run.db not known to be in trouble and not slow.
+        Otherwise the flusher writes the rows. A write that turns out slow (a slow disk)
+        hands all writing to the flusher for a while: the training thread stops paying."""
+        if not force and (self.problem is not None or time.monotonic() < self._background_until):
+            return
+        t = time.monotonic()
+        self._write(busy_ms=0, block=False)
+        took = time.monotonic() - t
+        if took > self.SLOW_WRITE:
+            self._background_until = time.monotonic() + self.SLOW_BACKGROUND
 
     def _write(self, busy_ms: int, block: bool) -> bool:
         """Write everything queued, in one transaction. True if the queue is on disk."""
@@ -438,8 +446,10 @@ class RunStore:
             with self._cond:
                 self._cond.wait(timeout=tick)
                 closing = self._closing
+                now = time.monotonic()
                 stalled = self._since is not None and (
-                    self._urge or time.monotonic() - self._since >= self.STALL_FLUSH)
+                    self._urge or now - self._since >= self.STALL_FLUSH
+                    or (now < self._background_until and now - self._since >= self.commit_interval / 2))
             if closing:
                 return
             try:
@@ -466,7 +476,8 @@ class RunStore:
         if self._written >= self._queued and self._ready:
             return True
         target = self._queued
-        self._try_write()
+        # One try even in trouble (it costs nothing if the lock is taken), not on a slow disk.
+        self._try_write(force=time.monotonic() >= self._background_until)
         if self._written >= target or self.problem is not None or timeout <= 0:
             return self._written >= target
         with self._cond:

@@ -1,0 +1,152 @@
+"""One writer per run folder (issue 12): an OS lock held for the writer's life, released by the
+kernel when the process dies. Real processes and real signals throughout."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from engine import checkpoint as ckpt
+from engine import runlock
+from engine.config import ConfigError
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+HOLDER = """
+import os, sys, time
+sys.path.insert(0, {root!r})
+from engine import runlock
+lock = runlock.acquire(sys.argv[1])
+if len(sys.argv) > 2 and sys.argv[2] == "fork":
+    child = os.fork()
+    if child == 0:          # a DataLoader worker, say: it outlives a SIGKILLed parent for a while
+        time.sleep(60)
+        os._exit(0)
+    print(child, flush=True)
+print("locked", flush=True)
+time.sleep(60)
+"""
+
+
+def start_holder(run_dir, *extra):
+    p = subprocess.Popen([sys.executable, "-c", HOLDER.format(root=ROOT), str(run_dir), *extra],
+                         stdout=subprocess.PIPE, text=True)
+    lines = []
+    for line in p.stdout:
+        lines.append(line.strip())
+        if line.strip() == "locked":
+            return p, lines
+    raise AssertionError(f"holder did not lock: {lines}")
+
+
+def kill(p):
+    if p.poll() is None:
+        p.send_signal(signal.SIGKILL)
+    p.wait(timeout=10)
+
+
+def test_a_second_writer_is_refused_naming_the_holder_and_a_killed_holder_leaves_no_lock(tmp_path):
+    holder_proc, _ = start_holder(tmp_path)
+    try:
+        info = runlock.holder(str(tmp_path))
+        assert info is not None and info["pid"] == holder_proc.pid and info["host"] == socket.gethostname()
+        with pytest.raises(runlock.RunFolderBusy) as e:
+            runlock.acquire(str(tmp_path))
+        msg = str(e.value)
+        assert isinstance(e.value, ConfigError) and "\n" not in msg
+        assert f"pid {holder_proc.pid}" in msg and socket.gethostname() in msg and str(tmp_path) in msg
+        assert "started" in msg
+    finally:
+        kill(holder_proc)
+    # SIGKILL: no cleanup code ran, yet the kernel released the lock with the process.
+    assert os.path.exists(tmp_path / runlock.LOCK_NAME)
+    assert runlock.holder(str(tmp_path)) is None
+    lock = runlock.acquire(str(tmp_path))
+    assert lock.held and runlock.holder(str(tmp_path))["pid"] == os.getpid()
+    lock.release()
+    assert runlock.holder(str(tmp_path)) is None
+
+
+def test_in_one_process_a_second_lock_is_refused_and_release_frees_it(tmp_path):
+    lock = runlock.acquire(str(tmp_path))
+    with pytest.raises(runlock.RunFolderBusy, match=f"pid {os.getpid()}"):
+        runlock.acquire(str(tmp_path), wait=0.1)
+    lock.release()
+    lock.release()  # idempotent
+    with runlock.acquire(str(tmp_path)) as again:
+        assert again.held
+    assert runlock.holder(str(tmp_path)) is None
+
+
+def test_holder_of_a_folder_never_locked_is_none_and_creates_nothing(tmp_path):
+    assert runlock.holder(str(tmp_path)) is None
+    assert runlock.holder(str(tmp_path / "missing")) is None
+    assert os.listdir(tmp_path) == []
+
+
+def test_another_process_probing_holder_never_makes_acquire_fail(tmp_path):
+    """The app polls holder() on every folder it shows; a writer starting meanwhile must get in."""
+    stop = threading.Event()
+    prober = subprocess.Popen([sys.executable, "-c", f"""
+import sys, time
+sys.path.insert(0, {ROOT!r})
+from engine import runlock
+t = time.monotonic()
+while time.monotonic() - t < 20:
+    runlock.holder({str(tmp_path)!r})
+"""])
+    try:
+        time.sleep(0.5)
+        for _ in range(50):
+            runlock.acquire(str(tmp_path)).release()
+    finally:
+        stop.set()
+        prober.kill()
+        prober.wait()
+
+
+def test_a_forked_child_does_not_keep_a_killed_writers_lock(tmp_path):
+    holder_proc, lines = start_holder(tmp_path, "fork")
+    child = int(lines[0])
+    try:
+        kill(holder_proc)
+        os.kill(child, 0)  # the child is still alive ...
+        assert runlock.holder(str(tmp_path)) is None  # ... and holds nothing
+        runlock.acquire(str(tmp_path)).release()
+    finally:
+        try:
+            os.kill(child, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def test_the_lock_file_says_who_and_when(tmp_path):
+    before = time.time()
+    lock = runlock.acquire(str(tmp_path))
+    data = json.loads((tmp_path / runlock.LOCK_NAME).read_text())
+    assert data["pid"] == os.getpid() and before <= data["started"] <= time.time()
+    lock.release()
+
+
+def test_remove_orphans_needs_the_writer_lock_of_that_folder(tmp_path):
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / ".tmp-abc.pt").write_bytes(b"x")
+    other = tmp_path / "other"
+    other.mkdir()
+    with runlock.acquire(str(other)) as wrong:
+        with pytest.raises(RuntimeError):
+            ckpt.remove_orphans(str(tmp_path), wrong)
+    released = runlock.acquire(str(tmp_path))
+    released.release()
+    with pytest.raises(RuntimeError):
+        ckpt.remove_orphans(str(tmp_path), released)
+    assert (tmp_path / "checkpoints" / ".tmp-abc.pt").exists()
+    with runlock.acquire(str(tmp_path)) as lock:
+        assert ckpt.remove_orphans(str(tmp_path), lock) == [".tmp-abc.pt"]
