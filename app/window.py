@@ -12,10 +12,9 @@ import os
 import time
 from typing import Any, Callable, Optional
 
-from PySide6.QtCore import QByteArray, Qt, QTimer, Signal
+from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtGui import QCloseEvent
-from PySide6.QtWidgets import (QApplication, QDockWidget, QFileDialog, QInputDialog, QMainWindow, QMessageBox,
-                               QScrollArea, QWidget)
+from PySide6.QtWidgets import QApplication, QDockWidget, QInputDialog, QMainWindow, QMessageBox, QScrollArea, QWidget
 
 from engine.paths import default_runs_root
 from engine.store import StoreError
@@ -27,13 +26,14 @@ from .session.controller import RunController
 from .session.launcher import Launch
 from .session.sources import read_metrics
 from .session.torchrun import MIN_GPUS
-from .ui import actions, export
+from .ui import actions, dialogs, export, window_prefs
 from .ui.alerts import AlertsPanel
-from .ui.controls import ControlsPanel, ended_detail
+from .ui.controls import ControlsPanel
 from .ui.history import HistoryPanel
 from .ui.loading import LoadingPlots
-from .ui.pacing import TICK_MS, PlotPacer
-from .ui.statusbar import StatusBar, state_text
+from .ui.pacing import TICK_MS
+from .ui.run_views import RunViews
+from .ui.statusbar import StatusBar
 from .ui.theme import THEMES, apply_stylesheet, system_theme
 
 log = logging.getLogger("headroom.window")
@@ -58,8 +58,7 @@ class MainWindow(QMainWindow):
         self.session = self.controller.session
         self.runner = self.controller.runner
         self.launcher = self.controller.launcher
-        self.last_error: Optional[tuple[str, str]] = None  # (title, message) of the last error dialog
-        self.dialogs: list[QMessageBox] = []
+        self.errors = dialogs.ErrorDialogs(self)
         self.run_done_callbacks: list[Callable[[dict[str, Any]], None]] = []
         self.about_dialog: Any = None
         self._close_when_done = False  # hidden while the engine thread ends: close once it has
@@ -79,7 +78,6 @@ class MainWindow(QMainWindow):
         self.placeholder.paint_listeners.append(lambda _t: QTimer.singleShot(0, self._build_plots))
         self.setCentralWidget(self.placeholder)
         QTimer.singleShot(250, self._build_plots)  # in case the window is never painted (hidden)
-        self.pacer = PlotPacer(lambda: self._plots, self)
 
         self.run_actions = actions.RunActions(self)
         self.app_actions = actions.AppActions(self)
@@ -108,8 +106,9 @@ class MainWindow(QMainWindow):
         self.log_action, self.theme_action, self.about_action = aa.log_scale, aa.theme, aa.about
         self.torchrun_action, self.open_log_action = aa.torchrun, aa.open_log
         self.theme_action.setChecked(self.theme == "dark")
-        self._wire_actions()
-        self._wire_views()
+        self.views = RunViews(self.controller, self.controls, self.alerts, self.status, ra, aa, lambda: self._plots)
+        self.pacer = self.views.pacer
+        self._wire()
 
         self.timer = QTimer(self)
         self.timer.setTimerType(Qt.TimerType.PreciseTimer)
@@ -120,7 +119,8 @@ class MainWindow(QMainWindow):
         for t in self.preferences.recent("recent_tasks"):
             if os.path.isfile(t):
                 self.controls.set_task(t)
-        restored = self._restore_preferences() if restore_settings else False
+        restored = (window_prefs.restore(self, self.preferences, self.controls, self.log_action, self.base_config)
+                    if restore_settings else False)
         self.controls.set_values(self.base_config)
         self.controls.set_task(str(self.base_config.get("task") or self.controls.task_spec()))
         self._needs_layout = not restored
@@ -128,7 +128,7 @@ class MainWindow(QMainWindow):
             self.resize(1440, 900)
             self.default_layout()
         QTimer.singleShot(0, self.history.refresh)  # after the window shows
-        self._sync_state()
+        self.views.sync_state()
 
     # -- construction ----------------------------------------------------------------------
     def _dock(self, title: str, name: str, widget: QWidget, area: Qt.DockWidgetArea) -> QDockWidget:
@@ -141,8 +141,8 @@ class MainWindow(QMainWindow):
         self.addDockWidget(area, d)
         return d
 
-    def _wire_actions(self) -> None:
-        ra, aa = self.run_actions, self.app_actions
+    def _wire(self) -> None:
+        ra, aa, ctl = self.run_actions, self.app_actions, self.controller
         for action, slot in ((ra.start, self.start_run), (ra.pause, self.pause_run), (ra.resume, self.resume_run),
                              (ra.stop, self.stop_run), (ra.apply, self.apply_changes),
                              (aa.open_run, self.choose_run_folder), (aa.open_task, self.choose_task_file),
@@ -155,26 +155,12 @@ class MainWindow(QMainWindow):
         aa.log_scale.toggled.connect(lambda on: self._plots.set_log_scale(on) if self._plots else None)
         aa.theme.toggled.connect(lambda on: self.set_theme("dark" if on else "light"))
         self.run_menu.aboutToShow.connect(self.check_gpus)
-        self.launcher.gpu_count_known.connect(lambda *_: self._sync_state())
-
-    def _wire_views(self) -> None:
-        c, s, ctl = self.controls, self.controller.signals, self.controller
-        c.task_file_wanted.connect(self.choose_task_file)
-        c.edits_changed.connect(self._sync_actions)
+        self.controls.task_file_wanted.connect(self.choose_task_file)
         self.alerts.count_changed.connect(self._alerts_count)
         self.alerts.step_clicked.connect(self._zoom_to_step)
         self.history.open_requested.connect(self.open_run)
         self.history.browse_requested.connect(self.choose_run_folder)
         self.history.overlay_toggled.connect(self.set_overlay)
-        s.model_replaced.connect(self._on_model_replaced)
-        s.state_changed.connect(lambda _state: self._sync_state())
-        s.run_started.connect(c.on_run_started)
-        s.micro_batch_found.connect(c.on_micro_batch_found)
-        s.memory_forecast.connect(c.on_memory_forecast)
-        s.engine_values.connect(c.on_engine_values)
-        s.pending_changed.connect(c.on_pending_changed)
-        s.alerts_added.connect(self.alerts.add)
-        s.data_changed.connect(self.pacer.mark_due)
         ctl.error.connect(self.show_error)
         ctl.run_dir_known.connect(self._on_run_dir)
         ctl.folder_opened.connect(self._on_folder_opened)
@@ -227,32 +213,8 @@ class MainWindow(QMainWindow):
         """Lay the docks out the default way once the plots are in, whatever was saved."""
         self._needs_layout = True
 
-    def _restore_preferences(self) -> bool:
-        """Window layout and the form's last values. True if a saved layout was restored."""
-        p, restored = self.preferences, False
-        geo = p.get_bytes("geometry")
-        if isinstance(geo, (QByteArray, bytes)):
-            restored = bool(self.restoreGeometry(geo))
-        st = p.get_bytes("window_state")
-        if isinstance(st, (QByteArray, bytes)):
-            restored = bool(self.restoreState(st)) and restored
-        last = p.get_json("last_config", {})
-        if isinstance(last, dict) and not self.base_config:
-            self.controls.set_values(last)
-        if p.get_json("log_scale", False):
-            self.log_action.setChecked(True)
-        return restored
-
     def save_preferences(self) -> None:
-        p = self.preferences
-        p.set_bytes("geometry", self.saveGeometry())
-        p.set_bytes("window_state", self.saveState())
-        values, _err = self.controls.values()
-        if values:
-            p.set_json("last_config", values)
-        p.set_theme(self.theme)
-        p.set_json("log_scale", self.log_action.isChecked())
-        p.sync()
+        window_prefs.save(self, self.preferences, self.controls, self.theme, self.log_action.isChecked())
 
     def set_theme(self, theme: str) -> None:
         if theme == self.theme:
@@ -354,38 +316,13 @@ class MainWindow(QMainWindow):
             self.pacer.catch_up()  # a redraw held back by the pacing
             self.controller.tick()
             if self._tick_n % STATUS_EVERY == 0:
-                self._update_status()
+                self.views.update_status()
         except Exception as e:  # never a traceback per tick: log it, say it once
             log.exception("updating the window failed")
             if not self._tick_failed:
                 self._tick_failed = True
                 self.show_error("Display error", f"{type(e).__name__}: {e}\n\nThe run goes on; details are in "
                                                  f"{logs.log_path()}.")
-
-    def _sync_state(self) -> None:
-        ses = self.session
-        view = ses.view_state()
-        detail = ended_detail(ses.state, ses.model) if not ses.state.is_live else ""
-        self.controls.set_state("idle" if view == "viewing" else view, detail, remote=ses.remote)
-        self._sync_actions()
-        if self._plots is not None:
-            self._plots.set_live(ses.state.is_live)
-        self._update_status()
-
-    def _sync_actions(self) -> None:
-        allowed = self.session.allowed(self.controls.edits_ready(), self.launcher.gpu_count or 0, MIN_GPUS)
-        self.run_actions.sync(allowed)
-        self.app_actions.set_launch_gate(allowed.launch, self.launcher.tooltip(), self.launcher.has_log())
-
-    def _update_status(self) -> None:
-        ses = self.session
-        self.status.update_from(ses.model, ses.state, state_text(ses.view_state(), ses.state, ses.model))
-
-    def _on_model_replaced(self, model: RunModel) -> None:
-        if self._plots is not None:
-            self._plots.set_model(model)
-        self.alerts.clear()
-        self.controls.on_model_replaced()
 
     def _on_run_dir(self, path: str) -> None:
         self.history.add_extra(path)
@@ -415,41 +352,30 @@ class MainWindow(QMainWindow):
         self.plots.loss_plot.setXRange(step - half, step + half)
 
     # -- dialogs -------------------------------------------------------------------------
+    @property
+    def last_error(self) -> Optional[tuple[str, str]]:
+        """(title, message) of the last error dialog."""
+        return self.errors.last
+
+    @property
+    def dialogs(self) -> list[QMessageBox]:
+        """The error dialogs open now."""
+        return self.errors.open
+
     def show_error(self, title: str, message: str) -> QMessageBox:
-        """A non-blocking dialog: the window (and any run) keeps going behind it."""
-        self.last_error = (title, message)
-        log.warning("%s: %s", title, message)
-        box = QMessageBox(QMessageBox.Icon.Critical, title, message, QMessageBox.StandardButton.Ok, self)
-        box.setWindowModality(Qt.WindowModality.WindowModal)
-        box.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
-        box.finished.connect(lambda *_: self.dialogs.remove(box) if box in self.dialogs else None)
-        self.dialogs.append(box)
-        box.open()
-        return box
+        return self.errors.show(title, message)
 
     def show_about(self) -> Any:
-        """Help > About Headroom (non-blocking). torch loads here, not at start-up."""
-        from .ui.about import AboutDialog
-        QApplication.setOverrideCursor(Qt.CursorShape.WaitCursor)
-        try:
-            dlg = AboutDialog(self)
-        finally:
-            QApplication.restoreOverrideCursor()
-        dlg.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
-        self.about_dialog = dlg
-        dlg.open()
-        return dlg
+        self.about_dialog = dialogs.open_about(self)
+        return self.about_dialog
 
     def choose_task_file(self) -> None:
-        recent = self.preferences.recent("recent_tasks")
-        start = os.path.dirname(recent[0]) if recent else assets.RESOURCES
-        path, _ = QFileDialog.getOpenFileName(self, "Open a task file", start, "Python files (*.py)")
+        path = dialogs.ask_task_file(self, self.preferences)
         if path:
             self.controls.set_task(path)
-            self.preferences.add_recent("recent_tasks", path)
 
     def choose_run_folder(self) -> None:
-        path = QFileDialog.getExistingDirectory(self, "Open a run folder", self.history.root)
+        path = dialogs.ask_run_folder(self, self.history.root)
         if path:
             self.open_run(path)
 
@@ -465,7 +391,7 @@ class MainWindow(QMainWindow):
     def screenshot(self, path: str) -> bool:
         """PNG of the whole window as it is now (--screenshot)."""
         self.tick()
-        self._update_status()
+        self.views.update_status()
         self.plots.refresh(force=True)
         QApplication.processEvents()
         return export.write_png(self, path)
@@ -494,8 +420,7 @@ class MainWindow(QMainWindow):
         self.timer.stop()
         self.controller.close()
         self.save_preferences()
-        for box in list(self.dialogs):
-            box.close()
+        self.errors.close_all()
         event.accept()
         super().closeEvent(event)
         self.closed.emit()

@@ -19,7 +19,7 @@ from typing import Any, Callable, Optional, Sequence
 
 from engine.commands import Command, Pause, Resume, Stop
 from engine.config import ConfigError
-from engine.events import StepMetrics
+from engine.events import Event, StepMetrics
 
 from ..model.fields import BY_NAME, LIVE_FIELDS
 from ..model.notes import Note
@@ -67,7 +67,7 @@ def receipt_cut(items: Sequence[Any]) -> int:
     screen before "applied" replaces it. Items from the cut on wait for the next poll."""
     received = False
     for i, item in enumerate(items):
-        kind = item.kind if isinstance(item, Note) else None
+        kind = item.kind if isinstance(item, (Note, Event)) else None
         if kind == "command_received":
             received = True
         elif received and kind in OUTCOME_KINDS:
