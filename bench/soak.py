@@ -311,18 +311,18 @@ def main() -> int:
             "--epochs", str(epochs), "--max-steps", str(args.steps), "--device", "cpu", "--run-dir", run_dir,
             "--autostart"]
     ns, base = parse_args(argv)
-    from app import logs
+    from app.core import logs
     logs.setup()
     from PySide6.QtCore import QTimer, qInstallMessageHandler
     from PySide6.QtWidgets import QApplication
     install_message_filter(qInstallMessageHandler)
-    from app import assets, compat  # noqa: F401
+    from app.core import assets, compat  # noqa: F401
     from app.window import MainWindow
 
     # Per-call timings of the GUI thread's work (class-level wraps, before the window exists).
     ticks, refreshes, paints, alert_adds = Rows(4), Rows(4), Rows(4), Rows(4)
-    from app.alerts import AlertsPanel
-    from app.plots import PlotCanvas, PlotPanel
+    from app.ui.alerts import AlertsPanel
+    from app.ui.plots import PlotCanvas, PlotPanel
     wrap_timing(AlertsPanel, "add", alert_adds)
     wrap_timing(MainWindow, "tick", ticks)
     wrap_timing(PlotPanel, "refresh", refreshes)

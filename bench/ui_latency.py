@@ -233,7 +233,7 @@ def synthetic_columns(n: int, start: int = 1) -> dict:
 
 def bench_repaint(n_points: int, frames: int, app) -> dict:
     import pyqtgraph as pg
-    from app.runmodel import RunModel
+    from app.model.runmodel import RunModel
     from app.window import MainWindow
     w = MainWindow(restore_settings=False)
     w.resize(1440, 900)
