@@ -25,7 +25,7 @@ from .model.runmodel import RunModel
 from .session.controller import RunController
 from .session.launcher import Launch
 from .session.sources import read_metrics
-from .session.torchrun import MIN_GPUS
+from .session.launch_command import MIN_GPUS
 from .ui import actions, dialogs, export, window_prefs
 from .ui.alerts import AlertsPanel
 from .ui.controls import ControlsPanel

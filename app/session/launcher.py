@@ -21,7 +21,7 @@ from engine.config import TrainConfig
 from engine.store import RunReader, StoreError, send_command
 
 from ..core.runs import is_run_dir
-from . import torchrun
+from . import launch_command as command
 
 log = logging.getLogger("headroom.launcher")
 
@@ -74,7 +74,7 @@ class LaunchManager(QObject):
         self._gpu_check_started = True
 
         def work() -> None:
-            n, why = torchrun.cuda_device_count()
+            n, why = command.cuda_device_count()
             self.gpu_count_known.emit(n, why)
 
         threading.Thread(target=work, name="headroom-gpu-count", daemon=True).start()
@@ -85,20 +85,20 @@ class LaunchManager(QObject):
     def tooltip(self) -> str:
         if self.gpu_count is None:
             return "Checking how many GPUs torch sees..."
-        return torchrun.gate_tooltip(self.gpu_count, self.gpu_why)
+        return command.gate_tooltip(self.gpu_count, self.gpu_why)
 
     # -- starting ------------------------------------------------------------------------
     def start(self, config: TrainConfig, n: int, run_dir: str) -> Launch:
         """torchrun with n processes on `config`, output to a log in `run_dir`. Raises
         ConfigError, ValueError or OSError before anything starts."""
-        cmd = torchrun.torchrun_command(config, n, run_dir)
+        cmd = command.torchrun_command(config, n, run_dir)
         os.makedirs(run_dir, exist_ok=True)
-        log_path = os.path.join(run_dir, torchrun.LOG_NAME)
+        log_path = os.path.join(run_dir, command.LOG_NAME)
         proc = QProcess(self)
         proc.setProcessChannelMode(QProcess.ProcessChannelMode.MergedChannels)
         proc.setStandardOutputFile(log_path)
         env = QProcessEnvironment.systemEnvironment()
-        env.insert("PYTHONPATH", torchrun.engine_pythonpath())
+        env.insert("PYTHONPATH", command.engine_pythonpath())
         env.insert("PYTHONUNBUFFERED", "1")
         proc.setProcessEnvironment(env)
         proc.setWorkingDirectory(run_dir)

@@ -9,7 +9,7 @@ from PySide6.QtCore import QObject
 
 from ..model.runmodel import RunModel
 from ..session.controller import RunController
-from ..session.torchrun import MIN_GPUS
+from ..session.launch_command import MIN_GPUS
 from .actions import AppActions, RunActions
 from .alerts import AlertsPanel
 from .controls import ControlsPanel, ended_detail

@@ -120,7 +120,7 @@ def test_torchrun_command_round_trips_through_the_engine_flags(tmp_path):
     from engine.cli import build_parser, config_from_args
     from engine.config import TrainConfig
 
-    from app.session.torchrun import torchrun_command
+    from app.session.launch_command import torchrun_command
     cfg = TrainConfig(task="charlm", micro_batch=8, accum=3, lr=3e-4, clip=0.5, epochs=2, max_steps=7,
                       precision="bf16", device="cuda", seed=5, lr_scaling="sqrt", find_micro_batch=True,
                       effective_batch=96, vram_limit=3 * 2**30, oom_recovery=False, optimizer="sgd")
