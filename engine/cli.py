@@ -128,6 +128,10 @@ def _finite_float(text: str) -> float:
     return v
 
 
+def _workers(text: str) -> Optional[int]:
+    return None if str(text).strip().lower() == "auto" else _int(text)
+
+
 def _int(text: str) -> int:
     """An integer flag. Range checks are validate()'s (engine/limits.py); this only reads
     the number, quoting at most a prefix of what it could not read."""
@@ -177,6 +181,10 @@ def add_run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warmup", type=_finite_float, default=S,
                    help="linear warmup: < 1 a fraction of the run's samples, >= 1 a number of samples (default 0)")
     p.add_argument("--min-lr-ratio", type=_finite_float, default=S, help="where linear/cosine end (default 0.1)")
+    p.add_argument("--workers", type=_workers, default=S, metavar="N|auto",
+                   help="DataLoader worker processes (default auto: 0 for data in memory, up to 4 for slow loading)")
+    p.add_argument("--micro-tokens", type=_int, default=S,
+                   help="under --token-budget: close a micro-batch before it would exceed N counted items")
     p.add_argument("--token-budget", type=_int, default=S, help="close a window once it holds N counted items")
     p.add_argument("--find-micro-batch", action="store_true", default=S)
     p.add_argument("--effective-batch", type=_int, default=S)

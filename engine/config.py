@@ -49,6 +49,8 @@ class TrainConfig:
     lr_schedule: str = "constant"  # constant | linear | cosine, over samples seen (engine/schedule.py)
     warmup: float = 0.0  # < 1: a fraction of the planned samples; >= 1: samples
     min_lr_ratio: float = 0.1  # linear and cosine end at this x the peak
+    workers: Optional[int] = None  # DataLoader workers; None = auto (engine/feeder.py)
+    micro_tokens: Optional[int] = None  # under --token-budget: a micro-batch's counted items at most
 
     def validate(self) -> "TrainConfig":
         """Every field against its range in engine/limits.py (the same ranges the commands and
@@ -56,7 +58,7 @@ class TrainConfig:
         for name in ("micro_batch", "accum", "epochs", "seed", "lr", "clip", "memory_margin", "warmup",
                      "min_lr_ratio"):
             limits.check(name, getattr(self, name), error=ConfigError)
-        for name in ("max_steps", "token_budget", "effective_batch", "vram_limit"):
+        for name in ("max_steps", "token_budget", "effective_batch", "vram_limit", "workers", "micro_tokens"):
             if getattr(self, name) is not None:
                 limits.check(name, getattr(self, name), error=ConfigError)
         _choice("optimizer", self.optimizer, OPTIMIZERS)
@@ -65,6 +67,8 @@ class TrainConfig:
         _choice("nonfinite", self.nonfinite, NONFINITE_MODES)
         _choice("lr-schedule", self.lr_schedule, LR_SCHEDULES)
         check_device_name(self.device)
+        if self.micro_tokens is not None and self.token_budget is None:
+            raise ConfigError("--micro-tokens needs --token-budget N (it bounds the micro-batches of a token-budget window)")
         if self.find_micro_batch and self.effective_batch is None:
             raise ConfigError("--find-micro-batch needs --effective-batch N")
         return self

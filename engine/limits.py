@@ -113,6 +113,10 @@ RANGES: dict[str, Range] = {r.name: r for r in (
     # warmup < 1 is a fraction of the run, >= 1 a number of samples (up to the window bound).
     Range("warmup", "--warmup", float, 0.0, 2.0**40),
     Range("min_lr_ratio", "--min-lr-ratio", float, 0.0, 1.0),
+    # DataLoader worker processes; past 64 a workstation spends more on IPC than it gains.
+    Range("workers", "--workers", int, 0, 64),
+    # A micro-batch's counted items under a token budget (the window bound above).
+    Range("micro_tokens", "--micro-tokens", int, 1, 2**40),
 )}
 
 

@@ -71,6 +71,11 @@ def failure_message(e: BaseException, ctx: D.DistContext, user_errors: tuple[typ
         return f"another rank of this {ctx.world}-process job died or stopped answering ({first})"
     if isinstance(e, user_errors + (ConfigError,)) and e.args:
         return str(e.args[0])
+    text = str(e)
+    if "Original Traceback" in text:  # raised in a DataLoader worker: its own last line says what failed
+        lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+        where = lines[0].rstrip(".")  # "Caught ValueError in DataLoader worker process 0"
+        return f"{lines[-1]} ({where.lower()})"
     return f"{type(e).__name__}: {e}"
 
 

@@ -21,6 +21,7 @@ from . import step as S
 from .accumulate import WindowContext
 from .config import ConfigError, TrainConfig
 from .devices import default_optimizer, resolve_device, to_device
+from .feeder import Feeder, auto_workers
 from .modes import TrainModes
 from .oom import is_oom
 from .paths import default_run_dir
@@ -53,6 +54,7 @@ class RunParts:
     settings: LiveSettings
     modes: TrainModes  # train/eval mode as the task built it (frozen parts stay in eval)
     schedule: LrSchedule  # the lr over samples seen, as a multiple of the peak (the lr setting)
+    feeder: Feeder  # the plan's micro-batches, loaded (by DataLoader workers) ahead of the step
 
     @property
     def named_params(self) -> list[tuple[str, torch.nn.Parameter]]:
@@ -109,6 +111,10 @@ def build(config: TrainConfig, task: Optional[Task], ctx: D.DistContext) -> RunP
                     optimizer=optimizer, scaler=scaler, window=window, policy=policy, probe=MemoryProbe(device),
                     run_dir=run_dir, resume_state=resume_state, progress=Progress(),
                     settings=LiveSettings.from_config(cfg), modes=modes,
+                    feeder=Feeder(task.train_data, collate, device,
+                                  cfg.workers if cfg.workers is not None else auto_workers(task.train_data,
+                                                                                           cfg.micro_batch),
+                                  seed=cfg.seed),
                     schedule=LrSchedule.plan(cfg.lr_schedule, cfg.warmup, cfg.min_lr_ratio,
                                              planned_samples(cfg, len(task.train_data), ctx.world)))
 
@@ -153,7 +159,7 @@ def _window_policy(cfg: TrainConfig, task: Task) -> WindowPolicy:
         return FixedWindows(len(data), cfg.seed)
     assert task.sample_length is not None
     lengths = [int(task.sample_length(data[i])) for i in range(len(data))]
-    return TokenBudgetWindows(len(data), cfg.seed, cfg.token_budget, lengths.__getitem__)
+    return TokenBudgetWindows(len(data), cfg.seed, cfg.token_budget, lengths.__getitem__, cfg.micro_tokens)
 
 
 def _resume_or_new(cfg: TrainConfig, ctx: D.DistContext) -> tuple[Optional[dict[str, Any]], str]:

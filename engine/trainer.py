@@ -183,6 +183,8 @@ class Trainer:
                 return self._stopped()
             epoch_start = time.perf_counter()
             plan = parts.policy.plan(p.epoch, self.settings, self.ctx.world)
+            parts.feeder.begin_epoch([W.rank_share(w, self.ctx.rank, self.ctx.world) for w in plan],
+                                     lambda share: parts.policy.split(share, self.settings))
             if p.window == 0:
                 p.start_epoch()  # a run resumed mid-epoch keeps the epoch's loss so far
             for window in plan[p.window:]:
@@ -267,7 +269,7 @@ class Trainer:
     def train_window(self, micro: list[list[int]], window_samples: int) -> InFlight:
         """Forward/backward each micro-batch, then the optimizer step (accumulate.py)."""
         parts = self.prepare()
-        batches = (parts.fetch(idx) for idx in micro)  # one at a time: no batch outlives its backward
+        batches = parts.feeder.take(self.progress.window, micro)  # one at a time: none outlives its backward
         s = self.settings
         return train_window(parts.window, batches, len(micro), window_samples, s.clip, s.micro_batch,
                             self._stop.is_set)
@@ -410,6 +412,7 @@ class Trainer:
         finally:
             if self.parts is not None:
                 self.parts.probe.close()
+                self.parts.feeder.close()
             D.shutdown(self.ctx, clean=status == "finished")
 
     # -- events ---------------------------------------------------------------------------

@@ -49,14 +49,33 @@ class FixedWindows:
 class TokenBudgetWindows:
     """A window holds `budget` counted items; micro-batches of `micro_batch` samples each."""
 
-    def __init__(self, n_samples: int, seed: int, budget: int, length: Callable[[int], int]) -> None:
+    def __init__(self, n_samples: int, seed: int, budget: int, length: Callable[[int], int],
+                 micro_tokens: Optional[int] = None) -> None:
         self.n, self.seed, self.budget, self.length = n_samples, seed, budget, length
+        self.micro_tokens = micro_tokens
 
     def plan(self, epoch: int, settings: LiveSettings, world: int) -> list[list[int]]:
         return W.token_windows(W.epoch_order(self.n, self.seed, epoch), self.budget, self.length)
 
     def split(self, share: Sequence[int], settings: LiveSettings) -> list[list[int]]:
-        return W.micro_batches(share, settings.micro_batch)
+        """At most micro_batch samples and (with --micro-tokens) at most micro_tokens counted
+        items a micro-batch, so one of long sequences costs the memory of one of short ones.
+        A sample longer than micro_tokens is a micro-batch of its own."""
+        if self.micro_tokens is None:
+            return W.micro_batches(share, settings.micro_batch)
+        out: list[list[int]] = []
+        current: list[int] = []
+        held = 0
+        for i in share:
+            n = self.length(i)
+            if current and (len(current) == settings.micro_batch or held + n > self.micro_tokens):
+                out.append(current)
+                current, held = [], 0
+            current.append(i)
+            held += n
+        if current:
+            out.append(current)
+        return out
 
     def refusal(self, setting: str) -> Optional[str]:
         if setting == "accum":
