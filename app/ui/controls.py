@@ -157,7 +157,7 @@ class ControlsPanel(QWidget):
         changed = self.edits()
         bad = self.live.invalid_field()
         if not running:
-            hint = "During a run: edit, then Apply. Changes take effect at the next epoch."
+            hint = "During a run: edit, then Apply. Each change then says when the engine applies it."
         elif bad is not None:
             hint = f"{'Learning rate' if bad == 'lr' else 'Clip norm'}: enter a number >= 0"
         elif changed:

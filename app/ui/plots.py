@@ -1,7 +1,7 @@
 """Live plots (pyqtgraph): loss, gradient norm, lr, GPU memory, throughput.
 
 Each curve is drawn from the metrics buffer's numpy columns through a min/max
-pyramid (app/decimate.py): only the visible span, in about two points per pixel,
+pyramid (app/model/decimate.py): only the visible span, in about two points per pixel,
 reaches pyqtgraph, which also has setDownsampling(auto=True, mode='peak') and
 setClipToView(True) on. The window calls `refresh()` from its ~30 Hz timer; nothing
 here is driven by a signal per step.
