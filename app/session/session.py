@@ -27,7 +27,7 @@ from ..model.pending import PendingChanges
 from ..model.runmodel import Delta, RunModel
 from .sources import FolderSource, Source
 from ..model.state import RunState
-from .state import Allowed, allowed
+from .rules import Allowed, allowed
 
 # A command's outcome; held back a frame when its receipt came in the same batch (see receipt_cut).
 OUTCOME_KINDS = ("settings_applied", "command_refused")

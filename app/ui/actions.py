@@ -1,5 +1,5 @@
 """The window's QActions, in one place: the toolbar, the menus and the Controls panel show
-the same Start, Pause, Resume, Stop and Apply actions, so one rule (app/session/state.py)
+the same Start, Pause, Resume, Stop and Apply actions, so one rule (app/session/rules.py)
 sets what is enabled everywhere at once.
 """
 from __future__ import annotations
@@ -12,7 +12,7 @@ from PySide6.QtWidgets import QMainWindow, QMenu, QPushButton, QWidget
 
 from ..core import assets
 from ..core.shortcuts import SHORTCUTS
-from ..session.state import Allowed
+from ..session.rules import Allowed
 
 
 def make_action(parent: QWidget, text: str, key: str = "", icon: str = "", tip: str = "") -> QAction:

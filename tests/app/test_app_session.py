@@ -11,7 +11,7 @@ from engine.events import (CommandReceived, CommandRefused, Paused, Resumed, Run
 from app.model.state import RunState
 from app.session.session import RunSession, receipt_cut
 from app.session.sources import FolderSource
-from app.session.state import allowed
+from app.session.rules import allowed
 
 CONFIG = {"micro_batch": 64, "accum": 2, "lr": 1e-3, "clip": 1.0, "lr_scaling": "none", "epochs": 3}
 
