@@ -23,31 +23,32 @@ list reads (task, config, status running -> finished, pid, started).
 Importing this package imports nothing else: `transformers` and `lightning` load only
 when their adapter module is imported, and `import engine` never imports them.
 
-What the app can change, and where (anything else is refused: the command row is
+What the app can change, and where. A setting applies at the boundary it was sent for:
+at="epoch" (the app's default) at the next epoch start, at="step" between two optimizer
+steps; one the framework can never change is refused as it arrives (the command row is
 marked "refused" with the reason and a `command_refused` event says why):
 
 =================  ==========================  ============================  ==========================
 command            plain loop (`loop`)         Hugging Face Trainer          Lightning
 =================  ==========================  ============================  ==========================
-set_lr             what your loop applies      next optimizer step: every    next optimizer step: same
-                   (`set_lr()` helper scales   param group and the           (param groups + each
-                   the optimizer and the       scheduler's base lrs scaled   scheduler of the
-                   scheduler's base lrs)       by one factor, so the         optimizer)
-                                               schedule keeps its shape
-set_clip           what your loop applies      next step (`args.max_grad_    next step (`trainer.
-                                               norm`); refused under         gradient_clip_val`);
-                                               DeepSpeed (it clips itself)   refused when clipping by
-                                                                             value or under manual
-                                                                             optimization
-set_accum          what your loop applies      refused: the Trainer sizes    next epoch start (as
-                                               its epochs and schedule from  GradientAccumulation-
-                                               it when training starts       Scheduler does); refused
+set_lr             what your loop applies      every param group and the     the same (param groups +
+                   (`set_lr()` scales the      scheduler's base lrs scaled   each scheduler of the
+                   optimizer and the           by one factor, so the         optimizer)
+                   scheduler's base lrs)       schedule keeps its shape
+set_clip           what your loop applies      `args.max_grad_norm`;         `trainer.gradient_clip_
+                                               refused under DeepSpeed (it   val`; refused when
+                                               clips itself)                 clipping by value or under
+                                                                             manual optimization
+set_accum          what your loop applies      refused: the Trainer sizes    at the next epoch start
+                                               its epochs and schedule from  whatever `at` says (as
+                                               it when training starts       GradientAccumulation-
+                                                                             Scheduler does); refused
                                                                              with that callback, manual
                                                                              optimization or DeepSpeed
 set_micro_batch    what your loop applies      refused (the DataLoader is    refused (same)
                                                built)
-set_lr_scaling     refused (the engine's       refused                       refused
-                   rule; send set_lr)
+set_lr_scaling     what your loop applies      refused (the engine's rule;   refused
+                                               send set_lr)
 pause / resume     between steps, inside       between optimizer steps       between optimizer steps
                    `run.poll()`
 stop               `run.stop_requested`; your  after the step: the Trainer's after the step: `trainer.
@@ -56,9 +57,9 @@ stop               `run.stop_requested`; your  after the step: the Trainer's aft
                                                training_stop`
 =================  ==========================  ============================  ==========================
 
-Commands are read at step boundaries only, on the training thread: a change of
-`PRAGMA data_version` (another process committed to run.db) triggers one read of the
-`commands` table, so the per-step cost is one SQLite pragma. In a run of several
-processes (DDP), process 0 writes the run folder and every command is refused: a
-setting applied on one rank alone would make the ranks diverge.
+Commands are read at step boundaries only, on the training thread, at most every
+`poll_interval` (0.05 s): `PRAGMA data_version` says whether anyone committed to run.db,
+max(id) of `commands` whether a row is new, and only then RunStore.pending_commands()
+reads the table. In a run of several processes (DDP), process 0 writes the run folder
+and every command is refused: a setting applied on one rank alone would make them diverge.
 """

@@ -39,6 +39,7 @@ try:
     import lightning
     import lightning.pytorch as pl
     from lightning.pytorch.callbacks import Callback, GradientAccumulationScheduler
+    from lightning.pytorch.plugins.precision import Precision
 except ImportError as e:  # pragma: no cover - the extra is not installed
     raise ImportError("engine.integrations.lightning needs Lightning: pip install 'headroom[lightning]'") from e
 
@@ -68,13 +69,16 @@ class HeadroomCallback(Callback):
         "mean" (training_step returns a mean over its count, Lightning's usual) or "sum".
     checkpoint_dir: where a stop from the app saves its checkpoint (default: the
         ModelCheckpoint's folder, else <default_root_dir>/checkpoints).
+    commit_interval: seconds between run.db commits of metrics rows (the engine's 1.0).
+    poll_interval: the app's commands are read at most this often (0 = at every step).
     """
 
     def __init__(self, run_dir: Optional[str] = None, *, task: Optional[str] = None,
                  config: Optional[Mapping[str, Any]] = None, val_key: str = "val_loss", count_key: str = "count",
                  loss_reduction: str = "mean", checkpoint_dir: Optional[str] = None,
-                 commit_interval: float = 1.0) -> None:
-        HeadroomRun(run_dir, task=task or "lightning", config=config, commit_interval=commit_interval)  # checks
+                 commit_interval: float = 1.0, poll_interval: float = 0.05) -> None:
+        HeadroomRun(run_dir, task=task or "lightning", config=config, commit_interval=commit_interval,
+                    poll_interval=poll_interval)  # checks the arguments
         for name, v in (("val_key", val_key), ("count_key", count_key)):
             if not isinstance(v, str) or not v:
                 raise TypeError(f"{name} must be a non-empty string, got {v!r}")
@@ -88,12 +92,16 @@ class HeadroomCallback(Callback):
         self.val_key, self.count_key, self.loss_reduction = val_key, count_key, loss_reduction
         self.checkpoint_dir = os.fspath(checkpoint_dir) if checkpoint_dir is not None else None
         self.commit_interval = commit_interval
+        self.poll_interval = poll_interval
         self.run: Optional[HeadroomRun] = None
         self.run_dir: Optional[str] = None
         self.stop_checkpoint: Optional[str] = None
         self._module: Any = None
         self._stopping = False
         self._val: Optional[float] = None
+        self._scaler: Any = None
+        self._plugin: Any = None
+        self._measured: Optional[tuple] = None
         self._reset_window()
 
     # -- set-up --------------------------------------------------------------------------------------
@@ -127,14 +135,20 @@ class HeadroomCallback(Callback):
                                           "alone would make them diverge")
         run = HeadroomRun(self.run_dir_arg, task=self.task or f"lightning-{type(pl_module).__name__}",
                           config=self._config(trainer, pl_module), device=pl_module.device, world_size=world,
-                          steering=steering, integration="lightning", commit_interval=self.commit_interval)
+                          steering=steering, integration="lightning", commit_interval=self.commit_interval,
+                          poll_interval=self.poll_interval, refusal=lambda cmd: self._refusal(cmd, trainer, pl_module))
         run.start(step=int(trainer.global_step), epoch=int(trainer.current_epoch) + 1)
         self.run, self.run_dir = run, run.run_dir
+        self._scaler = getattr(trainer.precision_plugin, "scaler", None)  # fp16's GradScaler, if any
         self._wrap(trainer, pl_module)
 
     def _wrap(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
         """Measure after the module's own on_before_optimizer_step (Lightning calls the
-        callbacks' hook first, then the module's, then clips)."""
+        callbacks' hook first, then the module's, then clips). When Lightning's plain
+        clip-by-norm follows (the base precision plugin's, the module's default
+        configure_gradient_clipping), it clips with the norm just measured instead of
+        computing it again: torch's clip_grad_norm_ is get_total_norm followed by
+        clip_grads_with_norm_, so the result is the same and the norm is computed once."""
         hook = pl_module.on_before_optimizer_step
         cb = self
 
@@ -145,11 +159,30 @@ class HeadroomCallback(Callback):
 
         object.__setattr__(pl_module, "on_before_optimizer_step", on_before_optimizer_step)
         self._module = pl_module
+        plugin = trainer.precision_plugin
+        plain = (type(plugin).clip_grad_by_norm is Precision.clip_grad_by_norm
+                 and type(pl_module).configure_gradient_clipping is pl.LightningModule.configure_gradient_clipping
+                 and hasattr(torch.nn.utils, "clip_grads_with_norm_"))
+        if plain:
+            clip_fn = plugin.clip_grad_by_norm
+
+            def clip_grad_by_norm(optimizer: Any, clip_val: Any) -> None:
+                measured, cb._measured = cb._measured, None
+                if measured is None or measured[0] is not optimizer:
+                    return clip_fn(optimizer, clip_val)
+                torch.nn.utils.clip_grads_with_norm_(measured[1], clip_val, measured[2])
+
+            plugin.clip_grad_by_norm = clip_grad_by_norm
+            self._plugin = plugin
 
     def _unwrap(self) -> None:
         m, self._module = self._module, None
         if m is not None:
             m.__dict__.pop("on_before_optimizer_step", None)
+        p, self._plugin = self._plugin, None
+        if p is not None:
+            p.__dict__.pop("clip_grad_by_norm", None)
+        self._measured = None
 
     # -- one window ----------------------------------------------------------------------------------
     def _reset_window(self) -> None:
@@ -167,24 +200,33 @@ class HeadroomCallback(Callback):
     def _before_step(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", optimizer: Any) -> None:
         if self.run is None or self.run.finished:
             return
-        grads = [p.grad for p in pl_module.parameters() if p.grad is not None]
-        self._norm = torch.nn.utils.get_total_norm(grads) if grads else None
+        params = [p for g in optimizer.param_groups for p in g["params"]]  # what Lightning clips
+        grads = [p.grad for p in params if p.grad is not None]
+        self._norm = torch.nn.utils.get_total_norm(grads) if grads else None  # a tensor: read with the losses
+        self._measured = (optimizer, params, self._norm) if self._plugin is not None and grads else None
         self._lr = float(optimizer.param_groups[0]["lr"])
-        algo = clean(trainer.gradient_clip_algorithm) if trainer.gradient_clip_algorithm else "norm"
-        self._clip = float(trainer.gradient_clip_val or 0.0) if algo == "norm" else 0.0
-        scaler = getattr(trainer.precision_plugin, "scaler", None)
+        self._clip = float(trainer.gradient_clip_val or 0.0) if self._clip_by_norm(trainer) else 0.0
+        scaler = self._scaler
         self._scale = float(scaler.get_scale()) if scaler is not None else None
         self._stepped = True
+
+    @staticmethod
+    def _clip_by_norm(trainer: "pl.Trainer") -> bool:
+        algo = trainer.gradient_clip_algorithm
+        return algo is None or clean(algo) == "norm"
 
     def on_train_batch_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", outputs: Any,
                            batch: Any, batch_idx: int) -> None:
         run = self.run
         if run is None or run.finished:
             return
-        loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
+        if type(outputs) is dict or isinstance(outputs, Mapping):
+            loss = outputs.get("loss")
+            c = outputs.get(self.count_key)
+        else:
+            loss, c = outputs, None
         if isinstance(loss, torch.Tensor):
-            self._losses.append(loss.detach().reshape(()).float())
-            c = outputs.get(self.count_key) if isinstance(outputs, Mapping) else None
+            self._losses.append(loss)  # Lightning's detached copy, already divided by k
             size = batch_size(batch)
             self._sizes.append(size)
             self._counts.append(c if c is not None else size)
@@ -199,13 +241,18 @@ class HeadroomCallback(Callback):
         run = self.run
         assert run is not None
         k = len(self._losses)
-        tensors = list(self._losses)
+        parts = [x.reshape(()) if x.dim() else x for x in self._losses]
         tcounts = [(i, c) for i, c in enumerate(self._counts) if isinstance(c, torch.Tensor)]
-        tensors += [c.float().sum().reshape(()) for _, c in tcounts]
+        parts += [c.sum() for _, c in tcounts]
         if isinstance(self._norm, torch.Tensor):
-            tensors.append(self._norm.float().reshape(()))
-        dev = tensors[0].device if tensors else torch.device("cpu")
-        values = torch.stack([t.to(dev) for t in tensors]).tolist() if tensors else []
+            parts.append(self._norm)
+        values: list[float] = []
+        if parts:
+            try:
+                values = torch.stack(parts).tolist()  # the window's one host read
+            except (RuntimeError, TypeError):  # mixed devices
+                dev = parts[0].device
+                values = torch.stack([p.detach().float().reshape(()).to(dev) for p in parts]).tolist()
         outs = values[:k]
         counts = [float(c) if not isinstance(c, torch.Tensor) else 0.0 for c in self._counts]
         for j, (i, _) in enumerate(tcounts):
@@ -220,7 +267,7 @@ class HeadroomCallback(Callback):
             weighted = sum(o * norm_k * c for o, c in zip(outs, counts)) / total if total else float("nan")
             framework = sum(outs)
         skipped = False
-        scaler = getattr(trainer.precision_plugin, "scaler", None)
+        scaler = self._scaler
         if scaler is not None and self._scale is not None:
             now = float(scaler.get_scale())
             if now < self._scale:
@@ -240,11 +287,11 @@ class HeadroomCallback(Callback):
                                    reason="training_step returned None: Lightning skipped their backward"))
 
     # -- commands ------------------------------------------------------------------------------------
-    def _commands(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
+    def _commands(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", epoch_start: bool = False) -> None:
         run = self.run
         assert run is not None
         for cmd in run.poll():
-            self._apply(cmd, trainer, pl_module)
+            self._apply(cmd, trainer, pl_module, epoch_start)
         if run.stop_requested and not self._stopping:
             self._stopping = True
             self._save_and_stop(trainer)
@@ -257,43 +304,48 @@ class HeadroomCallback(Callback):
                 out.append(s)
         return out
 
-    def _accum_refusal(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> str:
-        if not pl_module.automatic_optimization:
-            return "manual optimization: the LightningModule accumulates gradients itself"
-        if any(isinstance(c, GradientAccumulationScheduler) for c in trainer.callbacks):
-            return "a GradientAccumulationScheduler sets the accumulation of this run"
-        if "deepspeed" in type(trainer.strategy).__name__.lower():
-            return "DeepSpeed fixes the accumulation when training starts"
-        return ""
+    def _refusal(self, cmd: Command, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> str:
+        """Why this run can never take `cmd` ('' if it can): refused as it arrives."""
+        if isinstance(cmd, SetLr):
+            return "" if trainer.optimizers else "the LightningModule configured no optimizer"
+        if isinstance(cmd, SetClip):
+            if not pl_module.automatic_optimization:
+                return "manual optimization: Lightning does not clip gradients for this module"
+            if not self._clip_by_norm(trainer):
+                return (f"this run clips gradients by {clean(trainer.gradient_clip_algorithm)} "
+                        "(gradient_clip_algorithm), not by norm")
+            return ""
+        if isinstance(cmd, SetAccum):
+            if not pl_module.automatic_optimization:
+                return "manual optimization: the LightningModule accumulates gradients itself"
+            if any(isinstance(c, GradientAccumulationScheduler) for c in trainer.callbacks):
+                return "a GradientAccumulationScheduler sets the accumulation of this run"
+            if "deepspeed" in type(trainer.strategy).__name__.lower():
+                return "DeepSpeed fixes the accumulation when training starts"
+            return ""
+        return REFUSED.get(cmd.kind, f"{cmd.kind} is not supported with Lightning")
 
-    def _apply(self, cmd: Command, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
+    def _apply(self, cmd: Command, trainer: "pl.Trainer", pl_module: "pl.LightningModule",
+               epoch_start: bool) -> None:
         run = self.run
         assert run is not None
-        if isinstance(cmd, SetLr):
-            if not trainer.optimizers:
-                run.refuse(cmd, "the LightningModule configured no optimizer")
-                return
+        why = self._refusal(cmd, trainer, pl_module)
+        if why:
+            run.refuse(cmd, why)
+        elif isinstance(cmd, SetLr):
             opt = trainer.optimizers[0]
             run.apply(cmd, lr=set_lr(opt, cmd.lr, self._schedulers(trainer, opt)))
         elif isinstance(cmd, SetClip):
-            if not pl_module.automatic_optimization:
-                run.refuse(cmd, "manual optimization: Lightning does not clip gradients for this module")
-                return
-            algo = clean(trainer.gradient_clip_algorithm) if trainer.gradient_clip_algorithm else "norm"
-            if algo != "norm":
-                run.refuse(cmd, f"this run clips gradients by {algo} (gradient_clip_algorithm), not by norm")
-                return
             old = float(trainer.gradient_clip_val or 0.0)
             trainer.gradient_clip_val = float(cmd.norm) if cmd.norm > 0 else None
             run.apply(cmd, clip=(old, float(cmd.norm)))
         elif isinstance(cmd, SetAccum):
-            why = self._accum_refusal(trainer, pl_module)
-            if why:
-                run.refuse(cmd, why)
-            else:
-                run.defer(cmd, target_epoch=run.epoch + 1)  # applied at the next epoch start
-        else:
-            run.refuse(cmd, REFUSED.get(cmd.kind, f"{cmd.kind} is not supported with Lightning"))
+            if not epoch_start:
+                run.defer(cmd, target_epoch=run.epoch + 1)  # as GradientAccumulationScheduler: at epoch starts
+                return
+            old = int(trainer.accumulate_grad_batches)
+            trainer.accumulate_grad_batches = int(cmd.steps)
+            run.apply(cmd, accum=(old, int(cmd.steps)))
 
     def _save_and_stop(self, trainer: "pl.Trainer") -> None:
         run = self.run
@@ -319,15 +371,7 @@ class HeadroomCallback(Callback):
         if run is None or run.finished:
             return
         run.epoch = int(trainer.current_epoch) + 1
-        for cmd in run.deferred():
-            if isinstance(cmd, SetAccum):
-                why = self._accum_refusal(trainer, pl_module)
-                if why:
-                    run.refuse(cmd, why)
-                    continue
-                old = int(trainer.accumulate_grad_batches)
-                trainer.accumulate_grad_batches = int(cmd.steps)  # as GradientAccumulationScheduler does
-                run.apply(cmd, accum=(old, int(cmd.steps)))
+        self._commands(trainer, pl_module, epoch_start=True)  # settings sent for this epoch apply now
         run.reset_timer()
 
     def on_validation_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:

@@ -22,9 +22,9 @@ events and commands, three adapters. Rows go through `engine.store.RunStore`, so
 columns, buffering (committed at least once a second) and WAL behaviour are the
 engine's; GPU memory comes from the engine's `MemoryProbe`.
 
-Commands: `poll()` reads run.db's `commands` table only when another connection has
-committed to run.db since the last look (`PRAGMA data_version`, a few microseconds),
-so it can be called every step. Pause and resume are handled inside `poll()` (it
+Commands: `poll()` looks at run.db at most every `poll_interval` (0.05 s), and reads the
+`commands` table (through RunStore.pending_commands) only when a new row is there
+(`PRAGMA data_version`, then max(id)), so it can be called every step. Pause and resume are handled inside `poll()` (it
 blocks while paused); stop sets `stop_requested`. Every other command is handed to the
 loop, which `apply()`s it, `refuse()`s it with a reason, or `defer()`s it to a later
 boundary; one left untouched is refused at the next `poll()`.
@@ -39,12 +39,13 @@ import tempfile
 import time
 import weakref
 from dataclasses import asdict, dataclass
-from typing import Any, ClassVar, Iterator, Mapping, Optional
+from typing import Any, Callable, ClassVar, Iterator, Mapping, Optional
 
-from ..commands import Command, Pause, Resume, Stop, command_from_json
+from ..commands import Command, Pause, Resume, Stop
 from ..config import ConfigError
 from ..events import (CheckpointSaved, CommandReceived, CommandRefused, EpochEnd, Event, NonFinite, Paused,
                       Resumed, RunFailed, RunFinished, RunStarted, SettingsApplied, StepMetrics)
+from .. import runlock
 from ..paths import default_run_dir
 from ..store import DB_NAME, RunStore
 
@@ -212,6 +213,8 @@ def _as_device(device: Any) -> Any:
 
 def _num(v: Any, what: str, allow_none: bool = True) -> Optional[float]:
     """A float from a float, int or 0-d tensor (read to the host here)."""
+    if type(v) is float:  # the per-step fast path
+        return v
     if v is None:
         if allow_none:
             return None
@@ -227,6 +230,8 @@ def _num(v: Any, what: str, allow_none: bool = True) -> Optional[float]:
 
 
 def _int(v: Any, what: str, minimum: int = 0) -> Optional[int]:
+    if type(v) is int and v >= minimum:  # the per-step fast path
+        return v
     if v is None:
         return None
     if not isinstance(v, bool):
@@ -256,12 +261,20 @@ def _prepare_dir(path: str) -> None:
         raise IntegrationError(f"run_dir {path}: not writable ({e.strerror or e})") from None
 
 
+class _NoMemory:  # the figures of a CPU run (MemoryProbe gives the same: all None)
+    allocated = reserved = peak = used = total = None
+
+
+_NO_MEMORY = _NoMemory()
+
+
 class _Handed:
-    """A command handed to the loop by poll(), until it is applied, refused or deferred."""
-    __slots__ = ("cmd", "row", "deferred")
+    """A setting command between run.db and the loop: waiting for its epoch, or handed out."""
+    __slots__ = ("cmd", "row", "due")
 
     def __init__(self, cmd: Command, row: Optional[int]) -> None:
-        self.cmd, self.row, self.deferred = cmd, row, False  # deferred: announced for a later epoch
+        self.cmd, self.row = cmd, row
+        self.due: Optional[int] = None  # the epoch it waits for (announced), None: due at the next step
 
 
 _OPEN: "weakref.WeakSet[HeadroomRun]" = weakref.WeakSet()
@@ -287,11 +300,17 @@ class HeadroomRun:
         if there is one, else the CPU. world_size: processes training together (samples are
         per step, all processes). steering: "" = commands are handed to the loop; a reason =
         every command is refused with it. integration: who writes ("loop", "transformers", ...).
+    commit_interval: seconds between commits of metrics rows (the engine's 1.0). poll_interval:
+        poll() reads run.db at most this often (0 = every call); a step longer than that
+        sees a command at the next boundary after it was sent. refusal: a function of a
+        setting command returning why this loop can never apply it ('' if it can): such a
+        command is refused as it arrives, not when its epoch comes.
     """
 
     def __init__(self, run_dir: Optional[str] = None, *, task: str = "loop",
                  config: Optional[Mapping[str, Any]] = None, device: Any = None, world_size: int = 1,
-                 steering: str = "", integration: str = "loop", commit_interval: float = 1.0) -> None:
+                 steering: str = "", integration: str = "loop", commit_interval: float = 1.0,
+                 poll_interval: float = 0.05, refusal: Optional[Callable[[Command], str]] = None) -> None:
         if run_dir is not None and not isinstance(run_dir, (str, os.PathLike)):
             raise TypeError(f"run_dir must be a folder path (str or os.PathLike) or None, got {type(run_dir).__name__}")
         if not isinstance(task, str) or not task.strip():
@@ -302,10 +321,13 @@ class HeadroomRun:
             raise TypeError("config keys must be strings")
         if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
             raise TypeError(f"world_size must be an integer >= 1, got {world_size!r}")
+        if refusal is not None and not callable(refusal):
+            raise TypeError("refusal must be a function of a command returning why it cannot apply ('' if it can)")
         if not isinstance(steering, str):
             raise TypeError("steering must be '' (commands handed to the loop) or a reason to refuse them")
-        if not isinstance(commit_interval, (int, float)) or not commit_interval >= 0:
-            raise TypeError(f"commit_interval must be seconds >= 0, got {commit_interval!r}")
+        for name, v in (("commit_interval", commit_interval), ("poll_interval", poll_interval)):
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not v >= 0:
+                raise TypeError(f"{name} must be seconds >= 0, got {v!r}")
         self.run_dir = os.fspath(run_dir) if run_dir is not None else None
         self.task = task
         self.config = dict(config or {})
@@ -314,6 +336,9 @@ class HeadroomRun:
         self.steering = steering
         self.integration = integration
         self.commit_interval = float(commit_interval)
+        self.poll_interval = float(poll_interval)
+        self.refusal = refusal
+        self._next_poll = 0.0
         self.step = 0  # optimizer steps logged (the last row's step)
         self.epoch = 1  # the epoch being trained, 1-based
         self.stop_requested = False
@@ -324,7 +349,11 @@ class HeadroomRun:
         self._data_version: Optional[int] = None
         self._probe: Any = None
         self._cuda = False
-        self._handed: list[_Handed] = []
+        self._handed: list[_Handed] = []  # handed out by the last poll(), not yet decided
+        self._waiting: list[_Handed] = []  # for the start of a later epoch
+        self._seen_id = 0  # the highest commands row id seen
+        self._recheck = False
+        self._lock: Any = None
         self._stop_rows: list[int] = []
         self._t_last = 0.0
         self._epoch_t0 = 0.0
@@ -357,12 +386,27 @@ class HeadroomRun:
         step/epoch: where a resumed loop starts (rows continue from step + 1)."""
         if self._store is not None or self.finished:
             raise RuntimeError("this HeadroomRun was already started")
-        import torch
-        from ..telemetry import MemoryProbe
         dev = _as_device(self.device)
         self.run_dir = self.run_dir or default_run_dir(self.task)
         _prepare_dir(self.run_dir)
-        self.step, self.epoch = int(step), int(epoch)
+        self._lock = runlock.acquire(self.run_dir)  # one writer per run folder, as for the engine
+        try:
+            self._open_store(dev, int(step), int(epoch))
+        except BaseException:
+            if self._store is not None:
+                self._close("failed", safe=True)
+            else:
+                self._lock.release()
+                self._lock = None
+            raise
+        self._t_last = self._epoch_t0 = time.perf_counter()
+        return self
+
+    def _open_store(self, dev: Any, step: int, epoch: int) -> None:
+        import torch
+        from ..telemetry import MemoryProbe
+        assert self.run_dir is not None
+        self.step, self.epoch = step, epoch
         self._probe = MemoryProbe(dev)
         self._cuda = dev.type == "cuda"
         store = RunStore(self.run_dir, commit_interval=self.commit_interval)
@@ -380,9 +424,7 @@ class HeadroomRun:
         store.commit()
         path = os.path.join(self.run_dir, DB_NAME)
         self._ro = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5, check_same_thread=False)
-        self._data_version = None  # the first poll reads the table
-        self._t_last = self._epoch_t0 = time.perf_counter()
-        return self
+        self._data_version = None  # the first poll looks
 
     def set_info(self, **items: Any) -> None:
         """Extra keys for run.db's `run` table (JSON values)."""
@@ -395,7 +437,10 @@ class HeadroomRun:
             return
         for h in self._handed:
             self._refuse_handed(h, "the run ended before the loop applied it")
+        for h in self._waiting:
+            self._refuse_handed(h, f"the run ended before epoch {h.due}")
         self._handed.clear()
+        self._waiting.clear()
         for row in self._stop_rows:
             self._store.mark_command(row, "applied", self.step, "")
         self._stop_rows.clear()
@@ -431,6 +476,9 @@ class HeadroomRun:
                 self._ro = None
             if self._probe is not None:
                 self._probe.close()
+            if self._lock is not None:
+                self._lock.release()
+                self._lock = None
 
     def _need_store(self) -> RunStore:
         if self._store is None:
@@ -460,20 +508,23 @@ class HeadroomRun:
         loop skipped the step). framework_loss: what the framework reports for the window,
         when it differs from `loss` (see LossWeighting).
         """
-        store = self._need_store()
+        store = self._store
+        if store is None:
+            store = self._need_store()
         now = time.perf_counter()
-        loss_f = _num(loss, "loss", allow_none=False)
-        norm = _num(grad_norm, "grad_norm")
-        lr_f = _num(lr, "lr")
-        clip_f = _num(clip, "clip") or 0.0
-        accum_i = _int(accum, "accum", 1)
-        samples_i = _int(samples, "samples")
-        micro_i = _int(micro_batch, "micro_batch", 1)
+        loss_f = loss if type(loss) is float else _num(loss, "loss", allow_none=False)
+        norm = grad_norm if grad_norm is None or type(grad_norm) is float else _num(grad_norm, "grad_norm")
+        lr_f = lr if lr is None or type(lr) is float else _num(lr, "lr")
+        clip_f = clip if type(clip) is float else (_num(clip, "clip") or 0.0)
+        accum_i = accum if type(accum) is int and accum >= 1 else _int(accum, "accum", 1)
+        samples_i = samples if samples is None or type(samples) is int else _int(samples, "samples")
+        micro_i = micro_batch if micro_batch is None or type(micro_batch) is int else _int(micro_batch, "micro_batch", 1)
+        world = self.world_size
         if micro_i is None and samples_i is not None:
-            micro_i = max(1, samples_i // max(1, accum_i * self.world_size))
+            micro_i = max(1, samples_i // max(1, accum_i * world))
         if samples_i is None and micro_i is not None:
-            samples_i = micro_i * accum_i * self.world_size
-        tokens_i = _int(tokens, "tokens")
+            samples_i = micro_i * accum_i * world
+        tokens_i = tokens if tokens is None or type(tokens) is int else _int(tokens, "tokens")
         if tokens_i is None:
             tokens_i = samples_i
         if step_time is None:
@@ -481,19 +532,23 @@ class HeadroomRun:
         elif not isinstance(step_time, (int, float)) or isinstance(step_time, bool) or step_time < 0:
             raise IntegrationError(f"log_step: step_time must be seconds >= 0, got {step_time!r}")
         self._t_last = now
-        finite = math.isfinite(loss_f) and (norm is None or math.isfinite(norm))
+        isfinite = math.isfinite
+        loss_ok = isfinite(loss_f)
+        norm_ok = norm is None or isfinite(norm)
         if nonfinite is None:
-            nonfinite = not finite and not scaler_skipped
+            nonfinite = not (loss_ok and norm_ok) and not scaler_skipped
         if clipped is None:
-            clipped = bool(clip_f > 0 and norm is not None and math.isfinite(norm) and norm > clip_f)
+            clipped = clip_f > 0 and norm is not None and norm_ok and norm > clip_f
         self.step = self.step + 1 if step is None else _int(step, "step", 1)
         if epoch is not None:
             self.epoch = _int(epoch, "epoch", 1)
-        mem = self._probe.sample()
         if self._cuda:
+            mem = self._probe.sample()
             import torch
             torch.cuda.reset_peak_memory_stats(self._probe.device)  # mem_peak: this window's peak
-        count = tokens_i if tokens_i is not None else 0
+        else:
+            mem = _NO_MEMORY
+        count = tokens_i or 0
         event = StepMetrics(self.step, self.epoch, loss=loss_f, grad_norm=norm, clipped=bool(clipped), lr=lr_f,
                             accum=accum_i, clip=clip_f, micro_batch=micro_i, samples=samples_i, tokens=tokens_i,
                             step_time=float(step_time),
@@ -504,12 +559,12 @@ class HeadroomRun:
         store.record(event)
         if nonfinite:
             store.record(NonFinite(self.step, self.epoch, params=tuple(bad_params),
-                                   loss_finite=math.isfinite(loss_f), action=nonfinite_action))
-        elif not scaler_skipped and math.isfinite(loss_f):
+                                   loss_finite=loss_ok, action=nonfinite_action))
+        elif not scaler_skipped and loss_ok:
             w = float(count) if count else 1.0
             self._epoch_sum += loss_f * w
             self._epoch_count += w
-        if framework_loss is not None and math.isfinite(loss_f) and loss_f != 0:
+        if framework_loss is not None and loss_ok and loss_f != 0:
             self._note_gap(float(framework_loss), loss_f)
         return event
 
@@ -568,24 +623,43 @@ class HeadroomRun:
 
     # -- commands -------------------------------------------------------------------------------------
     def poll(self, block_on_pause: bool = True) -> list[Command]:
-        """New commands from the app, oldest first, at a step boundary.
+        """The app's setting commands that are due now, oldest first: call it at step boundaries.
 
-        Pause blocks here until resume or stop (block_on_pause=False: `paused` is set and
-        poll returns). Stop sets `stop_requested`. Settings are returned for the loop to
-        apply(), refuse() or defer(); any handed out earlier and left untouched is refused now.
+        A setting sent with at="step" is due at once; one with at="epoch" (the app's default)
+        waits for the epoch after the one being trained, and is handed out by the first
+        poll() once that epoch has begun (after log_epoch(), or once an adapter has set
+        `epoch`). The loop apply()s, refuse()s or defer()s each; one left untouched is refused
+        at the next poll. Pause blocks here until resume or stop (block_on_pause=False: only
+        `paused` is set). Stop sets `stop_requested` and is never handed out.
         """
         if self._store is None:
             return []
+        due_epoch = self._waiting and min(h.due for h in self._waiting) <= self.epoch
+        if self.poll_interval and not due_epoch:
+            now = time.monotonic()
+            if now < self._next_poll and not self._handed:
+                return []  # the per-step cost between reads: one clock call
+            self._next_poll = now + self.poll_interval
         for h in self._handed:
-            if not h.deferred:
-                self._refuse_handed(h, "this training loop does not apply it")
-        self._handed = [h for h in self._handed if h.deferred]
+            self._refuse_handed(h, "this training loop does not apply it")
+        self._handed = []
         fresh = self._read()
         if self.paused and block_on_pause:
             fresh = self._wait_paused(fresh)
-        out = [h.cmd for h in fresh]
-        self._handed.extend(fresh)
-        return out
+        for h in fresh:
+            why = self.refusal(h.cmd) if self.refusal is not None else ""
+            if why:
+                self._refuse_handed(h, why)
+            elif getattr(h.cmd, "at", "step") == "epoch":
+                self._wait(h, self.epoch + 1)
+            else:
+                self._handed.append(h)
+        if self._waiting:
+            due = [h for h in self._waiting if h.due <= self.epoch]
+            if due:
+                self._waiting = [h for h in self._waiting if h.due > self.epoch]
+                self._handed = due + self._handed
+        return [h.cmd for h in self._handed]
 
     def _changed(self) -> bool:
         assert self._ro is not None
@@ -599,24 +673,27 @@ class HeadroomRun:
         return True
 
     def _read(self) -> list[_Handed]:
-        """Pending rows -> handed commands; pause/resume/stop are taken care of here."""
+        """Pending rows -> settings for the loop; pause, resume and stop are taken care of here."""
         if self._ro is None or not self._changed():
             return []
         store = self._store
         assert store is not None
+        # Our own writes change data_version too: only a new row in `commands` (or rows left
+        # from the last read) is worth the store's full read, which also writes what it queued.
         try:
-            rows = self._ro.execute(
-                "SELECT id, kind, payload FROM commands WHERE status = 'pending' ORDER BY id").fetchall()
-        except sqlite3.Error:
-            self._data_version = None
+            top = int(self._ro.execute("SELECT max(id) FROM commands").fetchone()[0] or 0)
+        except (sqlite3.Error, TypeError, ValueError):
+            top = self._seen_id + 1
+        if top <= self._seen_id and not self._recheck:
             return []
+        rows = store.pending_commands()  # validated rows; hostile or malformed ones come back as errors
+        self._seen_id = max(self._seen_id, top)
+        self._recheck = bool(rows)
         out: list[_Handed] = []
-        for row_id, kind, payload in rows:
-            try:
-                cmd = command_from_json(kind, payload)
-            except ConfigError as e:
-                store.mark_command(row_id, "refused", self.step, str(e))
-                store.record(CommandRefused(self.step, self.epoch, command=f"row {row_id}", reason=str(e)))
+        for row_id, cmd, err in rows:
+            if cmd is None:
+                store.mark_command(row_id, "refused", self.step, err)
+                store.record(CommandRefused(self.step, self.epoch, command=f"row {row_id}", reason=err))
                 continue
             if self.steering:
                 store.mark_command(row_id, "refused", self.step, self.steering)
@@ -640,7 +717,7 @@ class HeadroomRun:
                     self.reset_timer()
                 store.mark_command(row_id, "applied", self.step)
             else:
-                out.append(_Handed(cmd, row_id))  # announced when the loop applies or defers it
+                out.append(_Handed(cmd, row_id))
         return out
 
     def _wait_paused(self, fresh: list[_Handed]) -> list[_Handed]:
@@ -658,11 +735,17 @@ class HeadroomRun:
         self.record(CommandReceived(self.step, self.epoch, command=cmd.kind, payload=asdict(cmd), applies=applies,
                                     target_epoch=target_epoch))
 
+    def _wait(self, h: _Handed, epoch: int) -> None:
+        if h.due != epoch:
+            self._received(h.cmd, "epoch", epoch)  # the app shows "pending: applies at epoch N"
+        h.due = epoch
+        self._waiting.append(h)
+
     def _find(self, cmd: Command) -> _Handed:
         for h in self._handed:
             if h.cmd is cmd:
                 return h
-        raise IntegrationError(f"{cmd.kind}: not a command handed out by poll() and still open")
+        raise IntegrationError(f"{cmd.kind}: not a command handed out by the last poll() and still open")
 
     def apply(self, cmd: Command, **changes: tuple[Any, Any]) -> None:
         """The loop applied `cmd`: mark its row applied; changes like lr=(old, new) write a
@@ -670,7 +753,7 @@ class HeadroomRun:
         h = self._find(cmd)
         self._handed.remove(h)
         store = self._need_store()
-        if not h.deferred:
+        if h.due is None:
             self._received(cmd, "step")
         ch = tuple((k, _plain(o), _plain(n)) for k, (o, n) in changes.items() if o != n)
         if ch:
@@ -685,13 +768,10 @@ class HeadroomRun:
         self._refuse_handed(h, reason)
 
     def defer(self, cmd: Command, target_epoch: int) -> None:
-        """`cmd` waits for the start of `target_epoch` (the loop applies or refuses it then)."""
+        """`cmd` waits for the start of `target_epoch`: poll() hands it out again then."""
         h = self._find(cmd)
-        h.deferred = True
-        self._received(cmd, "epoch", target_epoch)
-
-    def deferred(self) -> list[Command]:
-        return [h.cmd for h in self._handed if h.deferred]
+        self._handed.remove(h)
+        self._wait(h, int(target_epoch))
 
     def _refuse_handed(self, h: _Handed, reason: str) -> None:
         store = self._store
@@ -704,6 +784,10 @@ class HeadroomRun:
 
 def batch_size(batch: Any) -> int:
     """Samples in a batch: the first dimension of its first tensor (dict, list, tuple or tensor)."""
+    if type(batch) in (tuple, list) and batch:  # the usual (x, y): the fast path
+        shape = getattr(batch[0], "shape", None)
+        if shape is not None and len(shape) >= 1:
+            return int(shape[0])
     if isinstance(batch, Mapping):
         values = list(batch.values())
     elif isinstance(batch, (list, tuple)):

@@ -86,15 +86,19 @@ class HeadroomCallback(TrainerCallback):
     task: the name the app's runs list shows (default "hf-<model class>").
     config: extra settings to keep in the run table (merged over the Trainer's).
     commit_interval: seconds between run.db commits of metrics rows (the engine's 1.0).
+    poll_interval: the app's commands are read at most this often (0 = at every step).
     """
 
     def __init__(self, run_dir: Optional[str] = None, *, task: Optional[str] = None,
-                 config: Optional[Mapping[str, Any]] = None, commit_interval: float = 1.0) -> None:
-        HeadroomRun(run_dir, task=task or "hf", config=config, commit_interval=commit_interval)  # checks the arguments
+                 config: Optional[Mapping[str, Any]] = None, commit_interval: float = 1.0,
+                 poll_interval: float = 0.05) -> None:
+        HeadroomRun(run_dir, task=task or "hf", config=config, commit_interval=commit_interval,
+                    poll_interval=poll_interval)  # checks the arguments
         self.run_dir_arg = run_dir
         self.task = task
         self.extra_config = dict(config or {})
         self.commit_interval = commit_interval
+        self.poll_interval = poll_interval
         self.run: Optional[HeadroomRun] = None
         self.run_dir: Optional[str] = None  # the folder of the current (or last) run
         self._trainer: Optional[Trainer] = None
@@ -135,7 +139,8 @@ class HeadroomCallback(TrainerCallback):
         task = self.task or f"hf-{type(model if model is not None else trainer.model).__name__}"
         run = HeadroomRun(self.run_dir_arg, task=task, config=self._config(args, state, trainer), device=args.device,
                           world_size=world, steering=steering, integration="transformers",
-                          commit_interval=self.commit_interval)
+                          commit_interval=self.commit_interval, poll_interval=self.poll_interval,
+                          refusal=lambda cmd: self._refusal(cmd, args))
         run.start(step=int(state.global_step), epoch=int(math.floor((state.epoch or 0) + 1e-9)) + 1)
         run.set_info(checkpoint_dir=args.output_dir)
         self.run, self.run_dir, self._trainer = run, run.run_dir, trainer
@@ -155,8 +160,10 @@ class HeadroomCallback(TrainerCallback):
             except BaseException as e:
                 cb._failed(e)
                 raise
-            nib = a[0] if a else kw.get("num_items_in_batch")
-            cb._micro(loss, inputs, nib)
+            mb = cb._mb
+            if not mb:
+                cb._window_start(a[0] if a else kw.get("num_items_in_batch"))
+            mb.append((loss, inputs))
             return loss
 
         training_step._headroom = True  # type: ignore[attr-defined]
@@ -189,8 +196,7 @@ class HeadroomCallback(TrainerCallback):
 
     # -- one window ----------------------------------------------------------------------------------
     def _reset_window(self) -> None:
-        self._losses: list[torch.Tensor] = []
-        self._counts: list[Any] = []
+        self._mb: list[tuple[Any, Any]] = []  # (loss, inputs) of each micro-batch of the window
         self._sizes: list[int] = []
         self._nib: Any = None
         self._scaled = False
@@ -198,30 +204,32 @@ class HeadroomCallback(TrainerCallback):
         self._norm: Any = None
         self._host: Optional[tuple] = None
 
-    def _micro(self, loss: Any, inputs: Any, nib: Any) -> None:
-        if self.run is None or not isinstance(loss, torch.Tensor):
-            return
+    def _window_start(self, nib: Any) -> None:
+        """At the window's first micro-batch: how the Trainer scales this window's loss."""
         t = self._trainer
-        if not self._losses:
-            self._nib = nib
-            scaled = getattr(t, "loss_is_scaled_for_ga", None)
-            if scaled is None:
-                scaled = (bool(getattr(t, "model_accepts_loss_kwargs", False)) and nib is not None) or \
-                    getattr(t, "compute_loss_func", None) is not None
-            self._scaled = bool(scaled)
-            self._cgas = int(getattr(t, "current_gradient_accumulation_steps", 0) or t.args.gradient_accumulation_steps)
-        self._losses.append(loss.detach().reshape(()))
+        self._nib = nib
+        scaled = getattr(t, "loss_is_scaled_for_ga", None)
+        if scaled is None:
+            scaled = (bool(getattr(t, "model_accepts_loss_kwargs", False)) and nib is not None) or \
+                getattr(t, "compute_loss_func", None) is not None
+        self._scaled = bool(scaled)
+        self._cgas = int(getattr(t, "current_gradient_accumulation_steps", 0) or t.args.gradient_accumulation_steps)
+
+    def _count(self, inputs: Any) -> tuple[int, Any]:
+        """(samples, the loss's count) of one micro-batch: labels != -100 as the Trainer counts them."""
+        get = getattr(inputs, "get", None)  # a dict or a BatchEncoding
+        labels = None
+        if get is not None:
+            labels = get("shift_labels")
+            if labels is None:
+                labels = get("labels")
+                if self._shifts and isinstance(labels, torch.Tensor) and labels.dim() > 1:
+                    labels = labels[..., 1:]  # what a causal LM's loss counts
+        if isinstance(labels, torch.Tensor) and labels.dim() >= 1:
+            size = int(labels.shape[0])
+            return size, (labels.ne(-100).sum() if labels.dim() > 1 else size)
         size = batch_size(inputs)
-        self._sizes.append(size)
-        labels = inputs.get("shift_labels") if isinstance(inputs, Mapping) else None
-        if labels is None and isinstance(inputs, Mapping):
-            labels = inputs.get("labels")
-            if isinstance(labels, torch.Tensor) and labels.dim() > 1 and self._shifts:
-                labels = labels[..., 1:]
-        if isinstance(labels, torch.Tensor) and labels.dim() > 1:
-            self._counts.append(labels.ne(-100).sum())
-        else:
-            self._counts.append(size)
+        return size, size
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._reset_window()
@@ -235,28 +243,38 @@ class HeadroomCallback(TrainerCallback):
         if norm is None:  # no clip_grad_norm_ call seen (an older Trainer without clipping): measure it
             grads = [p.grad for p in t.model.parameters() if p.grad is not None]
             norm = torch.nn.utils.get_total_norm(grads) if grads else torch.zeros(())
-        tensors = [x.float() for x in self._losses]
-        k = len(tensors)
-        counts_t = [(i, c) for i, c in enumerate(self._counts) if isinstance(c, torch.Tensor)]
-        tensors += [c.float().reshape(()) for _, c in counts_t]
+        parts = [loss for loss, _ in self._mb if isinstance(loss, torch.Tensor)]
+        k = len(parts)
+        sc = [self._count(inputs) for loss, inputs in self._mb if isinstance(loss, torch.Tensor)]
+        self._sizes = [n for n, _ in sc]
+        raw = [c for _, c in sc]
+        tc = [i for i, c in enumerate(raw) if isinstance(c, torch.Tensor)]
+        parts += [raw[i] for i in tc]
         nib = self._nib
-        if isinstance(nib, torch.Tensor):
-            tensors.append(nib.float().sum().reshape(()))
-        if isinstance(norm, torch.Tensor):
-            tensors.append(norm.float().reshape(()))
-        dev = tensors[0].device if tensors else torch.device("cpu")
-        values = torch.stack([x.to(dev) for x in tensors]).tolist() if tensors else []
+        nib_t = isinstance(nib, torch.Tensor)
+        if nib_t:
+            parts.append(nib.sum())
+        norm_t = isinstance(norm, torch.Tensor)
+        if norm_t:
+            parts.append(norm.reshape(()))
+        values: list[float] = []
+        if parts:
+            try:
+                values = torch.stack(parts).tolist()  # one read of the host for the whole window
+            except (RuntimeError, TypeError):  # mixed devices, shapes
+                dev = parts[0].device
+                values = torch.stack([p.detach().float().reshape(()).to(dev) for p in parts]).tolist()
         losses = values[:k]
-        counts = [float(c) if not isinstance(c, torch.Tensor) else 0.0 for c in self._counts]
-        for j, (i, _) in enumerate(counts_t):
+        counts = [float(c) if not isinstance(c, torch.Tensor) else 0.0 for c in raw]
+        for j, i in enumerate(tc):
             counts[i] = values[k + j]
-        rest = values[k + len(counts_t):]
-        if isinstance(nib, torch.Tensor):
+        rest = values[k + len(tc):]
+        if nib_t:
             nib, rest = rest[0], rest[1:]
-        norm_f = rest[0] if isinstance(norm, torch.Tensor) else (float(norm) if norm is not None else None)
+        norm_f = rest[0] if norm_t else (float(norm) if norm is not None else None)
         lr = float(t.optimizer.param_groups[0]["lr"]) if t.optimizer is not None else None
         bad: tuple[str, ...] = ()
-        if norm_f is not None and not math.isfinite(norm_f) or not all(math.isfinite(v) for v in losses):
+        if (norm_f is not None and not math.isfinite(norm_f)) or not all(math.isfinite(v) for v in losses):
             bad = tuple(n for n, p in t.model.named_parameters()
                         if p.grad is not None and not bool(torch.isfinite(p.grad).all()))
         self._host = (losses, counts, nib, norm_f, lr, bad, float(args.max_grad_norm or 0.0))
@@ -295,33 +313,37 @@ class HeadroomCallback(TrainerCallback):
                      nonfinite_action="not skipped (the Trainer stepped)")
 
     # -- commands ------------------------------------------------------------------------------------
-    def _commands(self, args: Any, state: Any, control: Any, t: Trainer) -> None:
+    def _commands(self, args: Any, state: Any, control: Any, t: Trainer, step_end: bool = True) -> None:
         run = self.run
         assert run is not None
         for cmd in run.poll():
             self._apply(cmd, args, t)
-        if run.stop_requested and not self._stopping:
+        if step_end and run.stop_requested and not self._stopping:  # the flags hold from a step's end
             self._stopping = True
             control.should_save = True  # the Trainer's own checkpoint, output_dir/checkpoint-<step>
             control.should_training_stop = True
 
+    @staticmethod
+    def _refusal(cmd: Command, args: Any) -> str:
+        """Why the Trainer can never take `cmd` ('' if it can): refused as it arrives."""
+        if isinstance(cmd, SetLr):
+            return ""
+        if isinstance(cmd, SetClip):
+            return "DeepSpeed clips gradients itself (its config's gradient_clipping)" if getattr(
+                args, "deepspeed", None) else ""
+        return REFUSED.get(cmd.kind, f"{cmd.kind} is not supported with the Hugging Face Trainer")
+
     def _apply(self, cmd: Command, args: Any, t: Trainer) -> None:
         run = self.run
         assert run is not None
-        if isinstance(cmd, SetLr):
-            if t.optimizer is None:
-                run.refuse(cmd, "the Trainer has no optimizer yet")
-                return
+        if isinstance(cmd, SetLr) and t.optimizer is not None:
             run.apply(cmd, lr=set_lr(t.optimizer, cmd.lr, t.lr_scheduler))
-        elif isinstance(cmd, SetClip):
-            if getattr(args, "deepspeed", None):
-                run.refuse(cmd, "DeepSpeed clips gradients itself (its config's gradient_clipping)")
-                return
+        elif isinstance(cmd, SetClip) and not self._refusal(cmd, args):
             old = float(args.max_grad_norm or 0.0)
             args.max_grad_norm = float(cmd.norm)
             run.apply(cmd, clip=(old, float(cmd.norm)))
         else:
-            run.refuse(cmd, REFUSED.get(cmd.kind, f"{cmd.kind} is not supported with the Hugging Face Trainer"))
+            run.refuse(cmd, self._refusal(cmd, args) or "the Trainer has no optimizer yet")
 
     # -- epochs, saves, the end ----------------------------------------------------------------------
     def on_epoch_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -330,6 +352,8 @@ class HeadroomCallback(TrainerCallback):
             return
         self._flush_epoch(None)
         run.epoch = int(math.floor((state.epoch or 0) + 1e-9)) + 1
+        if self._trainer is not None:
+            self._commands(args, state, control, self._trainer, step_end=False)  # settings sent for this epoch
         run.reset_timer()
 
     def on_epoch_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:

@@ -19,9 +19,11 @@ def _loop_run(path: str) -> str:
     torch.manual_seed(0)
     m = torch.nn.Linear(4, 2)
     opt = torch.optim.SGD(m.parameters(), lr=0.1)
-    with headroom_run(path, config={"epochs": 2}) as run:
+    with headroom_run(path, config={"epochs": 2}, poll_interval=0) as run:
         for epoch in range(2):
             for i in range(4):
+                for cmd in run.poll():
+                    run.apply(cmd, lr=set_lr(opt, cmd.lr))
                 loss = m(torch.randn(8, 4)).pow(2).mean()
                 loss.backward()
                 norm = torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
@@ -30,9 +32,7 @@ def _loop_run(path: str) -> str:
                 opt.zero_grad()
                 run.log_step(loss=loss, grad_norm=norm, lr=lr, micro_batch=8, clip=1.0)
                 if epoch == 0 and i == 1:
-                    send_command(run.run_dir, SetLr(0.05))
-                for cmd in run.poll():
-                    run.apply(cmd, lr=set_lr(opt, cmd.lr))
+                    send_command(run.run_dir, SetLr(0.05))  # at="epoch": applies as epoch 2 starts
             run.log_epoch(val_loss=1.0 / (epoch + 1))
     return path
 

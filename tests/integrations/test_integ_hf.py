@@ -98,26 +98,32 @@ def test_exact_recipe_num_items_in_batch_leaves_no_gap(tmp_path):
 
 def test_commands_lr_clip_refusal_and_stop_with_the_trainers_checkpoint(tmp_path):
     model = TokenModel()
-    cb = HeadroomCallback()  # a new folder under the runs root
-    # Sent at the end of step 2; the Sender runs before HeadroomCallback, which polls right after:
-    # step 3 is the first with the new settings. The stop at step 4 ends the run after step 4.
-    sender = Sender(cb, {2: [SetLr(0.05), SetClip(0.25), SetAccum(2)], 4: [Stop()]})
-    trainer = Trainer(model=model, args=_args(tmp_path, num_train_epochs=5, eval_strategy="no"), train_dataset=token_data(48),
-                      data_collator=pad_collate, callbacks=[sender, cb])
+    cb = HeadroomCallback(poll_interval=0)  # a new folder under the runs root; commands read every step
+    # Sent at the end of step 2 (3 steps an epoch); the Sender runs before HeadroomCallback, which
+    # polls right after: the lr (at="step") applies from step 3, the clip (the app's default,
+    # at="epoch") from epoch 2 (step 4). The stop sent after step 5 ends the run there.
+    sender = Sender(cb, {2: [SetLr(0.05, at="step"), SetClip(0.25), SetAccum(2)], 5: [Stop()]})
+    trainer = Trainer(model=model, args=_args(tmp_path, num_train_epochs=5, eval_strategy="no"),
+                      train_dataset=token_data(48), data_collator=pad_collate, callbacks=[sender, cb])
     trainer.train()
     assert cb.run_dir.startswith(str(tmp_path / "runs"))
     r = RunReader(cb.run_dir)
     rows = r.metrics()
-    assert [x["step"] for x in rows] == [1, 2, 3, 4] and trainer.state.global_step == 4
+    assert [x["step"] for x in rows] == [1, 2, 3, 4, 5] and trainer.state.global_step == 5
     assert rows[1]["lr"] != pytest.approx(0.05) and rows[2]["lr"] == pytest.approx(0.05)
     assert rows[3]["lr"] < rows[2]["lr"]  # the linear decay goes on from the new lr
-    assert [x["clip"] for x in rows] == [0.5, 0.5, 0.25, 0.25]
+    assert [x["clip"] for x in rows] == [0.5, 0.5, 0.5, 0.25, 0.25]
     cmds = {c["kind"]: c for c in r.commands()}
     assert cmds["set_lr"]["status"] == "applied" and cmds["set_clip"]["status"] == "applied"
+    assert cmds["set_clip"]["applied_step"] == 3  # at the start of epoch 2, after step 3
+    received = {e["data"]["command"]: e["data"] for e in r.events(kinds=["command_received"])}
+    assert (received["set_clip"]["applies"], received["set_clip"]["target_epoch"]) == ("epoch", 2)
+    assert received["set_lr"]["applies"] == "step" and "set_accum" not in received
     assert cmds["set_accum"]["status"] == "refused" and "gradient_accumulation_steps" in cmds["set_accum"]["note"]
     [refused] = r.events(kinds=["command_refused"])
     assert refused["data"]["command"] == "set_accum" and refused["data"]["reason"] == cmds["set_accum"]["note"]
-    ckpt = tmp_path / "out" / "checkpoint-4"
+    assert refused["step"] == 2  # refused as it arrived, not when its epoch came
+    ckpt = tmp_path / "out" / "checkpoint-5"
     assert (ckpt / "trainer_state.json").exists()
     assert any(f.startswith("model") or f.startswith("pytorch_model") for f in os.listdir(ckpt))
     assert r.events(kinds=["checkpoint"])[0]["data"]["path"] == str(ckpt)

@@ -148,8 +148,11 @@ def test_rows_per_optimizer_step_match_the_module(tmp_path):
 
 def test_commands_lr_accum_at_epoch_start_refusal_and_stop_with_a_checkpoint(tmp_path):
     module = Tokens()
-    cb = HeadroomCallback()  # a new folder under the runs root
-    sender = Sender(cb, {2: [SetLr(0.05), SetAccum(2), SetMicroBatch(2), SetClip(0.2)], 4: [Stop()]})
+    cb = HeadroomCallback(poll_interval=0)  # a new folder under the runs root; commands read every step
+    # After step 2 (the end of epoch 1): lr and clip at="step" apply from step 3; the accumulation
+    # (at="step" too) waits for the next epoch start as Lightning allows, which is also step 3's.
+    sender = Sender(cb, {2: [SetLr(0.05, at="step"), SetAccum(2, at="step"), SetMicroBatch(2),
+                             SetClip(0.2, at="step")], 4: [Stop()]})
     train, val = _loaders()
     trainer = _trainer(tmp_path, [sender, cb], max_epochs=5)
     trainer.fit(module, train, val)

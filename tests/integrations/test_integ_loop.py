@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from integ_helpers import ROOT
-from engine.commands import Pause, Resume, SetAccum, SetLr, Stop
+from engine.commands import Pause, Resume, SetAccum, SetClip, SetLr, Stop
 from engine.integrations.loop import HeadroomRun, IntegrationError, headroom_run, set_lr
 from engine.store import RunReader, send_command
 
@@ -81,39 +81,62 @@ def test_rows_epochs_and_run_table(tmp_path):
 def test_set_lr_applies_next_step_and_unhandled_is_refused(tmp_path):
     m, opt = _mlp()
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1 + s))
-    with headroom_run(tmp_path / "r") as run:
+    with headroom_run(tmp_path / "r", poll_interval=0) as run:  # read run.db at every poll
         for step in range(1, 6):
+            for cmd in run.poll():  # at the top of a step: what is due applies to this step
+                if cmd.kind == "set_lr":
+                    run.apply(cmd, lr=set_lr(opt, cmd.lr, sched))
             lr = opt.param_groups[0]["lr"]
             _window(m, opt)
             sched.step()
             run.log_step(loss=1.0, lr=lr)
             if step == 2:
-                send_command(run.run_dir, SetLr(0.5))
-                send_command(run.run_dir, SetAccum(3))
+                send_command(run.run_dir, SetLr(0.5, at="step"))
+                send_command(run.run_dir, SetAccum(3, at="step"))
                 db = sqlite3.connect(os.path.join(run.run_dir, "run.db"))  # what no app would send
                 db.execute("INSERT INTO commands (time, kind, payload) VALUES (0, 'set_lr', '{\"lr\": -1}')")
                 db.commit()
                 db.close()
-            for cmd in run.poll():
-                if cmd.kind == "set_lr":
-                    run.apply(cmd, lr=set_lr(opt, cmd.lr, sched))
     r = RunReader(run.run_dir)
     lrs = [x["lr"] for x in r.metrics()]
     assert lrs[:2] == pytest.approx([0.1, 0.05])
-    assert lrs[2] == pytest.approx(0.5)  # sent and polled after step 2: step 3 uses it
+    assert lrs[2] == pytest.approx(0.5)  # sent after step 2: step 3 uses it
     assert lrs[3:] == pytest.approx([0.5 * 3 / 4, 0.5 * 3 / 5])  # the schedule goes on: its 1/(1+s) shape
-    cmds = {c["kind"] + c["payload"]: c for c in r.commands()}
-    assert cmds['set_lr{"lr": 0.5}']["status"] == "applied"
-    assert cmds['set_accum{"steps": 3}']["status"] == "refused"
-    assert "does not apply" in cmds['set_accum{"steps": 3}']["note"]
-    assert cmds['set_lr{"lr": -1}']["status"] == "refused" and "lr" in cmds['set_lr{"lr": -1}']["note"]
+    import json
+    cmds = {(c["kind"], json.loads(c["payload"]).get("lr")): c for c in r.commands()}
+    assert cmds[("set_lr", 0.5)]["status"] == "applied"
+    accum = cmds[("set_accum", None)]
+    assert accum["status"] == "refused" and "does not apply" in accum["note"]
+    bad = cmds[("set_lr", -1)]
+    assert bad["status"] == "refused" and "lr" in bad["note"]
     refused = r.events(kinds=["command_refused"])
     assert {e["data"]["command"] for e in refused} >= {"set_accum"} and len(refused) == 2
     assert r.events(kinds=["settings_applied"])[0]["data"]["changes"] == [["lr", pytest.approx(1 / 30), 0.5]]
 
 
+def test_an_epoch_setting_waits_for_the_next_epoch(tmp_path):
+    with headroom_run(tmp_path / "r", poll_interval=0) as run:
+        clip, seen = 1.0, []
+        for epoch in range(2):
+            for i in range(3):
+                for cmd in run.poll():
+                    run.apply(cmd, clip=(clip, cmd.norm))
+                    clip = cmd.norm
+                run.log_step(loss=1.0, grad_norm=0.5, clip=clip)
+                seen.append(clip)
+                if epoch == 0 and i == 0:
+                    send_command(run.run_dir, SetClip(0.25))  # the app's default: at="epoch"
+            run.log_epoch()
+    assert seen == [1.0, 1.0, 1.0, 0.25, 0.25, 0.25]
+    r = RunReader(str(tmp_path / "r"))
+    [rx] = r.events(kinds=["command_received"])
+    assert (rx["data"]["applies"], rx["data"]["target_epoch"], rx["step"]) == ("epoch", 2, 1)
+    [applied] = r.events(kinds=["settings_applied"])
+    assert (applied["step"], applied["epoch"], applied["data"]["changes"]) == (3, 2, [["clip", 1.0, 0.25]])
+
+
 def test_pause_blocks_poll_until_resume_and_stop_ends_the_run(tmp_path):
-    with headroom_run(tmp_path / "r") as run:
+    with headroom_run(tmp_path / "r", poll_interval=0) as run:
         run.log_step(loss=1.0)
         send_command(run.run_dir, Pause())
         threading.Timer(0.4, send_command, (run.run_dir, Resume())).start()
@@ -131,6 +154,20 @@ def test_pause_blocks_poll_until_resume_and_stop_ends_the_run(tmp_path):
     assert r.events(kinds=["run_finished"])[0]["data"]["reason"] == "stopped"
     assert all(c["status"] == "applied" for c in r.commands())
     assert r.metrics()[1]["step_time"] < 0.3  # the pause is not counted as training time
+
+
+def test_poll_reads_run_db_at_most_every_poll_interval(tmp_path):
+    with headroom_run(tmp_path / "r", poll_interval=0.3) as run:
+        assert run.poll() == []  # the first read
+        send_command(run.run_dir, SetLr(0.5, at="step"))
+        t0 = time.monotonic()
+        got = run.poll()
+        while not got:
+            time.sleep(0.01)
+            got = run.poll()
+        assert time.monotonic() - t0 >= 0.25 and [c.kind for c in got] == ["set_lr"]
+        run.refuse(got[0], "not today")
+    assert RunReader(str(tmp_path / "r")).commands()[0]["note"] == "not today"
 
 
 def test_an_exception_fails_the_run_and_propagates(tmp_path):
