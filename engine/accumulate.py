@@ -40,6 +40,7 @@ class WindowContext:
     ctx: D.DistContext
     stepper: Any  # step.SyncStep | step.DeferredStep
     loss_checked: bool = False
+    commands_waiting: Callable[[], bool] = lambda: False  # rank 0: commands for the next step boundary
 
     @property
     def loss_model(self) -> Any:
@@ -103,11 +104,12 @@ def train_window(w: WindowContext, batches: Iterable[Any], n_micro: int, window_
     agree = None
     if ddp:
         # Two tiny all-reduces, read with the step's numbers: the window's loss sum and count
-        # over all ranks, and (max) whether any rank was asked to stop and the smallest
-        # micro-batch any rank fell back to after an out-of-memory error.
+        # over all ranks, and (max) whether any rank was asked to stop, the smallest
+        # micro-batch any rank fell back to after an out-of-memory error, and whether rank 0
+        # holds commands for the next step boundary (so every rank joins their broadcast).
         D.all_reduce_sum(totals, w.ctx)
-        agree = D.all_reduce_max(torch.tensor([1.0 if stop_requested() else 0.0, -float(micro_batch)],
-                                              device=dev, dtype=torch.float64), w.ctx)
+        flags = [1.0 if stop_requested() else 0.0, -float(micro_batch), 1.0 if w.commands_waiting() else 0.0]
+        agree = D.all_reduce_max(torch.tensor(flags, device=dev, dtype=torch.float64), w.ctx)
     if w.scaler is not None:
         w.scaler.unscale_(w.optimizer)  # once per window, before the norm and the clip
     grads = [p.grad for p in w.params if p.grad is not None]

@@ -28,7 +28,8 @@ class CommandRules:
     data_len: int
     refusal: Callable[[str], Optional[str]] = lambda setting: None
 
-    def apply(self, settings: LiveSettings, commands: Sequence[Command], step: int, epoch: int) -> Applied:
+    def apply(self, settings: LiveSettings, commands: Sequence[Command], step: int, epoch: int,
+              at: str = "epoch") -> Applied:
         events: list[Event] = []
         notes: list[str] = []
         new = settings
@@ -50,7 +51,7 @@ class CommandRules:
         changes = tuple((s.name, getattr(settings, s.name), getattr(new, s.name))
                         for s in LIVE_SETTINGS if getattr(settings, s.name) != getattr(new, s.name))
         if changes:
-            events.append(SettingsApplied(step, epoch, changes=changes))
+            events.append(SettingsApplied(step, epoch, changes=changes, at=at, from_step=step + 1))
         return Applied(new, events, notes)
 
     def _out_of_range(self, name: str, value: object) -> str:

@@ -8,7 +8,7 @@ Torch-free.
 from __future__ import annotations
 
 import json
-from dataclasses import MISSING, asdict, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any, ClassVar
 
 from . import limits
@@ -24,48 +24,67 @@ class Command:
         return json.dumps(asdict(self))
 
 
+APPLY_AT = ("epoch", "step")
+
+
 @dataclass(frozen=True)
-class SetAccum(Command):
+class SettingCommand(Command):
+    """A change of a live setting. `at`: "epoch" (the next epoch boundary, the default) or
+    "step" (the next optimizer-step boundary); either way no window is split between two
+    settings. Through run.db it is a payload field: {"steps": 4, "at": "step"}."""
+    at: str = field(default="epoch", kw_only=True)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.at, str) or self.at not in APPLY_AT:
+            raise ConfigError(f"{self.kind} at must be one of {', '.join(APPLY_AT)}, got {limits.quote(self.at)}")
+        self.check()
+
+    def check(self) -> None:
+        """The value's own range (each setting)."""
+
+
+@dataclass(frozen=True)
+class SetAccum(SettingCommand):
     steps: int
     kind: ClassVar[str] = "set_accum"
 
-    def __post_init__(self) -> None:
+    def check(self) -> None:
         check_range("accum", self.steps, "set_accum steps")
 
 
 @dataclass(frozen=True)
-class SetMicroBatch(Command):
+class SetMicroBatch(SettingCommand):
     size: int
     kind: ClassVar[str] = "set_micro_batch"
 
-    def __post_init__(self) -> None:
+    def check(self) -> None:
         check_range("micro_batch", self.size, "set_micro_batch size")
 
 
 @dataclass(frozen=True)
-class SetClip(Command):
+class SetClip(SettingCommand):
     norm: float
     kind: ClassVar[str] = "set_clip"
 
-    def __post_init__(self) -> None:
+    def check(self) -> None:
         check_clip(self.norm, "set_clip norm")
 
 
 @dataclass(frozen=True)
-class SetLr(Command):
+class SetLr(SettingCommand):
     lr: float
     kind: ClassVar[str] = "set_lr"
 
-    def __post_init__(self) -> None:
+    def check(self) -> None:
         check_lr(self.lr, "set_lr lr")
 
 
 @dataclass(frozen=True)
-class SetLrScaling(Command):
+class SetLrScaling(SettingCommand):
     rule: str
     kind: ClassVar[str] = "set_lr_scaling"
 
-    def __post_init__(self) -> None:
+    def check(self) -> None:
         if not isinstance(self.rule, str) or self.rule not in LR_SCALINGS:
             raise ConfigError(f"set_lr_scaling rule must be one of {', '.join(LR_SCALINGS)}, "
                               f"got {limits.quote(self.rule)}")

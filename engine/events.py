@@ -108,10 +108,13 @@ class ScalerSkip(Event):
 @dataclass(frozen=True)
 class SettingsApplied(Event):
     changes: tuple[tuple[str, Any, Any], ...]  # (name, old, new)
+    at: str = "epoch"  # the boundary it was applied at: "epoch" or "step"
+    from_step: int = 0  # the first optimizer step trained with the new settings
     kind: ClassVar[str] = "settings_applied"
 
     def message(self) -> str:
-        return "; ".join(f"{n} {o} -> {v}" for n, o, v in self.changes)
+        where = f" (from step {self.from_step})" if self.from_step else ""
+        return "; ".join(f"{n} {o} -> {v}" for n, o, v in self.changes) + where
 
 
 @dataclass(frozen=True)

@@ -15,11 +15,18 @@ from dataclasses import asdict
 from typing import Any, Callable, Optional
 
 from . import distributed as D
-from .commands import Command, Stop, command_from_json
+from .commands import Command, SettingCommand, Stop, command_from_json
 from .events import CommandReceived, CommandRefused, Event
 from .store import RunStore
 
 Pending = tuple[Command, Optional[int]]  # (command, run.db row id or None)
+
+
+def applies_at(cmd: Command) -> str:
+    """'now' (stop), 'step' (a setting asked for the next step) or 'epoch'."""
+    if not cmd.at_epoch_boundary:
+        return "now"
+    return "step" if isinstance(cmd, SettingCommand) and cmd.at == "step" else "epoch"
 
 
 class CommandInbox:
@@ -54,7 +61,7 @@ class CommandInbox:
                 self.store.mark_command(row_id, "received", step)
                 fresh.append((cmd, row_id))
         for cmd, _ in fresh:
-            applies = "epoch" if cmd.at_epoch_boundary else "now"
+            applies = applies_at(cmd)
             self.emit(CommandReceived(step, epoch, command=cmd.kind, payload=asdict(cmd), applies=applies,
                                       target_epoch=next_epoch if applies == "epoch" else None))
         self._pending.extend(fresh)
@@ -73,9 +80,18 @@ class CommandInbox:
         if D.any_rank(self.stop.is_set(), self.ctx, self.device):
             self.stop.set()
 
-    def take(self) -> list[Pending]:
-        batch, self._pending = self._pending, []
+    def take(self, at: str = "epoch") -> list[Pending]:
+        """The pending commands to apply at this boundary: at an epoch boundary all of them,
+        at a step boundary those that asked for the next step."""
+        if at == "epoch":
+            batch, self._pending = self._pending, []
+            return batch
+        batch = [(c, r) for c, r in self._pending if applies_at(c) == "step"]
+        self._pending = [(c, r) for c, r in self._pending if applies_at(c) != "step"]
         return batch
+
+    def has_step_commands(self) -> bool:
+        return any(applies_at(c) == "step" for c, _ in self._pending)
 
     def mark(self, row_id: Optional[int], note: str, step: int) -> None:
         """Record in run.db what became of a command read from it."""

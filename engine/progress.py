@@ -18,6 +18,7 @@ class Progress:
     step: int = 0  # optimizer steps done
     epoch: int = 1  # the epoch being trained (1-based)
     window: int = 0  # windows of this epoch already trained
+    epoch_offset: int = 0  # samples of this epoch already trained (where the rest of its plan starts)
     epoch_loss: float = 0.0  # this epoch's sum of loss x count so far
     epoch_count: float = 0.0  # and of count
     nonfinite_steps: int = 0
@@ -38,7 +39,7 @@ class Progress:
 
     def end_epoch(self) -> None:
         self.epoch += 1
-        self.window = 0
+        self.window = self.epoch_offset = 0
 
     # -- checkpoints -------------------------------------------------------------------------
     def to_checkpoint(self, device: torch.device) -> dict[str, Any]:
@@ -55,7 +56,7 @@ class Progress:
         p = cls(**{k: state[k] for k in known if k in state})
         if "epoch_sums" in state and "epoch_loss" not in state:
             p.epoch_loss, p.epoch_count = (float(x) for x in state["epoch_sums"])
-        p.step, p.epoch, p.window = int(p.step), int(p.epoch), int(p.window)
+        p.step, p.epoch, p.window, p.epoch_offset = int(p.step), int(p.epoch), int(p.window), int(p.epoch_offset)
         rng = state.get("rng") or {}
         if "torch" in rng:
             torch.set_rng_state(rng["torch"])

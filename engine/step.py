@@ -19,7 +19,7 @@ from typing import Optional
 import torch
 
 # Host numbers of the DDP agreement, when a job has several ranks (see accumulate.py).
-AGREE_STOP, AGREE_MICRO = 0, 1
+AGREE_STOP, AGREE_MICRO, AGREE_COMMANDS, AGREE_N = 0, 1, 2, 3
 
 
 @dataclass(frozen=True)
@@ -31,6 +31,7 @@ class WindowNumbers:
     per_param: tuple[float, ...]  # per-parameter norms, in grads.dtype_order of the gradients held
     stop_any: bool = False  # DDP: some rank was asked to stop
     min_micro: int = 0  # DDP: the smallest micro-batch any rank trained with (0: single process)
+    step_commands_any: bool = False  # DDP: rank 0 holds commands for the next step boundary
 
     @property
     def loss(self) -> float:
@@ -49,7 +50,7 @@ def pack(totals: torch.Tensor, agree: Optional[torch.Tensor], norm: torch.Tensor
 
 
 def _norm_at(ddp: bool) -> int:
-    return 4 if ddp else 2
+    return 2 + AGREE_N if ddp else 2
 
 
 def device_bad(packed: torch.Tensor, ddp: bool) -> torch.Tensor:
@@ -62,11 +63,11 @@ def unpack(values: list[float], ddp: bool) -> WindowNumbers:
     """The inverse of pack, the one place that knows the layout."""
     loss_sum, count = values[0], values[1]
     rest = values[2:]
-    stop_any, min_micro = False, 0
+    stop_any, min_micro, commands = False, 0, False
     if ddp:
-        stop_any, min_micro = rest[AGREE_STOP] > 0, int(-rest[AGREE_MICRO])
-        rest = rest[2:]
-    return WindowNumbers(loss_sum, count, rest[0], tuple(rest[1:]), stop_any, min_micro)
+        stop_any, min_micro, commands = rest[AGREE_STOP] > 0, int(-rest[AGREE_MICRO]), rest[AGREE_COMMANDS] > 0
+        rest = rest[AGREE_N:]
+    return WindowNumbers(loss_sum, count, rest[0], tuple(rest[1:]), stop_any, min_micro, commands)
 
 
 class InFlight:

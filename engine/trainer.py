@@ -85,6 +85,8 @@ class Trainer:
         self._task = task
         self._stop = threading.Event()
         self._stop_agreed = False  # under DDP: a stop every rank knows about (see _report)
+        self._step_commands_agreed = False  # under DDP: rank 0 holds commands for the next step
+        self._feed_index = 0  # the window's place in the current plan (the feeder's position)
         self.parts: Optional[RunParts] = None
         self.store: Optional[RunStore] = None
         self.inbox = CommandInbox(self.commands, self._stop, self.ctx, self._emit)
@@ -113,6 +115,7 @@ class Trainer:
         if self.parts is None:
             self.parts = build(self.config, self._task, self.ctx)
             self.inbox.device = self.parts.device
+            self.parts.window.commands_waiting = self.inbox.has_step_commands
             self.watchers = [ClipSaturationWatcher(), VramLowWatcher(self.config.vram_low_fraction),
                              MemoryForecastWatcher(self.memory_model, self.config.vram_limit,
                                                    self.config.memory_margin, self.ctx.world, self.config.precision),
@@ -126,6 +129,9 @@ class Trainer:
             self.store = self.inbox.store = RunStore(parts.run_dir)
         if parts.resume_state is not None:
             self.progress, self.settings, asked = run_state.restore(parts, parts.resume_state)
+            if self.progress.window and "epoch_offset" not in parts.resume_state:  # an older checkpoint
+                done = parts.policy.plan(self.epoch, self.settings, self.ctx.world)[:self.progress.window]
+                self.progress.epoch_offset = sum(len(w) for w in done)
             for cmd in asked:
                 self.commands.put(cmd)
         if self.store is not None and self.config.resume:
@@ -177,25 +183,28 @@ class Trainer:
         if cfg.max_steps is not None and p.step >= cfg.max_steps:  # resumed at or past the limit
             return "max_steps"
         while p.epoch <= cfg.epochs:
-            if p.window == 0:
+            if p.epoch_offset == 0:
                 self._epoch_boundary()  # pending settings apply here; waits while paused
+                p.start_epoch()  # (a run resumed mid-epoch keeps the epoch's loss so far)
             if self._stop.is_set():
                 return self._stopped()
             epoch_start = time.perf_counter()
-            plan = parts.policy.plan(p.epoch, self.settings, self.ctx.world)
-            parts.feeder.begin_epoch([W.rank_share(w, self.ctx.rank, self.ctx.world) for w in plan],
-                                     lambda share: parts.policy.split(share, self.settings))
-            if p.window == 0:
-                p.start_epoch()  # a run resumed mid-epoch keeps the epoch's loss so far
-            for window in plan[p.window:]:
-                if not self.step_window(window):  # stopped mid-window: the partial window is dropped
-                    return self._stopped()
-                p.window += 1
-                if cfg.max_steps is not None and p.step >= cfg.max_steps:
-                    return self._stopped("max_steps")
-                self.inbox.poll(p.step, p.epoch, p.epoch + 1)
-                if self._should_stop():
-                    return self._stopped()
+            while plan := self._plan_rest_of_epoch(parts):
+                for k, window in enumerate(plan):
+                    self._feed_index = k
+                    if not self.step_window(window):  # stopped mid-window: the partial window is dropped
+                        return self._stopped()
+                    p.window += 1
+                    p.epoch_offset += len(window)
+                    if cfg.max_steps is not None and p.step >= cfg.max_steps:
+                        return self._stopped("max_steps")
+                    self.inbox.poll(p.step, p.epoch, p.epoch + 1)
+                    if self._should_stop():
+                        return self._stopped()
+                    if self._step_boundary():  # the windows changed: plan the rest of the epoch anew
+                        break
+                else:
+                    break  # the epoch's plan is done
             self._drain()
             done = EpochEnd(p.step, p.epoch, train_loss=p.epoch_train_loss,
                             val_loss=validation_loss(parts, self.settings.micro_batch),
@@ -204,6 +213,14 @@ class Trainer:
             self._save_checkpoint(epoch_done=p.epoch - 1)  # before the event: what is seen is saved
             self._emit(done)
         return "completed"
+
+    def _plan_rest_of_epoch(self, parts: RunParts) -> list[list[int]]:
+        """The windows of the epoch from the first sample not yet trained, as the current
+        settings cut them; the feeder's workers start loading them."""
+        plan = parts.policy.plan(self.epoch, self.settings, self.ctx.world, start=self.progress.epoch_offset)
+        parts.feeder.begin_epoch([W.rank_share(w, self.ctx.rank, self.ctx.world) for w in plan],
+                                 lambda share: parts.policy.split(share, self.settings))
+        return plan
 
     def _stopped(self, reason: str = "stopped") -> str:
         self._save_checkpoint()
@@ -269,7 +286,7 @@ class Trainer:
     def train_window(self, micro: list[list[int]], window_samples: int) -> InFlight:
         """Forward/backward each micro-batch, then the optimizer step (accumulate.py)."""
         parts = self.prepare()
-        batches = parts.feeder.take(self.progress.window, micro)  # one at a time: none outlives its backward
+        batches = parts.feeder.take(self._feed_index, micro)  # one at a time: none outlives its backward
         s = self.settings
         return train_window(parts.window, batches, len(micro), window_samples, s.clip, s.micro_batch,
                             self._stop.is_set)
@@ -333,10 +350,27 @@ class Trainer:
         """DDP: every rank takes the same stop decision and the same (smallest) micro-batch."""
         if nums.stop_any:
             self._stop_agreed = True
+        if nums.step_commands_any:
+            self._step_commands_agreed = True
         if nums.min_micro < self.settings.micro_batch:  # another rank ran out of memory and fell back
             self._set_shape(nums.min_micro)
 
     # -- commands at boundaries -----------------------------------------------------------------
+    def _step_boundary(self) -> bool:
+        """Settings sent with at="step" apply here, between two windows. True if that changed
+        how the epoch is cut into windows."""
+        if self.ctx.enabled:  # every rank learnt from the step's all-reduce that rank 0 holds some
+            if not self._step_commands_agreed:
+                return False
+            self._step_commands_agreed = False
+            self.inbox.poll(self.step, self.epoch, self.epoch + 1, force=True)  # rank 0's, broadcast
+        elif not self.inbox.has_step_commands():
+            return False
+        before = self.settings
+        self._apply_settings(self.inbox.take(at="step"), at="step")
+        return before.window_samples != self.settings.window_samples
+
+
     def _epoch_boundary(self) -> None:
         """Apply pending settings; wait here while paused."""
         paused = False
@@ -356,13 +390,13 @@ class Trainer:
                 return
             time.sleep(0.05)
 
-    def _apply_settings(self, batch: list[Pending]) -> None:
+    def _apply_settings(self, batch: list[Pending], at: str = "epoch") -> None:
         if not batch:
             return
         parts = self.prepare()
         rules = CommandRules(len(parts.task.train_data), parts.policy.refusal)
         before = self.settings
-        applied = rules.apply(before, [c for c, _ in batch], self.step, self.epoch)
+        applied = rules.apply(before, [c for c, _ in batch], self.step, self.epoch, at)
         self.settings = applied.settings
         for (_, row_id), note in zip(batch, applied.notes):
             self.inbox.mark(row_id, note, self.step)

@@ -20,8 +20,10 @@ from .schema import LiveSettings
 
 
 class WindowPolicy(Protocol):
-    def plan(self, epoch: int, settings: LiveSettings, world: int) -> list[list[int]]:
-        """The epoch's windows (all ranks), as sample indices, in training order."""
+    def plan(self, epoch: int, settings: LiveSettings, world: int, start: int = 0) -> list[list[int]]:
+        """The epoch's windows (all ranks) from its `start`-th sample on, as sample indices,
+        in training order. A change at a step boundary re-plans the rest of the epoch from
+        where the last window ended: the sample order never changes, only how it is cut."""
 
     def split(self, share: Sequence[int], settings: LiveSettings) -> list[list[int]]:
         """This rank's share of a window, as micro-batches."""
@@ -36,8 +38,8 @@ class FixedWindows:
     def __init__(self, n_samples: int, seed: int) -> None:
         self.n, self.seed = n_samples, seed
 
-    def plan(self, epoch: int, settings: LiveSettings, world: int) -> list[list[int]]:
-        return W.fixed_windows(W.epoch_order(self.n, self.seed, epoch), settings.window_samples * world)
+    def plan(self, epoch: int, settings: LiveSettings, world: int, start: int = 0) -> list[list[int]]:
+        return W.fixed_windows(W.epoch_order(self.n, self.seed, epoch)[start:], settings.window_samples * world)
 
     def split(self, share: Sequence[int], settings: LiveSettings) -> list[list[int]]:
         return W.micro_batches(share, settings.micro_batch)
@@ -54,8 +56,8 @@ class TokenBudgetWindows:
         self.n, self.seed, self.budget, self.length = n_samples, seed, budget, length
         self.micro_tokens = micro_tokens
 
-    def plan(self, epoch: int, settings: LiveSettings, world: int) -> list[list[int]]:
-        return W.token_windows(W.epoch_order(self.n, self.seed, epoch), self.budget, self.length)
+    def plan(self, epoch: int, settings: LiveSettings, world: int, start: int = 0) -> list[list[int]]:
+        return W.token_windows(W.epoch_order(self.n, self.seed, epoch)[start:], self.budget, self.length)
 
     def split(self, share: Sequence[int], settings: LiveSettings) -> list[list[int]]:
         """At most micro_batch samples and (with --micro-tokens) at most micro_tokens counted

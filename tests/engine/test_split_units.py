@@ -137,11 +137,11 @@ def test_progress_reads_older_checkpoints_epoch_sums():
 @pytest.mark.parametrize("ddp", [False, True])
 def test_pack_and_unpack_name_every_number(ddp):
     totals = torch.tensor([6.0, 3.0], dtype=torch.float64)
-    agree = torch.tensor([1.0, -2.0], dtype=torch.float64) if ddp else None
+    agree = torch.tensor([1.0, -2.0, 1.0], dtype=torch.float64) if ddp else None
     per_param = torch.tensor([3.0, 4.0])
     nums = unpack(pack(totals, agree, torch.linalg.vector_norm(per_param), per_param).tolist(), ddp)
     assert (nums.loss_sum, nums.count, nums.loss, nums.norm, nums.per_param) == (6.0, 3.0, 2.0, 5.0, (3.0, 4.0))
-    assert (nums.stop_any, nums.min_micro) == ((True, 2) if ddp else (False, 0))
+    assert (nums.stop_any, nums.min_micro, nums.step_commands_any) == ((True, 2, True) if ddp else (False, 0, False))
     assert nums.finite
     bad = unpack(pack(totals, agree, torch.tensor(float("nan")), per_param).tolist(), ddp)
     assert not bad.finite and math.isnan(bad.norm)
