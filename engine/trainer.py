@@ -26,14 +26,15 @@ from . import run_state
 from . import windows as W
 from .accumulate import StopRequested, train_window
 from .command_rules import CommandRules
-from .commands import Command, Pause, Resume, Stop
+from .boundaries import Boundaries
+from .commands import Command, Stop
 from .config import TrainConfig
 from .devices import device_name
 from .evaluate import validation_loss
-from .events import (CheckpointSaved, EpochEnd, Event, LrPlanned, NonFinite, OomRecovered, Paused, Resumed,
-                     RunFailed, RunFinished, RunStarted, ScalerSkip)
+from .events import (CheckpointSaved, EpochEnd, Event, LrPlanned, NonFinite, OomRecovered, RunFailed, RunFinished,
+                     RunStarted, ScalerSkip)
 from .finder import NothingFits, find_micro_batch
-from .inbox import CommandInbox, Pending
+from .inbox import CommandInbox
 from .memory_model import MemoryModel
 from .oom import free_memory, is_oom
 from .paths import resolve_task_spec
@@ -90,6 +91,7 @@ class Trainer:
         self.parts: Optional[RunParts] = None
         self.store: Optional[RunStore] = None
         self.inbox = CommandInbox(self.commands, self._stop, self.ctx, self._emit)
+        self.boundaries = Boundaries(self.inbox, self._rules, self._emit, self._settings_changed)
         self.progress = Progress()
         self.settings = LiveSettings.from_config(self.config)
         self.memory_model = MemoryModel()
@@ -121,6 +123,10 @@ class Trainer:
                                                    self.config.memory_margin, self.ctx.world, self.config.precision),
                              BatchNormWatcher(self.parts.model)]
         return self.parts
+
+    def _rules(self) -> CommandRules:
+        parts = self.prepare()
+        return CommandRules(len(parts.task.train_data), parts.policy.refusal)
 
     def _open(self, parts: RunParts) -> None:
         """Open the run folder (rank 0) and continue from the checkpoint, if resuming."""
@@ -359,54 +365,23 @@ class Trainer:
     def _step_boundary(self) -> bool:
         """Settings sent with at="step" apply here, between two windows. True if that changed
         how the epoch is cut into windows."""
-        if self.ctx.enabled:  # every rank learnt from the step's all-reduce that rank 0 holds some
-            if not self._step_commands_agreed:
-                return False
-            self._step_commands_agreed = False
-            self.inbox.poll(self.step, self.epoch, self.epoch + 1, force=True)  # rank 0's, broadcast
-        elif not self.inbox.has_step_commands():
-            return False
+        agreed, self._step_commands_agreed = self._step_commands_agreed, False
         before = self.settings
-        self._apply_settings(self.inbox.take(at="step"), at="step")
+        self.settings = self.boundaries.step(self.step, self.epoch, before, agreed)
         return before.window_samples != self.settings.window_samples
 
-
     def _epoch_boundary(self) -> None:
-        """Apply pending settings; wait here while paused."""
-        paused = False
-        while True:
-            self.inbox.poll(self.step, self.epoch, self.epoch, force=True)
-            batch = self.inbox.take()
-            for cmd, _ in batch:
-                if isinstance(cmd, Pause):
-                    paused = True
-                    self._emit(Paused(self.step, self.epoch - 1))
-                elif isinstance(cmd, Resume):
-                    if paused:
-                        self._emit(Resumed(self.step, self.epoch))
-                    paused = False
-            self._apply_settings([(c, r) for c, r in batch if not isinstance(c, (Pause, Resume, Stop))])
-            if not paused or self._stop.is_set():
-                return
-            time.sleep(0.05)
+        self.settings = self.boundaries.epoch(self.step, self.epoch, self.settings)
 
-    def _apply_settings(self, batch: list[Pending], at: str = "epoch") -> None:
-        if not batch:
-            return
-        parts = self.prepare()
-        rules = CommandRules(len(parts.task.train_data), parts.policy.refusal)
-        before = self.settings
-        applied = rules.apply(before, [c for c, _ in batch], self.step, self.epoch, at)
-        self.settings = applied.settings
-        for (_, row_id), note in zip(batch, applied.notes):
-            self.inbox.mark(row_id, note, self.step)
-        self._emit_all(applied.events)
+    def _settings_changed(self, before: LiveSettings, after: LiveSettings) -> None:
+        """What follows a change: the new lr curve, the watchers' word, and run.db on disk."""
+        self.settings = after
         self._lr_in_use = None  # the next window writes the scheduled lr of the new peak
-        changed = {f for f in before.to_dict() if getattr(before, f) != getattr(self.settings, f)}
+        changed = {f for f in before.to_dict() if getattr(before, f) != getattr(after, f)}
         if "lr" in changed:
             self._emit(self._lr_plan())
         for w in self.watchers:
-            self._emit_all(w.on_settings(self.step, self.epoch, self.settings, changed))
+            self._emit_all(w.on_settings(self.step, self.epoch, after, changed))
         if self.store is not None:
             self.store.commit()
 

@@ -38,6 +38,8 @@ def copy_tree(dst) -> str:
     ("engine/store.py", "import torch", "torch-free"),
     ("engine/config.py", "import PySide6", "never imports the app"),
     ("engine/checkpoint.py", "from . import trainer", "no import cycles"),
+    ("app/model/pending.py", "import app.ui.plots", "app's layers"),
+    ("app/session/session.py", "import PySide6.QtCore", "Qt-free"),
 ])
 def test_a_forbidden_import_breaks_a_contract(tmp_path, module, line, contract):
     root = copy_tree(tmp_path)
