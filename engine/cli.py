@@ -23,7 +23,7 @@ import time
 from typing import Any, Optional, Sequence
 
 from . import limits
-from .config import LR_SCHEDULES, ConfigError, TrainConfig, parse_size
+from .config import LR_SCHEDULES, ConfigError, TrainConfig, parse_size, parse_task_arg
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -128,6 +128,13 @@ def _finite_float(text: str) -> float:
     return v
 
 
+def _task_arg(text: str) -> tuple[str, Any]:
+    try:
+        return parse_task_arg(text)
+    except ConfigError as e:  # argparse names the flag itself
+        raise argparse.ArgumentTypeError(str(e).removeprefix("--task-arg: ").removeprefix("--task-arg ")) from None
+
+
 def _workers(text: str) -> Optional[int]:
     return None if str(text).strip().lower() == "auto" else _int(text)
 
@@ -181,6 +188,9 @@ def add_run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warmup", type=_finite_float, default=S,
                    help="linear warmup: < 1 a fraction of the run's samples, >= 1 a number of samples (default 0)")
     p.add_argument("--min-lr-ratio", type=_finite_float, default=S, help="where linear/cosine end (default 0.1)")
+    p.add_argument("--task-arg", dest="task_args", type=_task_arg, action="append", default=S, metavar="KEY=VALUE",
+                   help="passed to build_task(seed, KEY=VALUE, ...); VALUE is read as JSON where it parses "
+                        "(repeatable)")
     p.add_argument("--workers", type=_workers, default=S, metavar="N|auto",
                    help="DataLoader worker processes (default auto: 0 for data in memory, up to 4 for slow loading)")
     p.add_argument("--micro-tokens", type=_int, default=S,
@@ -203,6 +213,8 @@ def build_parser() -> argparse.ArgumentParser:
 def config_from_args(ns: argparse.Namespace) -> TrainConfig:
     """Flags given on the command line; for --resume, the run's saved config under them."""
     given = {k: v for k, v in vars(ns).items() if k in TrainConfig.__dataclass_fields__}
+    if "task_args" in given:  # repeated KEY=VALUE pairs, the later one winning
+        given["task_args"] = dict(given["task_args"])
     if "resume" in given:
         from .store import RunReader, StoreError
         try:

@@ -5,7 +5,7 @@ Torch-free on purpose: the app imports this at start-up, before torch loads.
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Optional
 
 from . import limits
@@ -51,6 +51,7 @@ class TrainConfig:
     min_lr_ratio: float = 0.1  # linear and cosine end at this x the peak
     workers: Optional[int] = None  # DataLoader workers; None = auto (engine/feeder.py)
     micro_tokens: Optional[int] = None  # under --token-budget: a micro-batch's counted items at most
+    task_args: dict = field(default_factory=dict)  # --task-arg KEY=VALUE: build_task(seed, **task_args)
 
     def validate(self) -> "TrainConfig":
         """Every field against its range in engine/limits.py (the same ranges the commands and
@@ -67,6 +68,7 @@ class TrainConfig:
         _choice("nonfinite", self.nonfinite, NONFINITE_MODES)
         _choice("lr-schedule", self.lr_schedule, LR_SCHEDULES)
         check_device_name(self.device)
+        check_task_args(self.task_args)
         if self.micro_tokens is not None and self.token_budget is None:
             raise ConfigError("--micro-tokens needs --token-budget N (it bounds the micro-batches of a token-budget window)")
         if self.find_micro_batch and self.effective_batch is None:
@@ -83,6 +85,44 @@ class TrainConfig:
 
     def with_(self, **changes: Any) -> "TrainConfig":
         return replace(self, **changes)
+
+
+MAX_TASK_ARGS = 64  # options of one task; more is not a configuration
+MAX_TASK_ARG_CHARS = 1024  # one value as JSON text: options, not data
+
+
+def check_task_args(args: Any) -> dict:
+    """Task arguments are keyword arguments of build_task: identifiers, JSON-able values."""
+    import json
+    if not isinstance(args, dict):
+        raise ConfigError(f"--task-arg: task arguments must be KEY=VALUE pairs, got {limits.quote(args)}")
+    if len(args) > MAX_TASK_ARGS:
+        raise ConfigError(f"--task-arg: at most {MAX_TASK_ARGS} task arguments, got {len(args)}")
+    for k, v in args.items():
+        if not (isinstance(k, str) and k.isidentifier() and k != "seed"):
+            raise ConfigError(f"--task-arg: {limits.quote(k)} is not a keyword name (letters, digits, _; not seed)")
+        try:
+            text = json.dumps(v)
+        except (TypeError, ValueError):
+            raise ConfigError(f"--task-arg {k}: the value must be plain data (JSON), got {limits.quote(v)}") from None
+        if len(text) > MAX_TASK_ARG_CHARS:
+            raise ConfigError(f"--task-arg {k}: the value is {len(text)} characters (at most {MAX_TASK_ARG_CHARS})")
+    return args
+
+
+def parse_task_arg(text: str) -> tuple[str, Any]:
+    """'KEY=VALUE' -> (KEY, VALUE), VALUE as a JSON literal where it parses, else the string."""
+    import json
+    key, sep, raw = str(text).partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise ConfigError(f"--task-arg must be KEY=VALUE, got {limits.quote(text)}")
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        value = raw
+    check_task_args({key: value})
+    return key, value
 
 
 def _choice(name: str, value: str, choices: tuple[str, ...]) -> None:

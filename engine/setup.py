@@ -74,7 +74,7 @@ def build(config: TrainConfig, task: Optional[Task], ctx: D.DistContext) -> RunP
     if cfg.precision == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
         raise ConfigError("--precision bf16 is not supported on this GPU (use fp16 or fp32)")
     if task is None:
-        task = load_task(cfg.task, cfg.seed)
+        task = load_task(cfg.task, cfg.seed, cfg.task_args)
     if cfg.token_budget is not None and task.sample_length is None:
         raise TaskError(f"task {task.name}: --token-budget needs the task's sample_length")
     if cfg.micro_batch > len(task.train_data):

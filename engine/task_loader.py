@@ -3,9 +3,10 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import inspect
 import os
 import sys
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -28,6 +29,25 @@ def resolve_builder(spec: str) -> tuple[Callable[[int], Any], str]:
             raise TaskError(f"task {spec}: module {mod_name} has no callable {attr!r}")
         return fn, spec
     raise TaskError(f"unknown task {spec!r}: use one of {', '.join(BUILTIN_TASKS)}, a path/to/file.py or module:attr")
+
+
+def _check_accepts(builder: Callable[..., Any], name: str, args: dict[str, Any]) -> None:
+    """--task-arg names the builder cannot take are bad input, said before it runs."""
+    if not args:
+        return
+    try:
+        sig = inspect.signature(builder)
+    except (TypeError, ValueError):
+        return  # a builtin or C callable: let the call say
+    params = sig.parameters.values()
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return
+    takes = {p.name for p in params if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                                   inspect.Parameter.KEYWORD_ONLY)}
+    unknown = sorted(set(args) - takes)
+    if unknown:
+        wanted = ", ".join(sorted(takes - {next(iter(sig.parameters), "")})) or "none"
+        raise TaskError(f"task {name}: build_task takes no argument {unknown[0]!r} (--task-arg; it takes: {wanted})")
 
 
 def _import(mod_name: str, spec: str):
@@ -69,16 +89,21 @@ def _builder_from_file(path: str) -> Callable[[int], Any]:
     return fn
 
 
-def load_task(spec: str, seed: int = 0) -> Task:
-    """Build and check a task. Raises TaskError with a one-line message."""
+def load_task(spec: str, seed: int = 0, task_args: Optional[dict[str, Any]] = None) -> Task:
+    """Build and check a task: build_task(seed, **task_args). Raises TaskError with a one-line message."""
     builder, name = resolve_builder(spec)
+    args = dict(task_args or {})
+    _check_accepts(builder, name, args)
     torch.manual_seed(seed)  # a task that draws random numbers without seeding is still reproducible
     try:
-        task = builder(seed)
+        task = builder(seed, **args)
     except TaskError:
         raise
-    except BaseException as e:  # noqa: BLE001
-        raise TaskError(f"task {name}: build_task({seed}) failed: {type(e).__name__}: {e}") from None
+    except KeyboardInterrupt:
+        raise  # Ctrl-C while the task builds is an interruption, not bad input
+    except BaseException as e:  # noqa: BLE001 - user code: report anything (SystemExit too)
+        shown = ", ".join([str(seed)] + [f"{k}={v!r}" for k, v in args.items()])
+        raise TaskError(f"task {name}: build_task({shown}) failed: {type(e).__name__}: {e}") from None
     if not isinstance(task, Task):
         raise TaskError(f"task {name}: build_task must return engine.Task, got {type(task).__name__}")
     if task.name == "task":
