@@ -165,3 +165,35 @@ def test_killing_one_rank_ends_the_run_with_run_failed(tmp_path):
     kinds = [k for (k,) in db.execute("SELECT kind FROM events ORDER BY id")]
     assert "run_failed" in kinds
     assert (run_dir / "checkpoints" / "last.pt").exists()
+
+
+def test_a_loss_reading_model_config_and_a_step_level_change_under_torchrun(tmp_path):
+    """The loss reads model.config (works in one process, so it must under torchrun), and a
+    set_lr with at="step" sent through run.db mid-epoch applies on every rank at the same step."""
+    run_dir = tmp_path / "run"
+    args = TORCHRUN + ["-m", "engine", "--task", "tests/ddp/config_task.py", "--epochs", "1", "--micro-batch", "1",
+                       "--accum", "2", "--device", "cpu", "--lr", "0.05", "--run-dir", str(run_dir)]
+    proc = subprocess.Popen(args, cwd=ROOT, env=env(HEADROOM_TEST_SLOW="0.15"), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 90
+        while time.time() < deadline:
+            try:
+                if len(RunReader(str(run_dir)).metrics()) >= 2:
+                    break
+            except Exception:
+                pass
+            time.sleep(0.1)
+        send_command(str(run_dir), SetLr(0.01, at="step"))
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err[-3000:]
+    rows = RunReader(str(run_dir)).metrics()
+    assert len(rows) == 16 and {r["epoch"] for r in rows} == {1}
+    lrs = [r["lr"] for r in rows]
+    k = lrs.index(0.01)
+    assert 2 <= k < 16 and lrs[:k] == [0.05] * k and lrs[k:] == [0.01] * (16 - k)  # within the epoch
+    applied = RunReader(str(run_dir)).events(kinds={"settings_applied"})
+    assert applied[0]["data"]["at"] == "step" and applied[0]["data"]["from_step"] == k + 1
