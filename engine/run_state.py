@@ -16,6 +16,7 @@ def checkpoint_state(parts: RunParts, progress: Progress, settings: LiveSettings
         "model": parts.model.state_dict(),
         "optimizer": parts.optimizer.state_dict(),
         "scaler": parts.scaler.state_dict() if parts.scaler is not None else {},
+        "scheduler": parts.scheduler.state_dict() if parts.scheduler is not None else {},
         **progress.to_checkpoint(parts.device),
         "settings": settings.to_dict(),
         "config": parts.config.to_dict(),
@@ -39,12 +40,39 @@ def restore(parts: RunParts, state: dict[str, Any]) -> tuple[Progress, LiveSetti
     parts.optimizer.load_state_dict(state["optimizer"])
     if parts.scaler is not None and state.get("scaler"):
         parts.scaler.load_state_dict(state["scaler"])
+    if parts.scheduler is not None and state.get("scheduler"):
+        parts.scheduler.load_state_dict(state["scheduler"])
     progress = Progress.from_checkpoint(state, parts.device)
     settings = LiveSettings.from_config(parts.config).updated(state.get("settings"))
     saved, asked = state.get("config") or {}, parts.config
     commands = [s.command_for(getattr(asked, s.name)) for s in LIVE_SETTINGS
                 if s.name in saved and saved[s.name] != getattr(asked, s.name)
                 and getattr(settings, s.name) != getattr(asked, s.name)]
-    for group in parts.optimizer.param_groups:
-        group["lr"] = settings.lr
+    if parts.scheduler is None:  # the task's scheduler keeps the lrs its state says
+        for group in parts.optimizer.param_groups:
+            group["lr"] = settings.lr
     return progress, settings, commands
+
+
+def step_scheduler(scheduler: Any) -> None:
+    """Once per optimizer step, skipped windows included (the schedule counts windows)."""
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "lr_scheduler.step() before optimizer.step()" after a skip
+        scheduler.step()
+
+
+def rescale_scheduler(parts: RunParts, old_peak: float, new_peak: float) -> None:
+    """set_lr with the task's own scheduler: scale its base lrs and the current lrs, so the
+    schedule keeps its shape at the new peak."""
+    sched = parts.scheduler
+    if sched is None:
+        return
+    ratio = new_peak / old_peak if old_peak else None
+    groups = parts.optimizer.param_groups
+    if hasattr(sched, "base_lrs"):
+        sched.base_lrs = [b * ratio if ratio is not None else new_peak for b in sched.base_lrs]
+    for g in groups:
+        g["lr"] = g["lr"] * ratio if ratio is not None else new_peak
+        if "initial_lr" in g:
+            g["initial_lr"] = g["initial_lr"] * ratio if ratio is not None else new_peak

@@ -55,6 +55,7 @@ class RunParts:
     modes: TrainModes  # train/eval mode as the task built it (frozen parts stay in eval)
     schedule: LrSchedule  # the lr over samples seen, as a multiple of the peak (the lr setting)
     feeder: Feeder  # the plan's micro-batches, loaded (by DataLoader workers) ahead of the step
+    scheduler: Any  # the task's own torch lr scheduler, or None (then `schedule` sets the lr)
 
     @property
     def named_params(self) -> list[tuple[str, torch.nn.Parameter]]:
@@ -103,6 +104,7 @@ def build(config: TrainConfig, task: Optional[Task], ctx: D.DistContext) -> RunP
         net = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
     optimizer = (task.optimizer or default_optimizer(cfg.optimizer, device))(params, cfg.lr)
     scaler = torch.amp.GradScaler(device.type) if cfg.precision == "fp16" else None
+    scheduler = _task_scheduler(task, optimizer, cfg)
     stepper = S.choose(optimizer, scaler, ctx.enabled, device, os.environ.get("HEADROOM_STEP_MODE", "auto"))
     window = WindowContext(net=net, loss=task.loss, task_name=task.name, params=params, optimizer=optimizer,
                            scaler=scaler, autocast=autocast, device=device, ctx=ctx, stepper=stepper,
@@ -111,12 +113,29 @@ def build(config: TrainConfig, task: Optional[Task], ctx: D.DistContext) -> RunP
                     optimizer=optimizer, scaler=scaler, window=window, policy=policy, probe=MemoryProbe(device),
                     run_dir=run_dir, resume_state=resume_state, progress=Progress(),
                     settings=LiveSettings.from_config(cfg), modes=modes,
+                    scheduler=scheduler,
                     feeder=Feeder(task.train_data, collate, device,
                                   cfg.workers if cfg.workers is not None else auto_workers(task.train_data,
                                                                                            cfg.micro_batch),
                                   seed=cfg.seed),
                     schedule=LrSchedule.plan(cfg.lr_schedule, cfg.warmup, cfg.min_lr_ratio,
                                              planned_samples(cfg, len(task.train_data), ctx.world)))
+
+
+def _task_scheduler(task: Task, optimizer: torch.optim.Optimizer, cfg: TrainConfig) -> Any:
+    if task.scheduler is None:
+        return None
+    if cfg.lr_schedule != "constant" or cfg.warmup:
+        raise ConfigError(f"task {task.name} brings its own lr scheduler: leave --lr-schedule constant and "
+                          "--warmup 0 (or drop the task's scheduler)")
+    try:
+        sched = task.scheduler(optimizer)
+    except Exception as e:
+        raise TaskError(f"task {task.name}: scheduler(optimizer) failed: {type(e).__name__}: {e}") from None
+    if not (callable(getattr(sched, "step", None)) and callable(getattr(sched, "state_dict", None))):
+        raise TaskError(f"task {task.name}: scheduler(optimizer) must return a torch lr scheduler, "
+                        f"got {type(sched).__name__}")
+    return sched
 
 
 def planned_samples(cfg: TrainConfig, data_len: int, world: int) -> int:

@@ -28,6 +28,12 @@ class Task:
     val_data: Any = None
     optimizer: Optional[Callable[[Any, float], torch.optim.Optimizer]] = None
     sample_length: Optional[Callable[[Any], int]] = None
+    # fn(optimizer) -> torch.optim.lr_scheduler.LRScheduler: the task's own schedule, stepped
+    # once per optimizer step (then --lr-schedule stays constant; set_lr scales its base lrs).
+    scheduler: Optional[Callable[[torch.optim.Optimizer], Any]] = None
+    # fn(model, on): switch activation checkpointing (engine/checkpointing.py finds Hugging
+    # Face models' own switch by itself).
+    checkpointing: Optional[Callable[[torch.nn.Module, bool], None]] = None
     name: str = "task"
 
 

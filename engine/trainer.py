@@ -263,6 +263,8 @@ class Trainer:
             self._shrink_after_oom()
         self.progress.step += 1
         self.progress.samples += len(window)
+        if parts.scheduler is not None:
+            run_state.step_scheduler(parts.scheduler)
         if self.settings.micro_batch != launch_settings.micro_batch:  # shrunk after an out-of-memory error
             launch_settings = launch_settings.with_(micro_batch=self.settings.micro_batch, accum=self.settings.accum)
         self._in_flight.append(Launched(self.step, self.epoch, len(window), len(micro), launch_settings, t0,
@@ -276,6 +278,9 @@ class Trainer:
     def _scheduled(self, parts: RunParts) -> LiveSettings:
         """The settings this window trains with: the lr is the schedule's at the samples seen
         so far (the peak is the lr setting). Written into the optimizer only when it moves."""
+        if parts.scheduler is not None:  # the task's own scheduler set the lr: report what it set
+            lr = float(parts.optimizer.param_groups[0]["lr"])
+            return self.settings if lr == self.settings.lr else self.settings.with_(lr=lr)
         lr = self.settings.lr * parts.schedule.factor(self.progress.samples)
         if lr != self._lr_in_use:
             for group in parts.optimizer.param_groups:
@@ -379,6 +384,7 @@ class Trainer:
         self._lr_in_use = None  # the next window writes the scheduled lr of the new peak
         changed = {f for f in before.to_dict() if getattr(before, f) != getattr(after, f)}
         if "lr" in changed:
+            run_state.rescale_scheduler(self.prepare(), before.lr, after.lr)
             self._emit(self._lr_plan())
         for w in self.watchers:
             self._emit_all(w.on_settings(self.step, self.epoch, after, changed))

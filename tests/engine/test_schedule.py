@@ -83,3 +83,31 @@ def test_set_lr_moves_the_peak_and_the_curve_keeps_its_shape(tmp_path):
     assert epoch.count(1) == 4 and len(run.of("lr_planned")) == 2
     assert run.of("lr_planned")[1].peak == 0.05
     assert not math.isclose(run.steps[-1].lr, run.steps[4].lr)  # still decaying after the change
+
+
+def test_a_task_brings_its_own_scheduler_stepped_once_per_optimizer_step(tmp_path):
+    import torch
+    task = make_task(24, optimizer=RecordingSGD)
+    task.scheduler = lambda opt: torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.5)
+
+    def on_event(e, trainer):
+        if e.kind == "step" and e.step == 4:
+            trainer.send(SetLr(0.4))  # at epoch 2: the schedule keeps its shape at twice the peak
+
+    run = run_trainer(task, tmp_path / "own", on_event=on_event, lr=0.2, epochs=2, micro_batch=2, accum=3)
+    lrs = [m.lr for m in run.steps]
+    assert run.trainer.optimizer.lrs == lrs  # the row says what the optimizer used
+    want = [0.2 * 0.5 ** (k // 3) for k in range(4)] + [0.4 * 0.5 ** (k // 3) for k in range(4, 8)]
+    assert lrs == pytest.approx(want, rel=1e-12)
+    from engine import checkpoint as ckpt
+    assert ckpt.load(ckpt.last_path(run.run_dir))["scheduler"]["last_epoch"] == 8
+
+
+def test_a_task_scheduler_with_an_engine_schedule_is_bad_input(tmp_path):
+    import torch
+    from engine.config import ConfigError
+    task = make_task(24)
+    task.scheduler = lambda opt: torch.optim.lr_scheduler.StepLR(opt, step_size=3)
+    with pytest.raises(ConfigError, match="own lr scheduler"):
+        run_trainer(task, tmp_path / "both", lr_schedule="cosine")
+    assert not (tmp_path / "both" / "run.db").exists()
