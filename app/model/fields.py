@@ -20,9 +20,10 @@ class LiveField:
     arg: str  # the command's field that carries the value
     cast: Callable[[Any], Any]
 
-    def make(self, value: Any) -> Command:
-        """The command that sets this field (raises ConfigError for a value out of range)."""
-        return self.command(**{self.arg: self.cast(value)})
+    def make(self, value: Any, at: str = "epoch") -> Command:
+        """The command that sets this field, applied at the next "epoch" or "step" boundary
+        (raises ConfigError for a value out of range)."""
+        return self.command(**{self.arg: self.cast(value)}, at=at)
 
 
 # A fixed order: micro-batch and accumulation go before lr, so lr scaling sees the new batch.
@@ -39,8 +40,8 @@ BY_COMMAND: dict[str, LiveField] = {f.command.kind: f for f in FIELDS}
 SETTING_LABELS: dict[str, str] = {f.name: f.label for f in FIELDS}
 
 
-def make_command(name: str, value: Any) -> Command:
-    return BY_NAME[name].make(value)
+def make_command(name: str, value: Any, at: str = "epoch") -> Command:
+    return BY_NAME[name].make(value, at)
 
 
 def field_of_command(kind: str) -> Optional[LiveField]:

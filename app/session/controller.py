@@ -134,8 +134,9 @@ class RunController(QObject):
         if (src is None and self.launcher.starting()) or (src is not None and self.launcher.follows(src.run_dir)):
             self.launcher.stop_later()  # SIGTERM if Stop through run.db does not end it (or there is none yet)
 
-    def apply(self, edits: dict[str, Any]) -> None:
-        u, err = self.session.apply(edits)
+    def apply(self, edits: dict[str, Any], at: str = "epoch") -> None:
+        """at: "epoch" (the next epoch boundary) or "step" (the next optimizer step)."""
+        u, err = self.session.apply(edits, at)
         self.publish(u)
         if err:
             self.error.emit("Could not send the change", err)

@@ -292,9 +292,10 @@ class RunSession:
             self.sent.append(SentCommand(Stop(), self.model.step, time.time()))
         return u
 
-    def apply(self, edits: dict[str, Any]) -> tuple[Update, str]:
-        """Send the edited live settings, in the fixed field order. Returns the update and, if
-        the run could not be reached, why (the rest is not sent)."""
+    def apply(self, edits: dict[str, Any], at: str = "epoch") -> tuple[Update, str]:
+        """Send the edited live settings, in the fixed field order, to apply at the next "epoch"
+        or "step" boundary. Returns the update and, if the run could not be reached, why (the
+        rest is not sent)."""
         u = Update()
         if self.source is None or not self.state.is_live or self.state is RunState.STOPPING:
             return u, ""
@@ -303,7 +304,7 @@ class RunSession:
                 continue
             f = BY_NAME[name]
             try:
-                cmd = f.make(edits[name])
+                cmd = f.make(edits[name], at)
             except ConfigError as e:  # the form let through a value the command refuses
                 u.pending += self.pending.refused(f.command.kind, str(e))
                 continue
