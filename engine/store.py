@@ -188,6 +188,7 @@ class RunStore:
         self._closed = False
         self._urge = False  # commit() is waiting: the flusher writes now
         self._background_until = 0.0  # monotonic time until which only the flusher writes (slow disk)
+        self._backoff, self._retry_at = 0.0, 0.0  # after a disk error: the flusher's next try
         self._read_db: Optional[sqlite3.Connection] = None
         try:
             self._db = sqlite3.connect(self.path, timeout=0, isolation_level=None, check_same_thread=False)
@@ -307,7 +308,8 @@ class RunStore:
         write lock free (busy_timeout 0), run.db not known to be in trouble and not slow.
         Otherwise the flusher writes the rows. A write that turns out slow (a slow disk)
         hands all writing to the flusher for a while: the training thread stops paying."""
-        if not force and (self.problem is not None or time.monotonic() < self._background_until):
+        now = time.monotonic()
+        if not force and (self.problem is not None or now < self._background_until or now < self._retry_at):
             return
         t = time.monotonic()
         self._write(busy_ms=0, block=False)
@@ -349,6 +351,9 @@ class RunStore:
                     db.execute("ROLLBACK")
                 except sqlite3.Error:
                     pass
+            if not _is_busy(e):  # a full disk, an I/O error: each retry rewrites every row, so back off
+                self._backoff = min(10.0, max(0.5, self._backoff * 2))
+                self._retry_at = time.monotonic() + self._backoff
             if block:  # the flusher waited and still could not: that is worth saying, once
                 what = "is held by another program" if _is_busy(e) else "cannot be written"
                 self._report(f"run.db {what} ({limits.one_line(e, 120)}); rows are kept in memory and "
@@ -366,6 +371,7 @@ class RunStore:
             self._metric_rows -= sum(1 for op in ops if op[0] == "m")
             self._since = now if self._ops else None
             self._urge = False
+            self._backoff, self._retry_at = 0.0, 0.0
             self._in_flight = {r: q for r, q in self._in_flight.items() if q > self._written}
             if not self._ops and self._reported and not self._dropped:
                 self.problem, self._reported = None, False  # a new episode may be reported again
@@ -453,7 +459,8 @@ class RunStore:
             if closing:
                 return
             try:
-                if stalled or (self.problem is not None and self._since is not None):
+                if (stalled or (self.problem is not None and self._since is not None)) \
+                        and time.monotonic() >= self._retry_at:
                     self._write(busy_ms=self.FLUSHER_BUSY_MS, block=True)
                 if time.monotonic() - self._last_checkpoint >= self.CHECKPOINT_EVERY:
                     self._wal_checkpoint()

@@ -105,6 +105,46 @@ def test_a_busy_run_db_never_blocks_or_fails_the_writer_and_is_reported_once(tmp
     assert len(RunReader(str(tmp_path)).events(kinds={"epoch_end"})) == step // 20
 
 
+FULL_DISK = """
+import json, resource, sys, time
+sys.path.insert(0, {root!r})
+from engine.events import EpochEnd, StepMetrics
+from engine.store import RunStore
+problems = []
+store = RunStore(sys.argv[1], commit_interval=0.01, on_problem=problems.append)
+store.commit()
+limit = 400_000  # no file may grow past this: the disk is full
+resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+slowest = 0.0
+for i in range(1, 4001):
+    t = time.monotonic()
+    store.record(StepMetrics(i, 1, loss=0.5, grad_norm=1.0, clipped=False, lr=1e-3, accum=2, clip=1.0,
+                             micro_batch=4, samples=8, tokens=8, step_time=0.01, throughput=800.0,
+                             nonfinite=False, scaler_skipped=False))
+    if i % 100 == 0:
+        store.record(EpochEnd(i, 1, train_loss=0.1, val_loss=None, seconds=1.0))
+        store.commit()
+    slowest = max(slowest, time.monotonic() - t)
+    time.sleep(0.0005)
+closed = store.close(timeout=1)
+print(json.dumps(dict(problems=problems, slowest=slowest, closed=closed, unwritten=store.unwritten)))
+"""
+
+
+def test_a_full_disk_under_run_db_never_ends_the_writer_and_is_reported(tmp_path):
+    r = subprocess.run([sys.executable, "-c", FULL_DISK.format(root=ROOT), str(tmp_path)], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr  # the old store raised StoreError out of record()
+    out = json.loads(r.stdout)
+    assert out["slowest"] < 2.5, out["slowest"]  # no call waited on the failing disk but commit()'s own bound
+    assert "cannot be written" in out["problems"][0] and len(out["problems"]) == 2, out["problems"]
+    assert not out["closed"] and out["unwritten"] > 0 and "could not be saved" in out["problems"][1]
+    db = sqlite3.connect(str(tmp_path / "run.db"))
+    assert db.execute("PRAGMA integrity_check").fetchone() == ("ok",)  # what is there is whole
+    steps = [r[0] for r in db.execute("SELECT step FROM metrics ORDER BY step")]
+    assert steps == list(range(1, len(steps) + 1)) and steps  # a prefix: nothing out of order or torn
+
+
 def test_commands_polling_on_a_busy_run_db_never_waits_or_raises(tmp_path):
     store = RunStore(str(tmp_path))
     store.commit()
