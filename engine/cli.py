@@ -23,7 +23,7 @@ import time
 from typing import Any, Optional, Sequence
 
 from . import limits
-from .config import LR_SCHEDULES, ConfigError, TrainConfig, parse_size, parse_task_arg
+from .config import LR_SCHEDULES, MEMORY_SNAPSHOTS, ConfigError, TrainConfig, parse_size, parse_task_arg
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -191,6 +191,11 @@ def add_run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--task-arg", dest="task_args", type=_task_arg, action="append", default=S, metavar="KEY=VALUE",
                    help="passed to build_task(seed, KEY=VALUE, ...); VALUE is read as JSON where it parses "
                         "(repeatable)")
+    p.add_argument("--checkpointing", type=_on_off, default=S, metavar="on|off",
+                   help="activation checkpointing (the task's switch or a Hugging Face model's own)")
+    p.add_argument("--memory-snapshot", choices=MEMORY_SNAPSHOTS, default=S,
+                   help="on-oom: record allocator history and write RUN_DIR/memory/oom-step-S.pickle at every "
+                        "out-of-memory error (open it at pytorch.org/memory_viz)")
     p.add_argument("--workers", type=_workers, default=S, metavar="N|auto",
                    help="DataLoader worker processes (default auto: 0 for data in memory, up to 4 for slow loading)")
     p.add_argument("--micro-tokens", type=_int, default=S,

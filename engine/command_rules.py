@@ -36,7 +36,10 @@ class CommandRules:
         for cmd in commands:
             change = setting_change(cmd)
             if change is None:
-                notes.append("")  # not a setting (pause, resume, stop): nothing to apply here
+                refusal = getattr(cmd, "refusal", "")  # a command no boundary can apply (set_precision)
+                if refusal:
+                    events.append(CommandRefused(step, epoch, command=cmd.kind, reason=refusal))
+                notes.append(refusal)  # else pause, resume, stop: nothing to apply here
                 continue
             setting, value = change
             note = self.refusal(setting.name) or self._out_of_range(setting.name, value)

@@ -91,6 +91,33 @@ class SetLrScaling(SettingCommand):
 
 
 @dataclass(frozen=True)
+class SetCheckpointing(SettingCommand):
+    """Activation checkpointing on or off (the task's switch, or a Hugging Face model's own)."""
+    on: bool
+    kind: ClassVar[str] = "set_checkpointing"
+
+    def check(self) -> None:
+        if not isinstance(self.on, bool):
+            raise ConfigError(f"set_checkpointing on must be true or false, got {limits.quote(self.on)}")
+
+
+@dataclass(frozen=True)
+class SetPrecision(SettingCommand):
+    """Not a live setting: autocast, the GradScaler and the memory model change with it, so
+    the engine refuses it with this reason (the levers table still names the cell)."""
+    precision: str
+    kind: ClassVar[str] = "set_precision"
+    refusal: ClassVar[str] = ("precision changes when the run restarts: stop it, then continue with "
+                              "--resume DIR --precision P")
+
+    def check(self) -> None:
+        from .config import PRECISIONS
+        if not isinstance(self.precision, str) or self.precision not in PRECISIONS:
+            raise ConfigError(f"set_precision precision must be one of {', '.join(PRECISIONS)}, "
+                              f"got {limits.quote(self.precision)}")
+
+
+@dataclass(frozen=True)
 class Pause(Command):
     kind: ClassVar[str] = "pause"
 
@@ -107,7 +134,8 @@ class Stop(Command):
 
 
 COMMANDS: dict[str, type[Command]] = {
-    c.kind: c for c in (SetAccum, SetMicroBatch, SetClip, SetLr, SetLrScaling, Pause, Resume, Stop)
+    c.kind: c for c in (SetAccum, SetMicroBatch, SetClip, SetLr, SetLrScaling, SetCheckpointing, SetPrecision,
+                        Pause, Resume, Stop)
 }
 
 

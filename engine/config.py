@@ -15,6 +15,7 @@ OPTIMIZERS = ("adamw", "sgd")
 LR_SCALINGS = ("none", "linear", "sqrt")
 NONFINITE_MODES = ("skip", "stop")
 LR_SCHEDULES = ("constant", "linear", "cosine")
+MEMORY_SNAPSHOTS = ("off", "on-oom")
 DEFAULT_TASK = "mlp"
 
 
@@ -52,6 +53,8 @@ class TrainConfig:
     workers: Optional[int] = None  # DataLoader workers; None = auto (engine/feeder.py)
     micro_tokens: Optional[int] = None  # under --token-budget: a micro-batch's counted items at most
     task_args: dict = field(default_factory=dict)  # --task-arg KEY=VALUE: build_task(seed, **task_args)
+    checkpointing: bool = False  # activation checkpointing (a live setting: set_checkpointing)
+    memory_snapshot: str = "off"  # off | on-oom: allocator history, dumped at every out-of-memory error
 
     def validate(self) -> "TrainConfig":
         """Every field against its range in engine/limits.py (the same ranges the commands and
@@ -67,6 +70,7 @@ class TrainConfig:
         _choice("lr-scaling", self.lr_scaling, LR_SCALINGS)
         _choice("nonfinite", self.nonfinite, NONFINITE_MODES)
         _choice("lr-schedule", self.lr_schedule, LR_SCHEDULES)
+        _choice("memory-snapshot", self.memory_snapshot, MEMORY_SNAPSHOTS)
         check_device_name(self.device)
         check_task_args(self.task_args)
         if self.micro_tokens is not None and self.token_budget is None:

@@ -65,6 +65,10 @@ class StepMetrics(Event):
     mem_peak: Optional[int] = None
     mem_used: Optional[int] = None  # NVML: whole device, all processes
     mem_total: Optional[int] = None
+    mem_params: Optional[int] = None  # bytes of every parameter tensor, frozen ones too
+    mem_grads: Optional[int] = None  # bytes of the gradients held at the window's end, before zeroing
+    mem_optimizer: Optional[int] = None  # bytes of the optimizer's state tensors
+    mem_activations: Optional[int] = None  # CUDA: the window's peak minus the three above; None on CPU
     kind: ClassVar[str] = "step"
 
     def message(self) -> str:
@@ -247,6 +251,20 @@ class MemoryForecast(Event):
         return (f"fits: micro-batch up to {self.micro_batch_max} (x{self.accum_for_effective} for effective "
                 f"batch {self.effective_batch}); {self.per_sample_bytes / 2**20:.1f} MiB per sample in "
                 f"{self.precision}")
+
+
+@dataclass(frozen=True)
+class MemorySnapshot(Event):
+    """An out-of-memory error with --memory-snapshot on-oom: the allocator's history, for
+    pytorch.org/memory_viz, or why none was written."""
+    path: Optional[str]
+    reason: str = ""
+    kind: ClassVar[str] = "memory_snapshot"
+
+    def message(self) -> str:
+        if self.path:
+            return f"memory snapshot at the out-of-memory error: {self.path} (open it at pytorch.org/memory_viz)"
+        return f"no memory snapshot: {self.reason}"
 
 
 @dataclass(frozen=True)

@@ -71,7 +71,7 @@ from typing import Mapping, Optional, Sequence
 
 from .commands import Command, SetAccum, SetMicroBatch
 from .config import PRECISIONS
-from .mem_commands import SetCheckpointing, SetPrecision
+from .commands import SetCheckpointing, SetPrecision
 from .memory_model import MemoryModel
 AUTOCAST_DTYPE = {"bf16": "bfloat16", "fp16": "float16"}
 AUTOCAST_BYTES = 2

@@ -200,3 +200,22 @@ def activations(peak_bytes: Optional[int], breakdown: MemoryBreakdown,
     if device is not None and torch.device(device).type != "cuda":
         return None
     return max(0, int(peak_bytes) - breakdown.on_device(device))
+
+
+class WindowMemory:
+    """The breakdown at each window's end (called by the step before it zeroes the gradients),
+    counted again only when what is held changes: which parameters hold a gradient, and how
+    many parameters have optimizer state. Between such changes the bytes are the same, so
+    the per-step cost is one pass over the parameters (no tensor walk)."""
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        self.model, self.optimizer = model, optimizer
+        self.params = list(model.parameters())
+        self.last: Optional[MemoryBreakdown] = None
+        self._key: Optional[tuple[int, int]] = None
+
+    def at_window_end(self) -> None:
+        key = (sum(1 for p in self.params if p.grad is not None), len(self.optimizer.state))
+        if key != self._key:
+            self._key = key
+            self.last = count(self.model, self.optimizer)

@@ -52,6 +52,7 @@ class SnapshotRecorder:
         self.reason = "not started"
         self.max_files = max_files
         self.written: list[str] = []
+        self.dump: Optional[Dump] = None  # how on_oom writes when not told: None = the CUDA allocator's dump
 
     def start(self, device: torch.device, max_entries: int = 100_000, stacks: str = "python") -> bool:
         """Start recording allocator history on CUDA. False (and self.reason) on CPU or when
@@ -99,6 +100,7 @@ class SnapshotRecorder:
         `dump(path)` writes the snapshot to `path`; by default torch.cuda.memory._dump_snapshot,
         which needs start() to have succeeded. Never raises: a snapshot that cannot be written
         must not turn a recoverable OOM into a crash."""
+        dump = dump or self.dump
         if dump is None:
             if not self.active:
                 return None

@@ -12,6 +12,7 @@ import torch
 from . import distributed as D
 from .config import ConfigError
 from .grads import dtype_order
+from .mem_breakdown import MemoryBreakdown, activations
 from .schema import LiveSettings
 from .events import StepMetrics
 from .step import InFlight, WindowNumbers
@@ -28,6 +29,8 @@ class Launched:
     started: float
     mem: Any  # telemetry.MemorySample taken right after the launch
     flight: InFlight
+    breakdown: Optional[MemoryBreakdown] = None  # params/grads/optimizer bytes at the window's end
+    device: Optional[torch.device] = None
 
 
 def skip_kind(nums: WindowNumbers, scaler: Optional[torch.amp.GradScaler]) -> str:
@@ -49,7 +52,16 @@ def step_metrics(launched: Launched, nums: WindowNumbers, skip: str) -> StepMetr
         micro_batch=s.micro_batch, samples=launched.samples, tokens=int(nums.count), step_time=step_time,
         throughput=nums.count / step_time if step_time > 0 else 0.0, nonfinite=skip == "nonfinite",
         scaler_skipped=skip == "scaler", mem_allocated=mem.allocated, mem_reserved=mem.reserved,
-        mem_peak=mem.peak, mem_used=mem.used, mem_total=mem.total)
+        mem_peak=mem.peak, mem_used=mem.used, mem_total=mem.total,
+        **_breakdown_columns(launched.breakdown, mem.peak, launched.device))
+
+
+def _breakdown_columns(b: Optional[MemoryBreakdown], peak: Optional[int],
+                       device: Optional[torch.device]) -> dict[str, Optional[int]]:
+    if b is None:
+        return {}
+    return dict(mem_params=b.params, mem_grads=b.grads, mem_optimizer=b.optimizer,
+                mem_activations=activations(peak, b, device) if peak else None)
 
 
 def nonfinite_params(named: list[tuple[str, torch.nn.Parameter]], nums: WindowNumbers) -> tuple[str, ...]:

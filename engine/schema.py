@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Optional
 
-from .commands import Command, SetAccum, SetClip, SetLr, SetLrScaling, SetMicroBatch
+from .commands import Command, SetAccum, SetCheckpointing, SetClip, SetLr, SetLrScaling, SetMicroBatch
 
 
 @dataclass(frozen=True)
@@ -34,6 +34,7 @@ LIVE_SETTINGS: tuple[LiveSetting, ...] = (
     LiveSetting("lr", SetLr, "lr", float, "Learning rate", "--lr"),
     LiveSetting("clip", SetClip, "norm", float, "Clip norm", "--clip"),
     LiveSetting("lr_scaling", SetLrScaling, "rule", str, "lr scaling", "--lr-scaling"),
+    LiveSetting("checkpointing", SetCheckpointing, "on", bool, "Activation checkpointing", "--checkpointing"),
 )
 
 BY_NAME: dict[str, LiveSetting] = {s.name: s for s in LIVE_SETTINGS}
@@ -49,6 +50,7 @@ class LiveSettings:
     lr: float
     clip: float
     lr_scaling: str
+    checkpointing: bool = False
 
     @property
     def window_samples(self) -> int:  # per rank, for fixed windows

@@ -22,6 +22,9 @@ from .accumulate import WindowContext
 from .config import ConfigError, TrainConfig
 from .devices import default_optimizer, resolve_device, to_device
 from .feeder import Feeder, auto_workers
+from .checkpointing import CheckpointSwitch, find_switch, why_no_switch
+from .mem_breakdown import WindowMemory
+from .mem_snapshot import SnapshotRecorder
 from .modes import TrainModes
 from .oom import is_oom
 from .paths import default_run_dir
@@ -56,6 +59,9 @@ class RunParts:
     schedule: LrSchedule  # the lr over samples seen, as a multiple of the peak (the lr setting)
     feeder: Feeder  # the plan's micro-batches, loaded (by DataLoader workers) ahead of the step
     scheduler: Any  # the task's own torch lr scheduler, or None (then `schedule` sets the lr)
+    switch: Optional[CheckpointSwitch]  # activation checkpointing on/off, if the task or model has one
+    memory: WindowMemory  # params/grads/optimizer bytes at each window's end
+    snapshots: SnapshotRecorder  # --memory-snapshot on-oom
 
     @property
     def named_params(self) -> list[tuple[str, torch.nn.Parameter]]:
@@ -105,7 +111,15 @@ def build(config: TrainConfig, task: Optional[Task], ctx: D.DistContext) -> RunP
     optimizer = (task.optimizer or default_optimizer(cfg.optimizer, device))(params, cfg.lr)
     scaler = torch.amp.GradScaler(device.type) if cfg.precision == "fp16" else None
     scheduler = _task_scheduler(task, optimizer, cfg)
+    switch = find_switch(task, model)
+    if cfg.checkpointing and switch is None:
+        raise ConfigError(f"--checkpointing on: {why_no_switch(task, model)}")
+    memory = WindowMemory(model, optimizer)
+    snapshots = SnapshotRecorder()
+    if cfg.memory_snapshot == "on-oom":
+        snapshots.start(device)  # on CUDA: allocator history from here on; elsewhere it says why not
     stepper = S.choose(optimizer, scaler, ctx.enabled, device, os.environ.get("HEADROOM_STEP_MODE", "auto"))
+    stepper.before_zero = memory.at_window_end  # the breakdown sees the gradients before they go
     window = WindowContext(net=net, loss=task.loss, task_name=task.name, params=params, optimizer=optimizer,
                            scaler=scaler, autocast=autocast, device=device, ctx=ctx, stepper=stepper,
                            loss_checked=loss_checked)
@@ -113,7 +127,7 @@ def build(config: TrainConfig, task: Optional[Task], ctx: D.DistContext) -> RunP
                     optimizer=optimizer, scaler=scaler, window=window, policy=policy, probe=MemoryProbe(device),
                     run_dir=run_dir, resume_state=resume_state, progress=Progress(),
                     settings=LiveSettings.from_config(cfg), modes=modes,
-                    scheduler=scheduler,
+                    scheduler=scheduler, switch=switch, memory=memory, snapshots=snapshots,
                     feeder=Feeder(task.train_data, collate, device,
                                   cfg.workers if cfg.workers is not None else auto_workers(task.train_data,
                                                                                            cfg.micro_batch),

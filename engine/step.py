@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -70,6 +70,10 @@ def unpack(values: list[float], ddp: bool) -> WindowNumbers:
     return WindowNumbers(loss_sum, count, rest[0], tuple(rest[1:]), stop_any, min_micro, commands)
 
 
+def _nothing() -> None:
+    pass
+
+
 class InFlight:
     """A launched step whose numbers may still be on their way to the host."""
 
@@ -91,6 +95,7 @@ class SyncStep:
 
     def __init__(self, optimizer: torch.optim.Optimizer, scaler: Optional[torch.amp.GradScaler], ddp: bool) -> None:
         self.optimizer, self.scaler, self.ddp = optimizer, scaler, ddp
+        self.before_zero: Callable[[], None] = _nothing  # sees the gradients and state before they go
 
     def finish(self, packed: torch.Tensor) -> InFlight:
         # The one CPU-GPU sync point of the step: loss, count and norms to the host, then decide.
@@ -105,6 +110,7 @@ class SyncStep:
             else:
                 self.scaler.update(self.scaler.get_scale())  # a NaN loss is no overflow: keep the scale
         # A skipped window leaves weights and optimizer state untouched: its gradients just go.
+        self.before_zero()
         self.optimizer.zero_grad(set_to_none=True)
         return InFlight(None, None, self.ddp, nums)
 
@@ -116,6 +122,7 @@ class DeferredStep:
                  device: torch.device) -> None:
         self.optimizer, self.scaler, self.ddp, self.device = optimizer, scaler, ddp, device
         self._pinned: dict[int, list[torch.Tensor]] = {}
+        self.before_zero: Callable[[], None] = _nothing
 
     def finish(self, packed: torch.Tensor) -> InFlight:
         opt = self.optimizer
@@ -127,6 +134,7 @@ class DeferredStep:
             del opt.found_inf, opt.grad_scale
         if self.scaler is not None:
             self.scaler.update()  # backs off on the overflow unscale_ found; no sync
+        self.before_zero()
         opt.zero_grad(set_to_none=True)
         if self.device.type != "cuda":
             return InFlight(packed, None, self.ddp)  # CPU (tests): nothing is in flight

@@ -27,12 +27,13 @@ from . import windows as W
 from .accumulate import StopRequested, train_window
 from .command_rules import CommandRules
 from .boundaries import Boundaries
+from .checkpointing import why_no_switch
 from .commands import Command, Stop
 from .config import TrainConfig
 from .devices import device_name
 from .evaluate import validation_loss
-from .events import (CheckpointSaved, EpochEnd, Event, LrPlanned, NonFinite, OomRecovered, RunFailed, RunFinished,
-                     RunStarted, ScalerSkip)
+from .events import (CheckpointSaved, EpochEnd, Event, LrPlanned, MemorySnapshot, NonFinite, OomRecovered, RunFailed,
+                     RunFinished, RunStarted, ScalerSkip)
 from .finder import NothingFits, find_micro_batch
 from .inbox import CommandInbox
 from .memory_model import MemoryModel
@@ -126,7 +127,12 @@ class Trainer:
 
     def _rules(self) -> CommandRules:
         parts = self.prepare()
-        return CommandRules(len(parts.task.train_data), parts.policy.refusal)
+
+        def refusal(setting: str) -> Optional[str]:
+            if setting == "checkpointing" and parts.switch is None:
+                return why_no_switch(parts.task, parts.model)
+            return parts.policy.refusal(setting)
+        return CommandRules(len(parts.task.train_data), refusal)
 
     def _open(self, parts: RunParts) -> None:
         """Open the run folder (rank 0) and continue from the checkpoint, if resuming."""
@@ -169,6 +175,8 @@ class Trainer:
                 self.settings = self.settings.with_(micro_batch=found.micro_batch, accum=found.accum)
                 self._emit(found)
             parts.modes.train_mode(parts.model)  # train mode, except the parts the user froze in eval
+            if self.settings.checkpointing and parts.switch is not None:
+                parts.switch(True)
             self._emit(self._lr_plan())
             self._emit_all(BatchNormWatcher(parts.model).check(self.step, self.epoch, self.settings))
             reason = self._train_epochs(parts)
@@ -257,6 +265,7 @@ class Trainer:
             except BaseException as e:
                 if not is_oom(e):
                     raise
+                self._snapshot_oom(parts)  # while the exception still holds what filled the memory
             # Out of memory: recover here, once the exception (and the frames it holds) is gone.
             self.drop_window_grads()
             free_memory(parts.device)
@@ -268,7 +277,7 @@ class Trainer:
         if self.settings.micro_batch != launch_settings.micro_batch:  # shrunk after an out-of-memory error
             launch_settings = launch_settings.with_(micro_batch=self.settings.micro_batch, accum=self.settings.accum)
         self._in_flight.append(Launched(self.step, self.epoch, len(window), len(micro), launch_settings, t0,
-                                        parts.probe.sample(), flight))
+                                        parts.probe.sample(), flight, parts.memory.last, parts.device))
         # Deferred steps are reported once the next one is launched: by then their numbers
         # reached pinned memory while this window's work queued behind them.
         while len(self._in_flight) > parts.window.stepper.depth:
@@ -301,6 +310,12 @@ class Trainer:
         s = self.settings
         return train_window(parts.window, batches, len(micro), window_samples, s.clip, s.micro_batch,
                             self._stop.is_set)
+
+    def _snapshot_oom(self, parts: RunParts) -> None:
+        if self.config.memory_snapshot != "on-oom":
+            return
+        path = parts.snapshots.on_oom(parts.run_dir, self.step + 1, rank=self.ctx.rank if self.ctx.enabled else None)
+        self._emit(MemorySnapshot(self.step, self.epoch, path=path, reason="" if path else parts.snapshots.reason))
 
     def _shrink_after_oom(self) -> None:
         s = self.settings
@@ -383,6 +398,8 @@ class Trainer:
         self.settings = after
         self._lr_in_use = None  # the next window writes the scheduled lr of the new peak
         changed = {f for f in before.to_dict() if getattr(before, f) != getattr(after, f)}
+        if "checkpointing" in changed:
+            self.prepare().switch(after.checkpointing)  # CommandRules refused it if there is no switch
         if "lr" in changed:
             run_state.rescale_scheduler(self.prepare(), before.lr, after.lr)
             self._emit(self._lr_plan())
@@ -427,6 +444,7 @@ class Trainer:
         finally:
             if self.parts is not None:
                 self.parts.probe.close()
+                self.parts.snapshots.stop()
                 self.parts.feeder.close()
             D.shutdown(self.ctx, clean=status == "finished")
 

@@ -531,41 +531,53 @@ class HeadroomRun:
             step_time = now - self._t_last
         elif not isinstance(step_time, (int, float)) or isinstance(step_time, bool) or step_time < 0:
             raise IntegrationError(f"log_step: step_time must be seconds >= 0, got {step_time!r}")
-        self._t_last = now
         isfinite = math.isfinite
-        loss_ok = isfinite(loss_f)
         norm_ok = norm is None or isfinite(norm)
         if nonfinite is None:
-            nonfinite = not (loss_ok and norm_ok) and not scaler_skipped
+            nonfinite = not (isfinite(loss_f) and norm_ok) and not scaler_skipped
         if clipped is None:
             clipped = clip_f > 0 and norm is not None and norm_ok and norm > clip_f
-        self.step = self.step + 1 if step is None else _int(step, "step", 1)
-        if epoch is not None:
-            self.epoch = _int(epoch, "epoch", 1)
+        step_i = self.step + 1 if step is None else _int(step, "step", 1)
+        epoch_i = self.epoch if epoch is None else _int(epoch, "epoch", 1)
+        self._t_last = now
+        return self.record_step(step_i, epoch_i, loss_f, norm, lr_f, accum_i, clip_f, micro_i, samples_i, tokens_i,
+                                float(step_time), bool(clipped), bool(nonfinite), bool(scaler_skipped),
+                                framework_loss, bad_params, nonfinite_action)
+
+    def record_step(self, step: int, epoch: int, loss: float, grad_norm: Optional[float], lr: Optional[float],
+                    accum: int, clip: float, micro_batch: Optional[int], samples: Optional[int],
+                    tokens: Optional[int], step_time: float, clipped: bool, nonfinite: bool, scaler_skipped: bool,
+                    framework_loss: Optional[float] = None, bad_params: tuple[str, ...] = (),
+                    nonfinite_action: str = "not skipped (the optimizer stepped)") -> StepMetrics:
+        """log_step without the checks and defaults: every value already plain (the adapters'
+        path, which may record a few steps at once). step_time in seconds."""
+        store = self._store
+        if store is None:
+            store = self._need_store()
+        self.step, self.epoch = step, epoch
         if self._cuda:
             mem = self._probe.sample()
             import torch
             torch.cuda.reset_peak_memory_stats(self._probe.device)  # mem_peak: this window's peak
         else:
             mem = _NO_MEMORY
-        count = tokens_i or 0
-        event = StepMetrics(self.step, self.epoch, loss=loss_f, grad_norm=norm, clipped=bool(clipped), lr=lr_f,
-                            accum=accum_i, clip=clip_f, micro_batch=micro_i, samples=samples_i, tokens=tokens_i,
-                            step_time=float(step_time),
+        count = tokens or 0
+        event = StepMetrics(step, epoch, loss=loss, grad_norm=grad_norm, clipped=clipped, lr=lr, accum=accum,
+                            clip=clip, micro_batch=micro_batch, samples=samples, tokens=tokens, step_time=step_time,
                             throughput=(count / step_time) if step_time > 0 and count else 0.0,
-                            nonfinite=bool(nonfinite), scaler_skipped=bool(scaler_skipped),
-                            mem_allocated=mem.allocated, mem_reserved=mem.reserved, mem_peak=mem.peak,
-                            mem_used=mem.used, mem_total=mem.total)
+                            nonfinite=nonfinite, scaler_skipped=scaler_skipped, mem_allocated=mem.allocated,
+                            mem_reserved=mem.reserved, mem_peak=mem.peak, mem_used=mem.used, mem_total=mem.total)
         store.record(event)
+        loss_ok = loss == loss and loss not in (math.inf, -math.inf)
         if nonfinite:
-            store.record(NonFinite(self.step, self.epoch, params=tuple(bad_params),
-                                   loss_finite=loss_ok, action=nonfinite_action))
+            store.record(NonFinite(step, epoch, params=tuple(bad_params), loss_finite=loss_ok,
+                                   action=nonfinite_action))
         elif not scaler_skipped and loss_ok:
             w = float(count) if count else 1.0
-            self._epoch_sum += loss_f * w
+            self._epoch_sum += loss * w
             self._epoch_count += w
-        if framework_loss is not None and loss_ok and loss_f != 0:
-            self._note_gap(float(framework_loss), loss_f)
+            if framework_loss is not None and loss != 0 and abs(framework_loss - loss) > GAP_NOTE * abs(loss):
+                self._note_gap(float(framework_loss), loss)
         return event
 
     def _note_gap(self, fw: float, weighted: float) -> None:
@@ -616,6 +628,18 @@ class HeadroomRun:
 
     def checkpoint_saved(self, path: str) -> None:
         self.record(CheckpointSaved(self.step, self.epoch, path=os.path.abspath(path)))
+
+    def lap(self) -> float:
+        """Seconds since the last step ended (or the start, a resume, reset_timer()); a new
+        step starts now. For adapters that time steps themselves."""
+        now = time.perf_counter()
+        dt, self._t_last = now - self._t_last, now
+        return dt
+
+    def due(self) -> bool:
+        """Whether poll() would look at run.db now (adapters write their rows then)."""
+        return (not self.poll_interval or time.monotonic() >= self._next_poll or bool(self._handed)
+                or bool(self._waiting and min(h.due for h in self._waiting) <= self.epoch))
 
     def reset_timer(self) -> None:
         """The next step's step_time starts now (after an evaluation, a save, a pause)."""

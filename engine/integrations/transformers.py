@@ -51,6 +51,7 @@ from .loop import HeadroomRun, IntegrationError, batch_size, clean, set_lr
 __all__ = ["HeadroomCallback"]
 
 _MARK = "_headroom_wrapped"
+MAX_PENDING = 256  # steps kept at most before their rows are written, whatever the interval
 REFUSED = {
     "set_accum": ("the Trainer sizes its epochs and its lr schedule from gradient_accumulation_steps when "
                   "training starts; it cannot change mid-run"),
@@ -102,6 +103,9 @@ class HeadroomCallback(TrainerCallback):
         self.run: Optional[HeadroomRun] = None
         self.run_dir: Optional[str] = None  # the folder of the current (or last) run
         self._trainer: Optional[Trainer] = None
+        self._scaled = False
+        self._cgas = 1
+        self._steps: list[tuple] = []  # steps not written yet (written every poll_interval)
         self._reset_window()
         self._epoch_pending: Optional[int] = None
         self._stopping = False
@@ -127,6 +131,8 @@ class HeadroomCallback(TrainerCallback):
         self.run = None
         self._stopping = False
         self._epoch_pending = None
+        self._steps = []
+        self._reset_window()
         if not state.is_world_process_zero:
             return
         trainer = _find_trainer()
@@ -191,18 +197,19 @@ class HeadroomCallback(TrainerCallback):
         t = self._trainer
         if t is not None and getattr(t.args, "auto_find_batch_size", False) and "out of memory" in str(e).lower():
             return  # the Trainer retries with a smaller batch: a new on_train_begin ends this run
+        try:
+            self._write_rows()  # the steps done are kept
+        except Exception:
+            pass
         run.fail("interrupted" if isinstance(e, KeyboardInterrupt) else f"{type(e).__name__}: {e}")
         self._unwrap()
 
     # -- one window ----------------------------------------------------------------------------------
     def _reset_window(self) -> None:
         self._mb: list[tuple[Any, Any]] = []  # (loss, inputs) of each micro-batch of the window
-        self._sizes: list[int] = []
         self._nib: Any = None
-        self._scaled = False
-        self._cgas = 1
         self._norm: Any = None
-        self._host: Optional[tuple] = None
+        self._cur: Optional[list] = None  # the window's numbers, from on_pre_optimizer_step
 
     def _window_start(self, nib: Any) -> None:
         """At the window's first micro-batch: how the Trainer scales this window's loss."""
@@ -216,18 +223,19 @@ class HeadroomCallback(TrainerCallback):
         self._cgas = int(getattr(t, "current_gradient_accumulation_steps", 0) or t.args.gradient_accumulation_steps)
 
     def _count(self, inputs: Any) -> tuple[int, Any]:
-        """(samples, the loss's count) of one micro-batch: labels != -100 as the Trainer counts them."""
+        """(samples, the loss's count) of one micro-batch: labels != -100 as the Trainer counts
+        them (an int, or a 0-d tensor read later with the losses)."""
         get = getattr(inputs, "get", None)  # a dict or a BatchEncoding
         labels = None
         if get is not None:
             labels = get("shift_labels")
             if labels is None:
                 labels = get("labels")
-                if self._shifts and isinstance(labels, torch.Tensor) and labels.dim() > 1:
+                if self._shifts and isinstance(labels, torch.Tensor) and labels.ndim > 1:
                     labels = labels[..., 1:]  # what a causal LM's loss counts
-        if isinstance(labels, torch.Tensor) and labels.dim() >= 1:
-            size = int(labels.shape[0])
-            return size, (labels.ne(-100).sum() if labels.dim() > 1 else size)
+        if isinstance(labels, torch.Tensor) and labels.ndim >= 1:
+            size = labels.shape[0]
+            return size, (labels.ne(-100).sum() if labels.ndim > 1 else size)
         size = batch_size(inputs)
         return size, size
 
@@ -235,87 +243,96 @@ class HeadroomCallback(TrainerCallback):
         self._reset_window()
 
     def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        """After backward and clipping, before optimizer.step(): the window's one host read."""
+        """After backward and clipping, before optimizer.step(): the norm and the lr of the
+        step (the step's one read of the host is the norm); losses and counts stay tensors
+        until the rows are written."""
         run, t = self.run, self._trainer
-        if run is None or t is None:
+        if run is None or t is None or not self._mb:
             return
         norm = self._norm
         if norm is None:  # no clip_grad_norm_ call seen (an older Trainer without clipping): measure it
             grads = [p.grad for p in t.model.parameters() if p.grad is not None]
-            norm = torch.nn.utils.get_total_norm(grads) if grads else torch.zeros(())
-        parts = [loss for loss, _ in self._mb if isinstance(loss, torch.Tensor)]
-        k = len(parts)
-        sc = [self._count(inputs) for loss, inputs in self._mb if isinstance(loss, torch.Tensor)]
-        self._sizes = [n for n, _ in sc]
-        raw = [c for _, c in sc]
-        tc = [i for i, c in enumerate(raw) if isinstance(c, torch.Tensor)]
-        parts += [raw[i] for i in tc]
-        nib = self._nib
-        nib_t = isinstance(nib, torch.Tensor)
-        if nib_t:
-            parts.append(nib.sum())
-        norm_t = isinstance(norm, torch.Tensor)
-        if norm_t:
-            parts.append(norm.reshape(()))
-        values: list[float] = []
-        if parts:
-            try:
-                values = torch.stack(parts).tolist()  # one read of the host for the whole window
-            except (RuntimeError, TypeError):  # mixed devices, shapes
-                dev = parts[0].device
-                values = torch.stack([p.detach().float().reshape(()).to(dev) for p in parts]).tolist()
-        losses = values[:k]
-        counts = [float(c) if not isinstance(c, torch.Tensor) else 0.0 for c in raw]
-        for j, i in enumerate(tc):
-            counts[i] = values[k + j]
-        rest = values[k + len(tc):]
-        if nib_t:
-            nib, rest = rest[0], rest[1:]
-        norm_f = rest[0] if norm_t else (float(norm) if norm is not None else None)
-        lr = float(t.optimizer.param_groups[0]["lr"]) if t.optimizer is not None else None
+            norm = torch.nn.utils.get_total_norm(grads) if grads else None
+        count = self._count
+        losses, sizes, counts = [], [], []
+        for loss, inputs in self._mb:
+            if isinstance(loss, torch.Tensor):
+                losses.append(loss)
+                size, c = count(inputs)
+                sizes.append(size)
+                counts.append(c)
+        norm_f = float(norm) if norm is not None else None
         bad: tuple[str, ...] = ()
-        if (norm_f is not None and not math.isfinite(norm_f)) or not all(math.isfinite(v) for v in losses):
+        if norm_f is not None and not math.isfinite(norm_f):  # a NaN loss shows here too, through backward
             bad = tuple(n for n, p in t.model.named_parameters()
                         if p.grad is not None and not bool(torch.isfinite(p.grad).all()))
-        self._host = (losses, counts, nib, norm_f, lr, bad, float(args.max_grad_norm or 0.0))
+        lr = float(t.optimizer.param_groups[0]["lr"]) if t.optimizer is not None else None
+        self._cur = [losses, counts, sizes, self._nib, norm_f, lr, bad, float(args.max_grad_norm or 0.0),
+                     self._scaled, self._cgas]
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         run, t = self.run, self._trainer
         if run is None or t is None or run.finished:
             return
-        if self._host is not None:
-            self._log(args, state, t)
-        self._reset_window()
-        self._commands(args, state, control, t)
+        cur = self._cur
+        if cur is not None:
+            self._cur = None
+            skipped = bool(getattr(t.accelerator, "optimizer_step_was_skipped", False))
+            self._steps.append((int(state.global_step), run.epoch, run.lap(), skipped, cur))
+        if run.due() or len(self._steps) >= MAX_PENDING:
+            self._commands(args, state, control, t)
 
-    def _log(self, args: Any, state: Any, t: Trainer) -> None:
-        run = self.run
-        assert run is not None and self._host is not None
-        losses, counts, nib, norm, lr, bad, clip = self._host
-        framework = sum(losses)
-        total = sum(counts)
-        if self._scaled:
-            weighted = framework  # each micro-batch backpropagated loss_sum / the window's count
-            tokens = int(round(nib)) if nib is not None else int(total)
+    def _write_rows(self) -> None:
+        """Write the steps kept since the last write: one read of the host for all their
+        losses and counts, then one metrics row per step."""
+        steps, self._steps = self._steps, []
+        run, t = self.run, self._trainer
+        if not steps or run is None or run.finished:
+            return
+        parts = [x for s in steps for x in s[4][0]]
+        parts += [c for s in steps for c in s[4][1] if isinstance(c, torch.Tensor)]
+        parts += [s[4][3].sum() for s in steps if isinstance(s[4][3], torch.Tensor)]
+        if parts:
+            try:
+                values = iter(torch.stack(parts).tolist())
+            except (RuntimeError, TypeError):  # mixed devices or shapes
+                dev = parts[0].device
+                values = iter(torch.stack([p.detach().float().reshape(()).to(dev) for p in parts]).tolist())
         else:
-            weighted = (sum(l * self._cgas * c for l, c in zip(losses, counts)) / total) if total else framework
-            tokens = int(total)
-        skipped = bool(getattr(t.accelerator, "optimizer_step_was_skipped", False))
-        if skipped:
-            scaler = getattr(t.accelerator, "scaler", None)
-            run.record(ScalerSkip(int(state.global_step), run.epoch,
-                                  scale=float(scaler.get_scale()) if scaler is not None else float("nan")))
+            values = iter(())
+        read = [[next(values) for _ in s[4][0]] for s in steps]  # the losses, step by step
+        for s in steps:
+            s[4][1] = [next(values) if isinstance(c, torch.Tensor) else float(c) for c in s[4][1]]
+        for s in steps:
+            if isinstance(s[4][3], torch.Tensor):
+                s[4][3] = next(values)
         world = run.world_size
-        run.log_step(loss=weighted, grad_norm=norm, lr=lr, accum=len(losses), clip=clip,
-                     micro_batch=max(self._sizes) if self._sizes else None,
-                     samples=sum(self._sizes) * world, tokens=tokens * world, scaler_skipped=skipped,
-                     step=int(state.global_step), framework_loss=framework, bad_params=bad,
-                     nonfinite_action="not skipped (the Trainer stepped)")
+        scaler = getattr(t.accelerator, "scaler", None) if t is not None else None
+        for (step, epoch, dt, skipped, cur), losses in zip(steps, read):
+            _, counts, sizes, nib, norm, lr, bad, clip, scaled, cgas = cur
+            framework = sum(losses)
+            total = sum(counts)
+            if scaled:
+                weighted = framework  # each micro-batch backpropagated loss_sum / the window's count
+                tokens = int(round(nib)) if nib is not None else int(total)
+            else:
+                weighted = (sum(l * c for l, c in zip(losses, counts)) * cgas / total) if total else framework
+                tokens = int(total)
+            if skipped:
+                run.record(ScalerSkip(step, epoch, scale=float(scaler.get_scale()) if scaler is not None
+                                      else float("nan")))
+            finite = norm is None or math.isfinite(norm)
+            run.record_step(step, epoch, weighted, norm, lr, len(losses), clip, max(sizes) if sizes else None,
+                            sum(sizes) * world, tokens * world, dt,
+                            clip > 0 and norm is not None and finite and norm > clip,
+                            not skipped and not (finite and math.isfinite(weighted)), skipped, framework, bad,
+                            "not skipped (the Trainer stepped)")
 
     # -- commands ------------------------------------------------------------------------------------
     def _commands(self, args: Any, state: Any, control: Any, t: Trainer, step_end: bool = True) -> None:
         run = self.run
         assert run is not None
+        self._write_rows()  # the rows before what the commands do
         for cmd in run.poll():
             self._apply(cmd, args, t)
         if step_end and run.stop_requested and not self._stopping:  # the flags hold from a step's end
@@ -370,6 +387,7 @@ class HeadroomCallback(TrainerCallback):
         run.reset_timer()
 
     def _flush_epoch(self, val_loss: Optional[float]) -> None:
+        self._write_rows()
         if self._epoch_pending is not None and self.run is not None:
             self.run.log_epoch(val_loss=val_loss, epoch=self._epoch_pending)
             self._epoch_pending = None
@@ -381,6 +399,7 @@ class HeadroomCallback(TrainerCallback):
         import os
         from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
         path = os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")
+        self._write_rows()  # run.db never lags behind a checkpoint
         if os.path.isdir(path):
             run.checkpoint_saved(path)
         run.reset_timer()

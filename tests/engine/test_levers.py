@@ -7,6 +7,7 @@ grads 400 B, AdamW state 800 B. Checkpointing model: 4 layers, inside 0.5, bound
 """
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -16,7 +17,7 @@ import engine_helpers  # noqa: F401
 from engine.commands import SetAccum, SetMicroBatch
 from engine.levers import (CheckpointModel, Current, Persistent, accum_for, build_table, cast_bytes,
                            commands_for, lines_for)
-from engine.mem_commands import MEM_COMMANDS, SetCheckpointing, SetPrecision
+from engine.commands import COMMANDS as MEM_COMMANDS, SetCheckpointing, SetPrecision
 from engine.memory_model import MemoryModel
 from engine.config import ConfigError
 
@@ -175,7 +176,7 @@ def test_lines_for_prefers_fewest_axes_changed():
 
 
 def test_mem_commands_validate_and_round_trip():
-    assert SetCheckpointing(True).kind == "set_checkpointing" and SetCheckpointing(True).to_json() == '{"on": true}'
+    assert SetCheckpointing(True).kind == "set_checkpointing" and json.loads(SetCheckpointing(True).to_json()) == {"on": True, "at": "epoch"}
     assert MEM_COMMANDS["set_precision"](**{"precision": "bf16"}) == SetPrecision("bf16")
     with pytest.raises(ConfigError):
         SetCheckpointing(1)
@@ -184,7 +185,7 @@ def test_mem_commands_validate_and_round_trip():
 
 
 def test_levers_import_no_torch():
-    code = "import sys, engine.levers, engine.mem_commands; print('torch' in sys.modules)"
+    code = "import sys, engine.levers, engine.commands; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=engine_helpers.ROOT)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False"

@@ -1,0 +1,143 @@
+"""Issue 15 in the run: the per-step memory breakdown columns, activation checkpointing as a
+live setting, and a snapshot at an out-of-memory error, on CPU."""
+from __future__ import annotations
+
+import os
+import pickle
+import sys
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(__file__))
+from engine_helpers import make_task, run_trainer  # noqa: E402
+
+from engine.checkpointing import checkpoint_modules
+from engine.commands import SetCheckpointing, SetPrecision
+from engine.config import ConfigError, TrainConfig
+from engine.mem_breakdown import count
+from engine.store import RunReader
+from engine.task import Task
+from engine.trainer import Trainer
+
+
+def test_every_row_has_the_exact_breakdown(tmp_path):
+    run = run_trainer(make_task(24, optimizer=lambda p, lr: torch.optim.AdamW(p, lr=lr)), tmp_path / "r",
+                      micro_batch=2, accum=3, epochs=1)
+    model = run.trainer.model
+    param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    trainable = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    rows = RunReader(run.run_dir).metrics()
+    assert rows and all(r["mem_params"] == param_bytes for r in rows)
+    assert all(r["mem_grads"] == trainable for r in rows)  # every trainable gradient held at the window's end
+    # AdamW: exp_avg and exp_avg_sq per parameter plus a scalar step tensor each.
+    n = len([p for p in model.parameters() if p.requires_grad])
+    step_bytes = sum(s["step"].numel() * s["step"].element_size() for s in run.trainer.optimizer.state.values())
+    assert all(r["mem_optimizer"] == 2 * trainable + step_bytes for r in rows) and step_bytes == 4 * n or step_bytes
+    assert all(r["mem_activations"] is None for r in rows)  # CPU: no peak to take them from
+    assert count(model, run.trainer.optimizer).optimizer == rows[-1]["mem_optimizer"]
+
+
+class Blocks(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(6, 6), nn.Tanh()) for _ in range(3))
+        self.head = nn.Linear(6, 2)
+        self.calls = 0
+        self.blocks[0][0].register_forward_pre_hook(self._count)
+
+    def _count(self, *_):
+        self.calls += 1
+
+    def forward(self, x):
+        for b in self.blocks:
+            x = b(x)
+        return self.head(x)
+
+
+def block_task(switchable=True):
+    torch.manual_seed(1)
+    x = torch.randn(48, 6)
+    y = (x[:, 0] > 0).long()
+
+    def loss(m, batch):
+        xb, yb = batch
+        return F.cross_entropy(m(xb), yb, reduction="sum"), len(yb)
+
+    model = Blocks()
+    return Task(model=model, train_data=torch.utils.data.TensorDataset(x, y), loss=loss, name="blocks",
+                checkpointing=(lambda m, on: checkpoint_modules(m.blocks, on)) if switchable else None)
+
+
+def test_checkpointing_is_a_live_setting_that_recomputes_and_keeps_the_gradients(tmp_path):
+    calls = {}
+
+    def on_event(e, trainer):
+        if e.kind == "step":
+            calls[e.step] = trainer.model.calls
+        if e.kind == "step" and e.step == 2:
+            trainer.send(SetCheckpointing(True, at="step"))
+
+    on = run_trainer(block_task(), tmp_path / "on", on_event=on_event, micro_batch=4, accum=2, epochs=1,
+                     optimizer="sgd")
+    per_step = {k: calls[k] - calls.get(k - 1, 1) for k in sorted(calls)}  # 1: the pre-flight forward
+    assert per_step[1] == per_step[2] == 2  # two micro-batches, one forward each
+    assert all(per_step[k] == 4 for k in range(4, 7))  # checkpointed: each forward runs again in backward
+    applied = on.of("settings_applied")
+    assert applied[0].changes == (("checkpointing", False, True),) and applied[0].at == "step"
+    off = run_trainer(block_task(), tmp_path / "off", micro_batch=4, accum=2, epochs=1, optimizer="sgd")
+    for a, b in zip(on.trainer.model.parameters(), off.trainer.model.parameters()):
+        assert torch.allclose(a, b, rtol=0, atol=1e-6)
+    assert [m.loss for m in on.steps] == pytest.approx([m.loss for m in off.steps], rel=1e-6)
+
+
+def test_checkpointing_without_a_switch_is_refused_with_a_reason(tmp_path):
+    def on_event(e, trainer):
+        if e.kind == "step" and e.step == 1:
+            trainer.send(SetCheckpointing(True, at="step"))
+            trainer.send(SetPrecision("bf16", at="step"))
+
+    run = run_trainer(block_task(switchable=False), tmp_path / "r", on_event=on_event, micro_batch=4, accum=2,
+                      epochs=1)
+    refused = {e.command: e.reason for e in run.of("command_refused")}
+    assert "checkpointing" in refused["set_checkpointing"] and "restarts" in refused["set_precision"]
+    assert not run.of("settings_applied")
+    with pytest.raises(ConfigError, match="--checkpointing on"):
+        Trainer(TrainConfig(checkpointing=True, device="cpu", run_dir=str(tmp_path / "x")),
+                task=block_task(switchable=False)).prepare()
+
+
+class OomAt(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inner, self.n = nn.Linear(6, 2), 0
+
+    def forward(self, x):
+        self.n += 1
+        if self.n == 3 and x.shape[0] > 2:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.00 GiB (injected)")
+        return self.inner(x)
+
+
+def test_an_out_of_memory_error_writes_a_snapshot_where_the_gpu_would(tmp_path):
+    task = block_task()
+    task.model, task.checkpointing = OomAt(), None
+    events = []
+    trainer = Trainer(TrainConfig(memory_snapshot="on-oom", device="cpu", micro_batch=4, accum=2, epochs=1,
+                                  run_dir=str(tmp_path / "run")), task=task, sink=events.append)
+    trainer.prepare().snapshots.dump = lambda path: pickle.dump({"segments": [], "oom": True}, open(path, "wb"))
+    trainer.run()
+    snaps = [e for e in events if e.kind == "memory_snapshot"]
+    assert len(snaps) == 1 and snaps[0].path == str(tmp_path / "run" / "memory" / "oom-step-1.pickle")
+    with open(snaps[0].path, "rb") as f:
+        assert pickle.load(f)["oom"] is True
+    assert [e.kind for e in events].index("memory_snapshot") < [e.kind for e in events].index("oom_recovered")
+    # Without --memory-snapshot nothing is written.
+    task2 = block_task()
+    task2.model, task2.checkpointing = OomAt(), None
+    Trainer(TrainConfig(device="cpu", micro_batch=4, accum=2, epochs=1, run_dir=str(tmp_path / "plain")),
+            task=task2).run()
+    assert not (tmp_path / "plain" / "memory").exists()
