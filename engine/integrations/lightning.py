@@ -51,6 +51,7 @@ from .loop import HeadroomRun, IntegrationError, StepSkipped, batch_size, clean,
 
 __all__ = ["HeadroomCallback"]
 
+MAX_PENDING = 256  # steps kept at most before their rows are written, whatever the interval
 REFUSED = {
     "set_micro_batch": "the DataLoader is built when training starts; its batch size cannot change mid-run",
     "set_lr_scaling": "lr scaling follows the engine's own accumulation changes; send set_lr instead",
@@ -100,6 +101,7 @@ class HeadroomCallback(Callback):
         self._stopping = False
         self._val: Optional[float] = None
         self._scaler: Any = None
+        self._steps: list[tuple] = []  # steps not written yet (written every poll_interval)
         self._plugin: Any = None
         self._measured: Optional[tuple] = None
         self._reset_window()
@@ -127,6 +129,7 @@ class HeadroomCallback(Callback):
             self.run.fail("fit() ended without on_train_end")
         self._unwrap()
         self.run, self._stopping, self._val, self.stop_checkpoint = None, False, None, None
+        self._steps = []
         self._reset_window()
         if not trainer.is_global_zero:
             return
@@ -190,25 +193,26 @@ class HeadroomCallback(Callback):
         self._counts: list[Any] = []
         self._sizes: list[int] = []
         self._skipped_micro = 0
-        self._norm: Any = None
-        self._lr: Optional[float] = None
-        self._clip = 0.0
-        self._scale: Optional[float] = None
-        self._stepped = False
-        self._bad_check: Optional[list[Any]] = None
+        self._stepped: Optional[tuple] = None  # (norm, lr, clip, bad params, scale) once the optimizer stepped
 
     def _before_step(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", optimizer: Any) -> None:
+        """After every on_before_optimizer_step hook, before Lightning clips: the norm (the
+        step's one read of the host) and the lr."""
         if self.run is None or self.run.finished:
             return
         params = [p for g in optimizer.param_groups for p in g["params"]]  # what Lightning clips
         grads = [p.grad for p in params if p.grad is not None]
-        self._norm = torch.nn.utils.get_total_norm(grads) if grads else None  # a tensor: read with the losses
-        self._measured = (optimizer, params, self._norm) if self._plugin is not None and grads else None
-        self._lr = float(optimizer.param_groups[0]["lr"])
-        self._clip = float(trainer.gradient_clip_val or 0.0) if self._clip_by_norm(trainer) else 0.0
+        norm = torch.nn.utils.get_total_norm(grads) if grads else None
+        self._measured = (optimizer, params, norm) if self._plugin is not None and grads else None
+        norm_f = float(norm) if norm is not None else None
+        bad: tuple[str, ...] = ()
+        if norm_f is not None and not math.isfinite(norm_f):  # named before clipping spreads the NaN
+            bad = tuple(n for n, p in pl_module.named_parameters()
+                        if p.grad is not None and not bool(torch.isfinite(p.grad).all()))
         scaler = self._scaler
-        self._scale = float(scaler.get_scale()) if scaler is not None else None
-        self._stepped = True
+        self._stepped = (norm_f, float(optimizer.param_groups[0]["lr"]),
+                         float(trainer.gradient_clip_val or 0.0) if self._clip_by_norm(trainer) else 0.0, bad,
+                         float(scaler.get_scale()) if scaler is not None else None)
 
     @staticmethod
     def _clip_by_norm(trainer: "pl.Trainer") -> bool:
@@ -232,64 +236,66 @@ class HeadroomCallback(Callback):
             self._counts.append(c if c is not None else size)
         else:
             self._skipped_micro += 1
-        if self._stepped:
-            self._log(trainer, pl_module)
-            self._reset_window()
+        stepped = self._stepped
+        if stepped is None:
+            return
+        skipped = False
+        if self._scaler is not None and stepped[4] is not None:  # fp16: the GradScaler lowered its scale
+            skipped = float(self._scaler.get_scale()) < stepped[4]
+        k = trainer.accumulate_grad_batches if pl_module.automatic_optimization else 1
+        self._steps.append((int(trainer.global_step), run.epoch, run.lap(), skipped, k, self._losses, self._counts,
+                            self._sizes, self._skipped_micro, stepped))
+        self._reset_window()
+        if run.due() or len(self._steps) >= MAX_PENDING:
             self._commands(trainer, pl_module)
 
-    def _log(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
+    def _write_rows(self) -> None:
+        """Write the steps kept since the last write: one read of the host for all their
+        losses and counts, then one metrics row per step."""
+        steps, self._steps = self._steps, []
         run = self.run
-        assert run is not None
-        k = len(self._losses)
-        parts = [x.reshape(()) if x.dim() else x for x in self._losses]
-        tcounts = [(i, c) for i, c in enumerate(self._counts) if isinstance(c, torch.Tensor)]
-        parts += [c.sum() for _, c in tcounts]
-        if isinstance(self._norm, torch.Tensor):
-            parts.append(self._norm)
-        values: list[float] = []
+        if not steps or run is None or run.finished:
+            return
+        parts = [x.reshape(()) if x.dim() else x for s in steps for x in s[5]]
+        parts += [c.sum() for s in steps for c in s[6] if isinstance(c, torch.Tensor)]
+        values: Any = iter(())
         if parts:
             try:
-                values = torch.stack(parts).tolist()  # the window's one host read
+                values = iter(torch.stack(parts).tolist())
             except (RuntimeError, TypeError):  # mixed devices
                 dev = parts[0].device
-                values = torch.stack([p.detach().float().reshape(()).to(dev) for p in parts]).tolist()
-        outs = values[:k]
-        counts = [float(c) if not isinstance(c, torch.Tensor) else 0.0 for c in self._counts]
-        for j, (i, _) in enumerate(tcounts):
-            counts[i] = values[k + j]
-        norm = values[-1] if isinstance(self._norm, torch.Tensor) else None
-        norm_k = trainer.accumulate_grad_batches if pl_module.automatic_optimization else 1
-        total = sum(counts)
-        if self.loss_reduction == "sum":  # outputs are the returned loss sums / k (Lightning's division)
-            weighted = sum(o * norm_k for o in outs) / total if total else float("nan")
-            framework = None
-        else:
-            weighted = sum(o * norm_k * c for o, c in zip(outs, counts)) / total if total else float("nan")
-            framework = sum(outs)
-        skipped = False
-        scaler = self._scaler
-        if scaler is not None and self._scale is not None:
-            now = float(scaler.get_scale())
-            if now < self._scale:
-                skipped = True
-                run.record(ScalerSkip(int(trainer.global_step), run.epoch, scale=now))
-        bad: tuple[str, ...] = ()
-        if not skipped and (norm is not None and not math.isfinite(norm) or not math.isfinite(weighted)):
-            bad = tuple(n for n, p in pl_module.named_parameters()
-                        if p.grad is not None and not bool(torch.isfinite(p.grad).all()))
+                values = iter(torch.stack([p.detach().float().reshape(()).to(dev) for p in parts]).tolist())
+        outs_all = [[next(values) for _ in s[5]] for s in steps]
+        counts_all = [[next(values) if isinstance(c, torch.Tensor) else float(c) for c in s[6]] for s in steps]
         world = run.world_size
-        run.log_step(loss=weighted, grad_norm=norm, lr=self._lr, accum=k + self._skipped_micro, clip=self._clip,
-                     micro_batch=max(self._sizes) if self._sizes else None, samples=sum(self._sizes) * world,
-                     tokens=int(round(total)) * world, scaler_skipped=skipped, step=int(trainer.global_step),
-                     framework_loss=framework, bad_params=bad, nonfinite_action="not skipped (Lightning stepped)")
-        if self._skipped_micro:
-            run.record(StepSkipped(run.step, run.epoch, micro_batches=self._skipped_micro,
-                                   reason="training_step returned None: Lightning skipped their backward"))
+        finite = math.isfinite
+        for (step, epoch, dt, skipped, k, _, _, sizes, none_micro, stepped), outs, counts in zip(
+                steps, outs_all, counts_all):
+            norm, lr, clip, bad, _ = stepped
+            total = sum(counts)
+            if self.loss_reduction == "sum":  # outputs are the returned loss sums / k (Lightning's division)
+                weighted = sum(outs) * k / total if total else float("nan")
+                framework = None
+            else:
+                weighted = sum(o * c for o, c in zip(outs, counts)) * k / total if total else float("nan")
+                framework = sum(outs)
+            if skipped:
+                run.record(ScalerSkip(step, epoch, scale=float(self._scaler.get_scale())))
+            norm_ok = norm is None or finite(norm)
+            run.record_step(step, epoch, weighted, norm, lr, len(outs) + none_micro, clip,
+                            max(sizes) if sizes else None, sum(sizes) * world, int(round(total)) * world, dt,
+                            clip > 0 and norm is not None and norm_ok and norm > clip,
+                            not skipped and not (norm_ok and finite(weighted)), skipped, framework, bad,
+                            "not skipped (Lightning stepped)")
+            if none_micro:
+                run.record(StepSkipped(step, epoch, micro_batches=none_micro,
+                                       reason="training_step returned None: Lightning skipped their backward"))
 
     # -- commands ------------------------------------------------------------------------------------
     def _commands(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", epoch_start: bool = False) -> None:
         run = self.run
         assert run is not None
+        self._write_rows()  # the rows before what the commands do
         for cmd in run.poll():
             self._apply(cmd, trainer, pl_module, epoch_start)
         if run.stop_requested and not self._stopping:
@@ -385,6 +391,7 @@ class HeadroomCallback(Callback):
         run = self.run
         if run is None or run.finished:
             return
+        self._write_rows()
         run.log_epoch(val_loss=self._val, epoch=int(trainer.current_epoch) + 1)
         self._val = None
 
@@ -393,6 +400,7 @@ class HeadroomCallback(Callback):
         try:
             if run is None or run.finished:
                 return
+            self._write_rows()
             if self._stopping:
                 reason = "stopped"
             elif trainer.max_steps and trainer.max_steps > 0 and trainer.global_step >= trainer.max_steps:
@@ -407,6 +415,10 @@ class HeadroomCallback(Callback):
         run = self.run
         try:
             if run is not None and not run.finished:
+                try:
+                    self._write_rows()  # the steps done are kept
+                except Exception:
+                    pass
                 run.fail("interrupted" if isinstance(exception, KeyboardInterrupt)
                          else f"{type(exception).__name__}: {exception}")
         finally:
