@@ -35,6 +35,7 @@ from .ui.pacing import TICK_MS
 from .ui.run_views import RunViews
 from .ui.statusbar import StatusBar
 from .ui.theme import THEMES, apply_stylesheet, system_theme
+from .ui.view_prefs import ViewPrefs
 
 log = logging.getLogger("headroom.window")
 
@@ -108,6 +109,8 @@ class MainWindow(QMainWindow):
         self.theme_action.setChecked(self.theme == "dark")
         self.views = RunViews(self.controller, self.controls, self.alerts, self.status, ra, aa, lambda: self._plots)
         self.pacer = self.views.pacer
+        self.view_prefs = ViewPrefs(self.preferences, restore_settings)
+        self.view_prefs.bind_controls(self.controls)
         self._wire()
 
         self.timer = QTimer(self)
@@ -189,6 +192,7 @@ class MainWindow(QMainWindow):
             old.deleteLater()
         panel.set_model(self.model)
         panel.set_live(self.session.state.is_live)
+        self.view_prefs.bind_plots(panel, self.history)
         if self._needs_layout:  # dock sizes again, once the plots are in the layout
             self._needs_layout = False
             self.default_layout()
@@ -290,7 +294,7 @@ class MainWindow(QMainWindow):
         self.controller.stop()
 
     def apply_changes(self) -> None:
-        self.controller.apply(self.controls.edits())
+        self.controller.apply(self.controls.edits(), self.controls.apply_when())
 
     def open_run(self, path: str) -> bool:
         """Show a run folder's plots (finished, or training in another process)."""
@@ -348,8 +352,7 @@ class MainWindow(QMainWindow):
             self.alerts_dock.raise_()
 
     def _zoom_to_step(self, step: int) -> None:
-        half = max(10, len(self.model.metrics) // 50)
-        self.plots.loss_plot.setXRange(step - half, step + half)
+        self.plots.zoom_to_step(step)
 
     # -- dialogs -------------------------------------------------------------------------
     @property

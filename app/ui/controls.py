@@ -1,11 +1,13 @@
 """The Controls panel: the Run actions as buttons, where the run stands, the run settings,
-and the live settings with what became of each change.
+the lr schedule, and the live settings with what became of each change.
 
-A change is sent as a command; its line then says what the engine says of it: "pending:
-8 (sent)", "pending: 8 applies at epoch 3" once the engine has taken it in, then
-"applied: ..." or "refused: <reason>". The panel only shows the pending-changes model
-(app/model/pending.py); when a change applies is the engine's to say. Validators keep out
-anything the engine would refuse for its range.
+A change is sent as a command, to apply at the next epoch or the next step (the "Apply at"
+choice); its line then says what the engine says of it: "pending: 8 (sent)", "pending: 8
+applies at epoch 3" or "pending: 8 applies at the next step" once the engine has taken it
+in, then "applied: ..." or "refused: <reason>". The panel only shows the pending-changes
+model (app/model/pending.py); when a change applies is the engine's to say. The fields keep
+to the engine's ranges (engine/limits.py); a value from elsewhere that is out of them is
+refused with the engine's own line.
 """
 from __future__ import annotations
 
@@ -20,9 +22,10 @@ from ..model.pending import ChangeStatus, PendingChanges
 from ..model.runmodel import RunModel
 from ..model.state import RunState
 from .actions import ActionButton, RunActions
-from .live_fields import LiveFields
+from .live_fields import APPLY_AT_TEXT, LiveFields
 from .readouts import FITS_IDLE, finder_text, fits_at_start, fits_text, fits_tooltip
 from .run_fields import RunFields
+from .schedule_fields import ScheduleFields
 
 RUNNING = ("starting", "training", "pausing", "paused", "stopping")
 STATE_TEXT = {"idle": "Ready", "starting": "Starting: loading torch and the task...", "training": "Training",
@@ -49,10 +52,15 @@ class ControlsPanel(QWidget):
         self.state = "idle"  # as set_state was last told: idle, viewing or a live state
         self.remote = False  # the run is in another process (commands through run.db)
         self.run_fields = RunFields()
+        self.schedule = ScheduleFields()
         self.live = LiveFields(actions.apply)
         # The form's widgets by name: the window, the tests and the benchmarks fill the form through them.
-        rf, lf = self.run_fields, self.live
+        rf, lf, sf = self.run_fields, self.live, self.schedule
         self.task, self.precision, self.epochs, self.device = rf.task, rf.precision, rf.epochs, rf.device
+        self.workers, self.token_budget, self.micro_tokens, self.task_args = (rf.workers, rf.token_budget,
+                                                                              rf.micro_tokens, rf.task_args)
+        self.lr_schedule, self.warmup, self.min_lr_ratio = sf.lr_schedule, sf.warmup, sf.min_lr_ratio
+        self.apply_at = lf.apply_at
         self.micro_batch, self.accum, self.lr, self.lr_scaling, self.clip = (lf.micro_batch, lf.accum, lf.lr,
                                                                              lf.lr_scaling, lf.clip)
         self.fields, self.effective, self.fits = lf.fields, lf.effective, lf.fits
@@ -78,6 +86,7 @@ class ControlsPanel(QWidget):
         lay.addLayout(buttons)
         lay.addWidget(self.run_state)
         lay.addWidget(rf)
+        lay.addWidget(sf)
         lay.addWidget(lf)
         lay.addStretch(1)
         self.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Preferred)
@@ -108,22 +117,32 @@ class ControlsPanel(QWidget):
 
     def values(self) -> tuple[Optional[dict[str, Any]], str]:
         """The form as TrainConfig fields, or (None, what is wrong)."""
+        bad = self.live.invalid_field()
+        if bad is not None:
+            return None, self.live.problem(bad)
         live = self.live.values()
-        if live["lr"] is None:
-            return None, "Learning rate: enter a number >= 0, e.g. 0.001 or 3e-4"
-        if live["clip"] is None:
-            return None, "Clip norm: enter a number >= 0 (0 = off)"
         fixed, err = self.run_fields.values()
         if fixed is None:
             return None, err
-        out = {**fixed, **live, "find_micro_batch": self.find_micro_batch.isChecked()}
+        schedule, err = self.schedule.values()
+        if schedule is None:
+            return None, err
+        out = {**fixed, **schedule, **live, "find_micro_batch": self.find_micro_batch.isChecked()}
         if out["find_micro_batch"]:  # keep the effective batch the form shows; the engine picks the split
             out["effective_batch"] = self.micro_batch.value() * self.accum.value()
         return out, ""
 
     def set_values(self, d: dict[str, Any]) -> None:
         self.run_fields.set_values(d)
+        self.schedule.set_values(d)
         self.live.set_values(d)
+
+    def apply_when(self) -> str:
+        """When Apply's changes take effect: "epoch" (the next epoch) or "step" (the next step)."""
+        return self.live.at()
+
+    def set_apply_when(self, at: str) -> None:
+        self.live.set_at(at)
 
     # -- where the run stands ------------------------------------------------------------
     def is_running(self) -> bool:
@@ -135,6 +154,7 @@ class ControlsPanel(QWidget):
         running = self.is_running()
         controllable = running and (not remote or state != "starting")
         self.run_fields.set_running(running)
+        self.schedule.set_running(running)
         self.live.set_editable(not running or controllable, not running)
         text = STATE_TEXT.get(state, state)
         if remote and running:
@@ -159,10 +179,10 @@ class ControlsPanel(QWidget):
         if not running:
             hint = "During a run: edit, then Apply. Each change then says when the engine applies it."
         elif bad is not None:
-            hint = f"{'Learning rate' if bad == 'lr' else 'Clip norm'}: enter a number >= 0"
+            hint = self.live.problem(bad)
         elif changed:
             hint = ("Edited: " + ", ".join(f"{n.replace('_', '-')} {fmt_value(v)}" for n, v in changed.items())
-                    + f". Press Apply ({SHORTCUTS['apply']}).")
+                    + f". Press Apply ({SHORTCUTS['apply']}): it applies at the {APPLY_AT_TEXT[self.apply_when()]}.")
         else:
             hint = ""
         self.apply_hint.setText(hint)

@@ -1,5 +1,6 @@
 """Run history: the runs under the runs folder (and any opened elsewhere); open one, or tick
-several to overlay their loss curves on the loss plot."""
+several to overlay their loss curves on the loss plot, against the plots' x axis (runs with
+different accumulation line up by samples or tokens seen, not by steps)."""
 from __future__ import annotations
 
 import time
@@ -11,6 +12,7 @@ from PySide6.QtWidgets import (QAbstractItemView, QHBoxLayout, QHeaderView, QLab
 
 from ..core import assets
 from ..core.runs import RunSummary, list_runs
+from .x_axis import BY_KEY, COMPARE_HINT, DEFAULT_AXIS
 
 PATH_ROLE = Qt.ItemDataRole.UserRole
 
@@ -29,6 +31,9 @@ class HistoryPanel(QWidget):
         self.root_label = QLabel()
         self.root_label.setObjectName("hint")
         self.root_label.setWordWrap(True)
+        self.compare_label = QLabel()
+        self.compare_label.setObjectName("hint")
+        self.compare_label.setWordWrap(True)
         self.tree = QTreeWidget()
         self.tree.setColumnCount(5)
         self.tree.setHeaderLabels(["Compare", "Run", "Task", "Status", "Started"])
@@ -59,10 +64,19 @@ class HistoryPanel(QWidget):
         lay = QVBoxLayout(self)
         lay.setContentsMargins(4, 4, 4, 4)
         lay.addWidget(self.root_label)
+        lay.addWidget(self.compare_label)
         lay.addWidget(self.tree, 1)
         lay.addLayout(row)
         self.checked: set[str] = set()
         self._update_root_label()
+        self.set_x_axis(DEFAULT_AXIS)
+
+    def set_x_axis(self, key: str) -> None:
+        """Say what the Compare overlays are drawn against (the plots' x axis)."""
+        axis = BY_KEY.get(key, BY_KEY[DEFAULT_AXIS])
+        advice = "" if key in ("samples", "tokens") else " " + COMPARE_HINT
+        self.compare_label.setText(f"Compare draws each ticked run's loss against {axis.label.split(' (')[0]}"
+                                   f" (the plots' X axis).{advice}")
 
     def _update_root_label(self) -> None:
         self.root_label.setText(f"Runs folder: {self.root}")

@@ -1,25 +1,33 @@
 """The live group of the Controls panel: micro-batch, accumulation, lr, lr scaling and clip,
 which change while a run goes, each with the line that says what became of its last change;
-the effective batch, the memory readout and the Apply button."""
+the effective batch, the memory readout, when a change applies (the next epoch or the next
+optimizer step) and the Apply button. Every number's bounds are the engine's
+(engine/limits.py, through app/ui/limited.py)."""
 from __future__ import annotations
 
 from typing import Any, Optional
 
 from PySide6.QtCore import Signal
 from PySide6.QtGui import QAction
-from PySide6.QtWidgets import QCheckBox, QComboBox, QGroupBox, QLabel, QLineEdit, QSpinBox, QWidget
+from PySide6.QtWidgets import QCheckBox, QComboBox, QGroupBox, QLabel, QWidget
 
+from engine.commands import APPLY_AT
 from engine.config import LR_SCALINGS
 
-from ..model.fields import LIVE_FIELDS, fmt_value
+from ..model.fields import LIVE_FIELDS
 from ..model.pending import SettingChange
 from .actions import ActionButton
+from .limited import LimitedLine, LimitedSpin
 from .readouts import FITS_IDLE, FITS_TOOLTIP
 from .run_fields import form_layout
-from .validators import FloatValidator, parse_float
 
 FLOAT_FIELDS = ("lr", "clip")
 INT_FIELDS = ("micro_batch", "accum")
+# When an applied change takes effect: the engine's boundaries (engine/commands.py APPLY_AT).
+APPLY_AT_TEXT = {"epoch": "next epoch", "step": "next step"}
+assert set(APPLY_AT_TEXT) == set(APPLY_AT)
+LR_BLANK = "Learning rate: enter a number >= 0, e.g. 0.001 or 3e-4"
+CLIP_BLANK = "Clip norm: enter a number >= 0 (0 = off)"
 
 
 def _hint(text: str = "") -> QLabel:
@@ -39,16 +47,12 @@ class LiveFields(QGroupBox):
     edited = Signal()  # the user changed a live field (not set_field)
 
     def __init__(self, apply_action: QAction, parent: Optional[QWidget] = None) -> None:
-        super().__init__("Batch, lr and clip (change between epochs)", parent)
+        super().__init__("Batch, lr and clip (change while training)", parent)
         self.world_size = 1  # the engine's, once run_started says: the effective batch counts every rank
         self._syncing = False
-        self.micro_batch = QSpinBox()
-        self.micro_batch.setRange(1, 1_000_000)
-        self.micro_batch.setValue(16)
+        self.micro_batch = LimitedSpin("micro_batch", 16)
         self.micro_batch.setToolTip("Samples per forward/backward pass")
-        self.accum = QSpinBox()
-        self.accum.setRange(1, 100_000)
-        self.accum.setValue(4)
+        self.accum = LimitedSpin("accum", 4)
         self.accum.setToolTip("Micro-batches per optimizer step (one accumulation window)")
         self.effective = QLabel()
         self.effective.setObjectName("effective")
@@ -63,16 +67,14 @@ class LiveFields(QGroupBox):
         self.fits.setObjectName("fits")
         self.fits.setWordWrap(True)
         self.set_fits_text(FITS_IDLE)
-        self.lr = QLineEdit("0.001")
-        self.lr.setValidator(FloatValidator(0.0, 10.0, parent=self))
-        self.lr.setToolTip("Learning rate: a number >= 0, e.g. 3e-4")
+        self.lr = LimitedLine("lr", 0.001, blank=LR_BLANK)
+        self.lr.setToolTip("Learning rate (the schedule's peak): a number from 0 to 10000, e.g. 3e-4")
         self.lr_scaling = QComboBox()
         for rule in LR_SCALINGS:
             self.lr_scaling.addItem(rule, rule)
         self.lr_scaling.setToolTip("How lr follows the effective batch when accumulation or micro-batch changes "
                                    "without a new lr: none, linear or sqrt")
-        self.clip = QLineEdit("1.0")
-        self.clip.setValidator(FloatValidator(0.0, 1e9, parent=self))
+        self.clip = LimitedLine("clip", 1.0, blank=CLIP_BLANK)
         self.clip.setPlaceholderText("0 = off")
         self.clip.setToolTip("Clip the total gradient norm at this value (0 = off)")
         self.fields: dict[str, QWidget] = {"micro_batch": self.micro_batch, "accum": self.accum, "lr": self.lr,
@@ -81,6 +83,12 @@ class LiveFields(QGroupBox):
         for lab in self.status.values():
             lab.setWordWrap(True)
             lab.setVisible(False)
+        self.apply_at = QComboBox()
+        self.apply_at.setObjectName("apply_at")
+        for at in APPLY_AT:
+            self.apply_at.addItem(APPLY_AT_TEXT[at], at)
+        self.apply_at.setToolTip("When an applied change takes effect: at the next epoch boundary, or at the next "
+                                 "optimizer step (mid-epoch; no accumulation window is ever split)")
         self.apply_button = ActionButton(apply_action)
         self.apply_hint = _hint()
 
@@ -95,6 +103,7 @@ class LiveFields(QGroupBox):
         for label, name in (("Learning rate", "lr"), ("lr scaling", "lr_scaling"), ("Clip norm", "clip")):
             form.addRow(label, self.fields[name])
             form.addRow("", self.status[name])
+        form.addRow("Apply at", self.apply_at)
         form.addRow("", self.apply_button)
         form.addRow("", self.apply_hint)
 
@@ -103,16 +112,15 @@ class LiveFields(QGroupBox):
         for w in (self.lr, self.clip):
             w.textChanged.connect(self._changed)
         self.lr_scaling.currentIndexChanged.connect(self._changed)
+        self.apply_at.currentIndexChanged.connect(self._changed)
         self.update_effective()
 
     # -- values --------------------------------------------------------------------------
     def field_value(self, name: str) -> Any:
         """The form's value of a live field; None for a float field that is not a number yet."""
-        if name in INT_FIELDS:
-            return self.fields[name].value()  # type: ignore[attr-defined]
-        if name in FLOAT_FIELDS:
-            w: QLineEdit = self.fields[name]  # type: ignore[assignment]
-            return parse_float(w.text()) if w.hasAcceptableInput() else None
+        if name in INT_FIELDS or name in FLOAT_FIELDS:
+            w = self.fields[name]
+            return None if w.problem() else w.given()  # type: ignore[attr-defined]
         if name == "lr_scaling":
             return self.lr_scaling.currentData()
         raise KeyError(name)
@@ -121,17 +129,29 @@ class LiveFields(QGroupBox):
         return {name: self.field_value(name) for name in LIVE_FIELDS}
 
     def invalid_field(self) -> Optional[str]:
-        return next((name for name in FLOAT_FIELDS if self.field_value(name) is None), None)
+        return next((name for name in INT_FIELDS + FLOAT_FIELDS if self.problem(name)), None)
+
+    def problem(self, name: str) -> str:
+        """Why a number field cannot be used ("" if it can): the engine's line when out of range."""
+        w = self.fields[name]
+        return w.problem() if hasattr(w, "problem") else ""  # type: ignore[attr-defined]
+
+    def at(self) -> str:
+        """When Apply's changes take effect: "epoch" or "step"."""
+        return str(self.apply_at.currentData())
+
+    def set_at(self, at: str) -> None:
+        i = self.apply_at.findData(at)
+        if i >= 0:
+            self.apply_at.setCurrentIndex(i)
 
     def set_field(self, name: str, value: Any) -> None:
         """Show a value (the engine's, a saved one); not an edit."""
         self._syncing = True
         try:
             w = self.fields[name]
-            if name in INT_FIELDS:
-                w.setValue(int(value))  # type: ignore[attr-defined]
-            elif name in FLOAT_FIELDS:
-                w.setText(fmt_value(float(value)) if isinstance(value, float) else str(value))  # type: ignore
+            if name in INT_FIELDS or name in FLOAT_FIELDS:
+                w.set_given(value)  # type: ignore[attr-defined]
             elif name == "lr_scaling":
                 i = self.lr_scaling.findData(value)
                 if i >= 0:
@@ -174,6 +194,7 @@ class LiveFields(QGroupBox):
         """live: the live fields; start_options: Find micro-batch (it acts before training only)."""
         for w in self.fields.values():
             w.setEnabled(live)
+        self.apply_at.setEnabled(live)
         self.find_micro_batch.setEnabled(start_options)
 
     # -- the memory readouts -------------------------------------------------------------

@@ -31,6 +31,7 @@ class MemoryPlot:
         self.note.setZValue(50)
         p.addItem(self.note, ignoreBounds=True)
         self.mode: Optional[str] = None
+        self.x_label = "optimizer step"  # the plots' x axis, for the norm plot when this one is empty
 
     @property
     def shown(self) -> bool:
@@ -38,7 +39,7 @@ class MemoryPlot:
         return self.mode == "gpu"
 
     def update(self, model: RunModel, buf: MetricsBuffer, x0: Optional[float], x1: Optional[float],
-               width: int) -> None:
+               width: int, axis: str = "step") -> None:
         device = str(model.info.get("device") or "")
         if buf.has_gpu_memory():
             self.set_mode("gpu")
@@ -48,7 +49,7 @@ class MemoryPlot:
             self.set_mode("none")
         if self.shown:
             for s in self.series:
-                s.update(buf, x0, x1, width)  # the headroom fill follows its two curves by itself
+                s.update(buf, x0, x1, width, axis)  # the headroom fill follows its two curves by itself
 
     def set_mode(self, mode: str) -> None:
         """'gpu': memory curves; 'cpu': the plot says plainly there is no GPU; 'none': no run yet."""
@@ -59,7 +60,7 @@ class MemoryPlot:
         gpu = mode == "gpu"
         # Without the memory plot's step axis under it, the norm plot shows its own.
         norm.getAxis("bottom").setStyle(showValues=not gpu)
-        norm.setLabel("bottom", "" if gpu else "optimizer step")
+        norm.setLabel("bottom", "" if gpu else self.x_label)
         for s in self.series:
             s.item.setVisible(gpu)
         self.fill.setVisible(gpu)

@@ -1,4 +1,5 @@
-"""Other runs' loss (as its EMA) drawn over this run's loss plot, one colour each."""
+"""Other runs' loss (as its EMA) drawn over this run's loss plot, one colour each, on the
+plots' x axis (by samples or tokens seen, runs with different accumulation line up)."""
 from __future__ import annotations
 
 from typing import Optional
@@ -42,6 +43,6 @@ class Overlays:
     def buffers(self) -> list[tuple[str, MetricsBuffer]]:
         return [(n, b) for n, (b, _i, _s) in self.entries.items()]
 
-    def update(self, x0: Optional[float], x1: Optional[float], width: int) -> None:
+    def update(self, x0: Optional[float], x1: Optional[float], width: int, axis: str = "step") -> None:
         for buf, _item, s in self.entries.values():
-            s.update(buf, x0, x1, width)
+            s.update(buf, x0, x1, width, axis)

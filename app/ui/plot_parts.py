@@ -14,6 +14,7 @@ from PySide6.QtWidgets import QGraphicsItem
 from ..core import compat  # noqa: F401 - before any plotting (PySide6 6.12 + Python 3.11)
 from ..model.metrics import MetricsBuffer
 from .theme import Palette
+from .x_axis import DEFAULT_AXIS, columns
 
 GIB = float(2 ** 30)
 pg.setConfigOptions(antialias=False, foreground="#334155", background="#ffffff")
@@ -39,7 +40,7 @@ class PlotCanvas(pg.GraphicsLayoutWidget):
 
 
 class Series:
-    """One curve fed from a buffer column (y) against the step column (x)."""
+    """One curve fed from a buffer column (y) against the chosen x axis (app/ui/x_axis.py)."""
 
     def __init__(self, item: pg.PlotDataItem, column: str, scale: float = 1.0, mode: str = "peak",
                  buffer: Optional[MetricsBuffer] = None) -> None:
@@ -54,15 +55,19 @@ class Series:
         self.x_last: Optional[float] = None
         self.x_first: Optional[float] = None
 
-    def update(self, buf: MetricsBuffer, x0: Optional[float], x1: Optional[float], width_px: int) -> None:
+    def update(self, buf: MetricsBuffer, x0: Optional[float], x1: Optional[float], width_px: int,
+               axis: str = DEFAULT_AXIS) -> None:
+        """x0, x1: the visible span in the axis' units (None: all of it)."""
         buf = self.buffer or buf
         # Clipped steps change only when a step is clipped: keyed on their count, not on every step.
         version = len(buf.clipped_x) if self.column == "clipped_y" else buf.version
-        key = (id(buf), version, x0, x1, width_px)
+        key = (id(buf), version, x0, x1, width_px, axis)
         if key == self.key:
             return
         self.key = key
-        xs = buf.clipped_x.view() if self.column == "clipped_y" else buf.view("step")
+        cols = columns(buf)
+        # Every axis is non-decreasing along the rows, so the visible span is still two searchsorted.
+        xs = cols.clipped(axis) if self.column == "clipped_y" else cols.values(axis)
         m = len(xs)
         if m == 0:
             self.item.setData([], [])

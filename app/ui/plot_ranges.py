@@ -3,6 +3,8 @@ leaves it or fills a small part of it, so the axes (the dearest thing to paint) 
 now and then rather than on every frame."""
 from __future__ import annotations
 
+from typing import Optional
+
 import numpy as np
 import pyqtgraph as pg
 
@@ -49,8 +51,9 @@ def follow_y(p: pg.PlotItem, ys: list[np.ndarray], log: bool, from_zero: bool, r
 
 
 def follow(plots: PlotSet, y_series: dict[int, list[Series]], overlays: list[Series], val_item: pg.PlotDataItem,
-           log: bool, memory_shown: bool, refit: bool) -> None:
-    """Every plot's ranges. `y_series`: the curves of each plot, by id(plot)."""
+           log: bool, memory_shown: bool, refit: bool, extra_y: Optional[dict[int, list[np.ndarray]]] = None) -> None:
+    """Every plot's ranges. `y_series`: the curves of each plot, by id(plot); `extra_y`: more
+    y values a plot must show (the planned lr), by id(plot)."""
     follow_x(plots.loss, y_series[id(plots.loss)][:1] + overlays, refit)
     for p in plots.all:
         if p is plots.mem and not memory_shown:
@@ -59,6 +62,7 @@ def follow(plots: PlotSet, y_series: dict[int, list[Series]], overlays: list[Ser
         if p is plots.loss:
             series += overlays
         ys = [s.y_shown for s in series if len(s.y_shown)]
+        ys += [y for y in (extra_y or {}).get(id(p), []) if len(y)]
         if p is plots.loss:
             _x, vy = val_item.getData()
             if vy is not None and len(vy):

@@ -1,5 +1,9 @@
 """Live plots (pyqtgraph): loss, gradient norm, lr, GPU memory, throughput.
 
+Every plot shares one x axis, chosen in the toolbar: optimizer step, samples seen, tokens
+seen or wall time (app/ui/x_axis.py; the other runs overlaid on the loss follow it too).
+The lr plot also shows the engine's planned lr ahead of the run, dashed (plot_plan.py).
+
 Each curve is drawn from the metrics buffer's numpy columns through a min/max
 pyramid (app/model/decimate.py): only the visible span, in about two points per pixel,
 reaches pyqtgraph, which also has setDownsampling(auto=True, mode='peak') and
@@ -21,7 +25,7 @@ from typing import Callable, Optional
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtWidgets import QCheckBox, QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QCheckBox, QComboBox, QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget
 
 from ..model.metrics import MetricsBuffer
 from ..model.runmodel import RunModel
@@ -29,8 +33,11 @@ from .plot_marks import PlotMarks
 from .plot_memory import MemoryPlot
 from .plot_overlays import Overlays
 from .plot_parts import PlotCanvas, PlotSet, Series, legend, style_plot
+from .plot_plan import PlannedLr
 from .plot_ranges import follow
+from .plot_x_axis import XAxisItem
 from .theme import palette
+from .x_axis import BY_KEY, COMPARE_HINT, DEFAULT_AXIS, X_AXES, axis_or_default, columns
 
 IDLE_NOTE = "Press Start (F5) to train, or open a run folder (Ctrl+O)"
 STARTING_NOTE = "Starting: loading torch and the task..."
@@ -40,6 +47,7 @@ class PlotPanel(QWidget):
     """All live plots of one run, plus overlays of other runs' loss."""
 
     log_scale_changed = Signal(bool)
+    x_axis_changed = Signal(str)  # the x axis' key (app/ui/x_axis.py), when the user or set_x_axis changes it
 
     def __init__(self, theme: str = "light", parent: Optional[QWidget] = None) -> None:
         super().__init__(parent)
@@ -58,6 +66,7 @@ class PlotPanel(QWidget):
         self._syncing_x = False
         self._tput_unit = ""
         self._log = False
+        self.axis = DEFAULT_AXIS
         self.on_updated: list[Callable[[], None]] = []
 
         bar = QHBoxLayout()
@@ -70,6 +79,18 @@ class PlotPanel(QWidget):
         self.fit_button.clicked.connect(self.fit)
         self.hint = QLabel("")
         self.hint.setObjectName("hint")
+        self.x_axis_box = QComboBox()
+        self.x_axis_box.setObjectName("x_axis")
+        for a in X_AXES:
+            self.x_axis_box.addItem(a.name, a.key)
+        self.x_axis_box.setToolTip("What the x axis of every plot (and of the runs compared) counts. "
+                                   + COMPARE_HINT)
+        self.x_axis_box.currentIndexChanged.connect(lambda _i: self.set_x_axis(self.x_axis_box.currentData()))
+        x_label = QLabel("X axis")
+        x_label.setBuddy(self.x_axis_box)
+        bar.addWidget(x_label)
+        bar.addWidget(self.x_axis_box)
+        bar.addSpacing(12)
         bar.addWidget(self.log_box)
         bar.addWidget(self.fit_button)
         bar.addStretch(1)
@@ -90,11 +111,11 @@ class PlotPanel(QWidget):
         c.setBackground(pal.background)
         c.ci.setContentsMargins(4, 4, 10, 4)
         c.ci.setSpacing(8)
-        self.loss_plot = c.addPlot(row=0, col=0, colspan=2)
-        self.norm_plot = c.addPlot(row=1, col=0)
-        self.lr_plot = c.addPlot(row=1, col=1)
-        self.mem_plot = c.addPlot(row=2, col=0)
-        self.tput_plot = c.addPlot(row=2, col=1)
+        self.loss_plot = c.addPlot(row=0, col=0, colspan=2, axisItems={"bottom": XAxisItem()})
+        self.norm_plot = c.addPlot(row=1, col=0, axisItems={"bottom": XAxisItem()})
+        self.lr_plot = c.addPlot(row=1, col=1, axisItems={"bottom": XAxisItem()})
+        self.mem_plot = c.addPlot(row=2, col=0, axisItems={"bottom": XAxisItem()})
+        self.tput_plot = c.addPlot(row=2, col=1, axisItems={"bottom": XAxisItem()})
         self.plot_set = PlotSet(self.loss_plot, self.norm_plot, self.lr_plot, self.mem_plot, self.tput_plot)
         c.ci.layout.setRowStretchFactor(0, 5)
         c.ci.layout.setRowStretchFactor(1, 3)
@@ -103,8 +124,6 @@ class PlotPanel(QWidget):
         for p, label in zip(self.plots, ("loss", "norm", "lr", "GiB", "samples/s")):
             style_plot(p, label, pal)
         self.lr_plot.getAxis("left").enableAutoSIPrefix(False)
-        for p in (self.loss_plot, self.mem_plot, self.tput_plot):
-            p.setLabel("bottom", "optimizer step")
         for p in (self.norm_plot, self.lr_plot):  # same steps as the plot below them
             p.getAxis("bottom").setStyle(showValues=False)
         for p in self.plots:
@@ -131,6 +150,8 @@ class PlotPanel(QWidget):
         self.mem_total, self.mem_used, self.headroom_fill = self.memory.total, self.memory.used, self.memory.fill
         self.mem_note = self.memory.note
         self.marks = PlotMarks(self.plot_set, pal)
+        self.marks.to_x = self.steps_to_x
+        self.planned = PlannedLr(self.lr_plot, pal)
         self._overlays = Overlays(self.loss_plot, pal)
 
         self.series = [
@@ -147,7 +168,7 @@ class PlotPanel(QWidget):
                           id(self.mem_plot): self.mem_series}
         for s in self.series + self.mem_series:
             s.item.setClipToView(True)
-            s.item.setDownsampling(auto=True, method="peak")
+        self._set_downsampling()
         self._set_titles()
 
         self.loss_note = pg.TextItem("", color=pal.note, anchor=(0.5, 0.5))
@@ -158,6 +179,7 @@ class PlotPanel(QWidget):
         for p in (self.norm_plot, self.lr_plot, self.tput_plot):
             p.setYRange(0, 1, padding=0)
         self.memory.set_mode("none")
+        self._show_x_labels()
         self._show_loss_note(IDLE_NOTE)
 
     def _set_titles(self) -> None:
@@ -174,7 +196,10 @@ class PlotPanel(QWidget):
         self.norm_plot.setTitle(legend("Gradient norm, before clipping",
                                        [(pal.norm, "\u2501", "norm"), (pal.clip, "\u2505", "clip"),
                                         (pal.clipped, "\u25cf", "clipped")], fg))
-        self.lr_plot.setTitle(legend("Learning rate", [], fg))
+        lr_extra = [(pal.lr, "\u2505", "planned")] if self.planned.plan is not None else []
+        if self.planned.changes:
+            lr_extra.append((pal.marker, "\u25b2", "peak changed"))
+        self.lr_plot.setTitle(legend("Learning rate", lr_extra, fg))
         self.tput_plot.setTitle(legend("Throughput", [(pal.throughput_raw, "\u2501", "per step"),
                                                       (pal.throughput, "\u2501", "EMA")], fg))
 
@@ -197,6 +222,7 @@ class PlotPanel(QWidget):
         self._version = -1
         self._epoch_count = -1
         self.marks.reset()
+        self.planned.reset()
         for s in self.series + self.mem_series:
             s.key = ()
         self.follow = True
@@ -206,6 +232,60 @@ class PlotPanel(QWidget):
         if live != self.live:
             self.live = live
             self.refresh(force=True)
+
+    # -- the x axis ----------------------------------------------------------------------
+    def set_x_axis(self, key: str) -> None:
+        """Plot every curve against this axis (a key of app/ui/x_axis.py; unknown: steps)."""
+        key = axis_or_default(key)
+        if self.x_axis_box.currentData() != key:
+            self.x_axis_box.setCurrentIndex(self.x_axis_box.findData(key))  # comes back here
+            return
+        if key == self.axis:
+            return
+        self.axis = key
+        self._show_x_labels()
+        self._set_downsampling()
+        self.marks.reset()
+        self._epoch_count = -1
+        for s in self.series + self.mem_series + self._overlays.series():
+            s.key = ()
+        self.follow = True
+        self.refresh(force=True, refit=True)
+        self.x_axis_changed.emit(key)
+
+    def _set_downsampling(self) -> None:
+        """pyqtgraph's own auto downsampling assumes evenly spaced x (steps): on the other axes it
+        would drop points where they are dense, so there only the min/max pyramid thins them
+        (it already hands over at most ~2 points per pixel of the visible span)."""
+        even = self.axis == "step"
+        for s in self.series + self.mem_series + self._overlays.series():
+            s.item.setDownsampling(auto=even, method="peak")
+
+    def _show_x_labels(self) -> None:
+        label = BY_KEY[self.axis].label
+        for p in self.plots:
+            p.getAxis("bottom").set_key(self.axis)
+        for p in (self.loss_plot, self.mem_plot, self.tput_plot):
+            p.setLabel("bottom", label)
+        self.mem_plot.showAxis("bottom", self.memory.shown)  # setLabel shows it; no GPU, no axis
+        self.memory.x_label = label
+        if not self.memory.shown:
+            self.norm_plot.setLabel("bottom", label)
+
+    def steps_to_x(self, steps: np.ndarray) -> np.ndarray:
+        """Step positions (12.5: between steps 12 and 13) on the current x axis."""
+        if self.model is None:
+            return np.asarray(steps, dtype=np.float64)
+        return columns(self.model.metrics).at_steps(self.axis, steps)
+
+    def zoom_to_step(self, step: int) -> None:
+        """Show the steps around `step` (an alert clicked), whatever the x axis."""
+        n = len(self.model.metrics) if self.model is not None else 0
+        half = max(10, n // 50)
+        x0, x1 = self.steps_to_x(np.array([step - half, step + half], dtype=np.float64))
+        if x1 <= x0:
+            x1 = x0 + 1.0
+        self.loss_plot.setXRange(float(x0), float(x1))
 
     def set_log_scale(self, on: bool) -> None:
         if self.log_box.isChecked() != on:
@@ -258,7 +338,8 @@ class PlotPanel(QWidget):
         x0, x1, width = self._visible()
         range_key = (x0, x1, width, self.follow)
         if not force and not self.stale and buf.version == self._version and range_key == self._range_key \
-                and len(model.epochs) == self._epoch_count and not self.marks.stale(model):
+                and len(model.epochs) == self._epoch_count and not self.marks.stale(model) \
+                and not self.planned.stale(model):
             return False
         self._updating = True
         t_start = time.perf_counter()
@@ -271,14 +352,18 @@ class PlotPanel(QWidget):
             self.stale = not all_plots
             self._turn = (self._turn + 1) % 2
             self._version, self._range_key = buf.version, range_key
+            axis = self.axis
             for s in self.series:
                 if all_plots or s in self._every_frame or s in self._turns[self._turn]:
-                    s.update(buf, x0, x1, width)
-            self._overlays.update(x0, x1, width)
+                    s.update(buf, x0, x1, width, axis)
+            self._overlays.update(x0, x1, width, axis)
             if all_plots or self._turn == 1:
-                self.memory.update(model, buf, x0, x1, width)
+                self.memory.update(model, buf, x0, x1, width, axis)
             self._update_epochs(model)
-            if self.marks.update(model, self.memory.shown):
+            legend_had = (self.planned.plan is not None, len(self.planned.changes))
+            self.planned.update(model, axis)
+            marks_changed = self.marks.update(model, self.memory.shown)
+            if marks_changed or legend_had != (self.planned.plan is not None, len(self.planned.changes)):
                 self._set_titles()
             unit = "tokens/s" if buf.counts_tokens() else "samples/s"
             if unit != self._tput_unit:
@@ -286,7 +371,7 @@ class PlotPanel(QWidget):
                 self.tput_plot.setLabel("left", unit)
             if self.follow:
                 follow(self.plot_set, self._y_series, self._overlays.series(), self.val_item, self._log,
-                       self.memory.shown, refit or force)
+                       self.memory.shown, refit or force, {id(self.lr_plot): [self.planned.y_shown]})
             if len(buf) > 0 or self._overlays.entries:
                 self._show_loss_note("")
             else:
@@ -309,7 +394,7 @@ class PlotPanel(QWidget):
         pts = [(step, val) for _e, step, _t, val in model.epochs if val is not None and math.isfinite(val)]
         if pts:
             xs, ys = zip(*pts)
-            self.val_item.setData(np.array(xs, float), np.array(ys, float))
+            self.val_item.setData(self.steps_to_x(np.array(xs, float)), np.array(ys, float))
         else:
             self.val_item.setData([], [])
 
@@ -328,6 +413,7 @@ class PlotPanel(QWidget):
 
     def add_overlay(self, name: str, buf: MetricsBuffer) -> None:
         self._overlays.add(name, buf)
+        self._set_downsampling()
         self._set_titles()
         self.follow = True
         self.refresh(force=True, refit=True)
@@ -347,8 +433,9 @@ class PlotPanel(QWidget):
         """What a curve currently shows (x, y), for tests and export."""
         item = {"loss": self.loss_raw, "loss_ema": self.loss_ema, "val": self.val_item, "grad_norm": self.norm_item,
                 "clip": self.clip_item, "clipped": self.clipped_item, "lr": self.lr_item,
+                "lr_planned": self.planned.item, "lr_peak_changes": self.planned.peaks,
                 "throughput": self.tput_item, "mem_used": self.mem_used, "mem_total": self.mem_total}[name]
-        x, y = item.getData()
+        x, y = (item.xData, item.yData) if name.startswith("lr_p") else item.getData()  # the plan: all of it
         x, y = np.asarray(x if x is not None else []), np.asarray(y if y is not None else [])
         if name == "clipped":  # drawn as zero-length segments: each point twice
             x, y = x[::2], y[::2]

@@ -1,17 +1,20 @@
-"""The Run group of the Controls panel: what is fixed once a run starts (task, precision,
-epochs, device)."""
+"""The Run group of the Controls panel: what is fixed once a run starts (task and its
+arguments, precision, epochs, device, data-loading workers, token budget and micro-tokens).
+Every number's bounds are the engine's (engine/limits.py, through app/ui/limited.py)."""
 from __future__ import annotations
 
 import os
 from typing import Any, Optional
 
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtWidgets import QComboBox, QFormLayout, QGroupBox, QSpinBox, QWidget
+from PySide6.QtWidgets import QComboBox, QFormLayout, QGroupBox, QLineEdit, QWidget
 
-from engine.config import PRECISIONS
+from engine.config import PRECISIONS, ConfigError
 from engine.paths import BUILTIN_TASKS
 
 from ..core import assets
+from . import task_args
+from .limited import LimitedLine, LimitedSpin
 from .validators import DeviceValidator
 
 OPEN_TASK = "Open task file..."
@@ -43,20 +46,42 @@ class RunFields(QGroupBox):
         self.precision = QComboBox()
         for p in PRECISIONS:
             self.precision.addItem(p, p)
-        self.epochs = QSpinBox()
-        self.epochs.setRange(1, 1_000_000)
-        self.epochs.setValue(3)
+        self.epochs = LimitedSpin("epochs", 3)
         self.device = QComboBox()
         self.device.setEditable(True)
         for d in ("auto", "cpu", "cuda", "cuda:0", "cuda:1"):
             self.device.addItem(d)
         self.device.lineEdit().setValidator(DeviceValidator(self))
         self.device.setToolTip("auto picks CUDA when present; cpu, cuda or cuda:N")
+        self.workers = LimitedSpin("workers", None, auto_text="auto")
+        self.workers.setToolTip("DataLoader worker processes loading the data (0 = in the training process); "
+                                "auto: 0 for data in memory, up to 4 when loading a micro-batch is slow")
+        self.token_budget = LimitedLine("token_budget", None, optional=True)
+        self.token_budget.setPlaceholderText("off")
+        self.token_budget.setToolTip("Close an accumulation window once it holds this many counted items "
+                                     "(tokens); empty = a fixed number of micro-batches")
+        self.micro_tokens = LimitedLine("micro_tokens", None, optional=True)
+        self.micro_tokens.setPlaceholderText("off")
+        self.micro_tokens.setToolTip("With a token budget: at most this many counted items in one micro-batch")
+        self.task_args = QLineEdit()
+        self.task_args.setObjectName("task_args")
+        self.task_args.setPlaceholderText("KEY=VALUE ...")
+        self._task_args_tip = ("Passed to the task's build_task(seed, KEY=VALUE, ...), like --task-arg: pairs "
+                               "separated by spaces, VALUE read as JSON where it parses (hidden=256 name=\"my data\")")
+        self.task_args.setToolTip(self._task_args_tip)
+        self.task_args.textChanged.connect(self._check_task_args)
+        self.task_args.setVisible(task_args.AVAILABLE)
         form = form_layout(self)
         form.addRow("Task", self.task)
+        if task_args.AVAILABLE:
+            form.addRow("Task args", self.task_args)
         form.addRow("Precision", self.precision)
         form.addRow("Epochs", self.epochs)
         form.addRow("Device", self.device)
+        form.addRow("Workers", self.workers)
+        form.addRow("Token budget", self.token_budget)
+        form.addRow("Micro-tokens", self.micro_tokens)
+        self._numbers = (self.epochs, self.workers, self.token_budget, self.micro_tokens)
 
     # -- the task ------------------------------------------------------------------------
     def task_spec(self) -> str:
@@ -87,22 +112,50 @@ class RunFields(QGroupBox):
 
     # -- values --------------------------------------------------------------------------
     def values(self) -> tuple[Optional[dict[str, Any]], str]:
-        """task, precision, epochs and device as TrainConfig fields, or (None, what is wrong)."""
+        """The group's settings as TrainConfig fields, or (None, what is wrong: for a number out
+        of range, the engine's own line)."""
         if not self.device.lineEdit().hasAcceptableInput():
             return None, "Device: auto, cpu, cuda or cuda:N"
-        return {"task": self.task_spec(), "precision": self.precision.currentData(), "epochs": self.epochs.value(),
-                "device": self.device.currentText().strip()}, ""
+        for w in self._numbers:
+            if w.problem():
+                return None, w.problem()
+        out = {"task": self.task_spec(), "precision": self.precision.currentData(), "epochs": self.epochs.given(),
+               "device": self.device.currentText().strip(), "workers": self.workers.given(),
+               "token_budget": self.token_budget.given(), "micro_tokens": self.micro_tokens.given()}
+        if task_args.AVAILABLE:
+            try:
+                out["task_args"] = task_args.parse(self.task_args.text())
+            except ConfigError as e:
+                return None, str(e)
+        return out, ""
 
     def set_values(self, d: dict[str, Any]) -> None:
         if "task" in d and d["task"]:
             self.set_task(str(d["task"]))
         if d.get("precision") in PRECISIONS:
             self.precision.setCurrentIndex(self.precision.findData(d["precision"]))
-        if isinstance(d.get("epochs"), int) and d["epochs"] >= 1:
-            self.epochs.setValue(d["epochs"])
+        if d.get("epochs") is not None:
+            self.epochs.set_given(d["epochs"])
         if d.get("device"):
             self.device.setCurrentText(str(d["device"]))
+        for name in ("workers", "token_budget", "micro_tokens"):  # None is a value here: auto, off
+            if name in d:
+                getattr(self, name).set_given(d[name])
+        if "task_args" in d and task_args.AVAILABLE:
+            self.task_args.setText(task_args.format_args(d["task_args"]))
+
+    def _check_task_args(self, text: str) -> None:
+        bad = ""
+        try:
+            task_args.parse(text)
+        except ConfigError as e:
+            bad = str(e)
+        self.task_args.setProperty("invalid", bool(bad))
+        self.task_args.setToolTip(f"{bad}\n\n{self._task_args_tip}" if bad else self._task_args_tip)
+        self.task_args.style().unpolish(self.task_args)
+        self.task_args.style().polish(self.task_args)
 
     def set_running(self, running: bool) -> None:
-        for w in (self.task, self.precision, self.epochs, self.device):
+        for w in (self.task, self.precision, self.epochs, self.device, self.workers, self.token_budget,
+                  self.micro_tokens, self.task_args):
             w.setEnabled(not running)

@@ -1,21 +1,17 @@
-"""Status bar: device, CUDA or CPU, torch version, step/epoch, elapsed and ETA."""
+"""Status bar: where the run stands, the current epoch's progress bar ("epoch 2: 37% · ETA
+1:24", app/ui/epoch_progress.py), step, elapsed and the run's ETA; device, CUDA or CPU and
+torch version."""
 from __future__ import annotations
 
 from typing import Optional
 
-from PySide6.QtWidgets import QLabel, QStatusBar, QWidget
+from PySide6.QtWidgets import QLabel, QProgressBar, QStatusBar, QWidget
 
 from ..model.runmodel import RunModel
 from ..model.state import RunState
+from .epoch_progress import EpochProgress, ProgressTracker, fmt_duration
 
-
-def fmt_duration(s: Optional[float]) -> str:
-    if s is None:
-        return "--"
-    s = int(round(s))
-    h, rem = divmod(s, 3600)
-    m, sec = divmod(rem, 60)
-    return f"{h}:{m:02d}:{sec:02d}" if h else f"{m}:{sec:02d}"
+__all__ = ["StatusBar", "fmt_duration", "state_text"]
 
 
 def state_text(view_state: str, state: RunState, model: RunModel) -> str:
@@ -46,10 +42,19 @@ class StatusBar(QStatusBar):
         self.backend = QLabel("")
         self.torch = QLabel(f"torch {torch_version_quietly()}")
         self.progress = QLabel("step -")
+        self.epoch_bar = QProgressBar()
+        self.epoch_bar.setObjectName("epoch_progress")
+        self.epoch_bar.setTextVisible(True)
+        self.epoch_bar.setMinimumWidth(230)
+        self.epoch_bar.setMaximumHeight(18)
+        self.epoch_bar.setToolTip("The current epoch: optimizer steps done of those planned (the data set over the "
+                                  "samples per step), and when it ends at the last steps' pace")
+        self.epoch_bar.setVisible(False)
         self.elapsed = QLabel("elapsed --")
         self.eta = QLabel("ETA --")
         self.state = QLabel("Ready")
-        for w in (self.state, self.progress, self.elapsed, self.eta):
+        self.tracker = ProgressTracker()
+        for w in (self.state, self.epoch_bar, self.progress, self.elapsed, self.eta):
             self.addWidget(w)
         for w in (self.device, self.backend, self.torch):
             self.addPermanentWidget(w)
@@ -77,8 +82,29 @@ class StatusBar(QStatusBar):
         else:
             self.progress.setText("step -")
         self.elapsed.setText(f"elapsed {fmt_duration(model.elapsed())}")
+        prog = self.tracker.progress(model)
+        self._show_progress(prog, state)
         if state.is_live:
-            eta = model.eta() if state is not RunState.PAUSED else None
+            eta = None
+            if state is not RunState.PAUSED:
+                eta = prog.run_eta if prog is not None and prog.run_eta is not None else model.eta()
             self.eta.setText(f"ETA {fmt_duration(eta)}" if eta is not None else "ETA after epoch 1")
         else:
             self.eta.setText("ETA --")
+
+    def _show_progress(self, prog: Optional[EpochProgress], state: RunState) -> None:
+        bar = self.epoch_bar
+        bar.setVisible(prog is not None)
+        if prog is None:
+            return
+        running = state.is_live and state is not RunState.PAUSED
+        if prog.by_steps:
+            bar.setRange(0, max(1, int(prog.max_steps or 1)))
+            bar.setValue(min(prog.step, bar.maximum()))
+        else:
+            bar.setRange(0, max(1, prog.planned or prog.done))
+            bar.setValue(min(prog.done, bar.maximum()))
+        text = prog.text(eta_shown=running)
+        if state is RunState.PAUSED:
+            text += " \u00b7 paused"
+        bar.setFormat(text)  # no %p, %v or %m in it: Qt shows it as it is
