@@ -289,8 +289,8 @@ def main() -> int:
             r = compare(make, a.repeats, a.steps, clock=a.clock)
             row = {"framework": name, "clock": a.clock, **r, "target": TARGET}
             line = (f"{name:10s} without {r['a_ms']:.3f} ms/step  with {r['b_ms']:.3f} ms/step  "
-                    f"ratio {r['ratio']:.4f} (per step {r['step_ratio']:.4f}, {r['steps_timed']} steps)  "
-                    f"target <= {TARGET}")
+                    f"(+{(r['b_ms'] - r['a_ms']) * 1e3:.0f} us)  ratio {r['ratio']:.4f} "
+                    f"(per step {r['step_ratio']:.4f}, {r['steps_timed']} steps)  target <= {TARGET}")
             if a.aa:
                 aa = compare(make, a.repeats, a.steps, with_b=False, clock=a.clock)
                 row["aa_ratio"], row["aa_step_ratio"] = aa["ratio"], aa["step_ratio"]
