@@ -85,13 +85,14 @@ class RunSession:
         self.engine_alive = False  # this window's engine thread runs (it outlives run_finished a moment)
         self._backlog: list[Any] = []
         self._seen_epoch = 0  # the epoch of the last steps seen; 0 until the run's first steps
+        self._peak_lr: Optional[float] = None  # the lr setting, from lr_planned (a schedule's peak)
         self._on_note: dict[str, Callable[[Note, Update], None]] = {
             "run_started": self._run_started, "paused": self._paused, "resumed": self._resumed,
             "run_finished": lambda n, u: self._set(RunState.FINISHED, u),
             "run_failed": lambda n, u: self._set(RunState.FAILED, u),
             "command_received": self._command_received, "settings_applied": self._settings_applied,
             "command_refused": self._command_refused, "oom_recovered": self._oom_recovered,
-            "micro_batch_found": self._micro_batch_found,
+            "micro_batch_found": self._micro_batch_found, "lr_planned": self._lr_planned,
         }
 
     # -- reading -------------------------------------------------------------------------
@@ -131,6 +132,7 @@ class RunSession:
         self.sent = []
         self._backlog = []
         self._seen_epoch = 0
+        self._peak_lr = None
         self.engine_alive = False
         self._set(RunState.IDLE, u)
         return u
@@ -219,7 +221,10 @@ class RunSession:
             # The run's first steps say what it trains with (a resumed run restores its
             # settings from the checkpoint, which run_started's config does not show).
             first = len(self.model.metrics) - d.steps
-            u.engine_values.update(self.pending.set_engine(self.model.step_values(first)))
+            values = self.model.step_values(first)
+            if self._peak_lr is not None:  # a schedule's rows carry the lr it gave, not the setting (its peak)
+                values.pop("lr", None)
+            u.engine_values.update(self.pending.set_engine(values))
         if self.state in (RunState.IDLE, RunState.STARTING, RunState.PAUSED):
             self._set(RunState.TRAINING, u)
         if self.model.epoch != self._seen_epoch:
@@ -257,6 +262,13 @@ class RunSession:
         d = note.data
         u.engine_values.update(self.pending.set_engine({"micro_batch": d.get("new_micro_batch"),
                                                         "accum": d.get("new_accum")}))
+
+    def _lr_planned(self, note: Note, u: Update) -> None:
+        """The lr setting is the schedule's peak (engine/schedule.py): the form shows that."""
+        peak = note.data.get("peak")
+        if isinstance(peak, (int, float)) and not isinstance(peak, bool):
+            self._peak_lr = float(peak)
+            u.engine_values.update(self.pending.set_engine({"lr": self._peak_lr}))
 
     def _micro_batch_found(self, note: Note, u: Update) -> None:
         d = note.data
