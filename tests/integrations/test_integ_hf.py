@@ -12,7 +12,7 @@ pytest.importorskip("accelerate", reason="the 'hf' extra is not installed (pip i
 from transformers import Trainer, TrainerCallback, TrainingArguments  # noqa: E402
 
 from integ_helpers import ExactTokenModel, TokenModel, pad_collate, token_data, windows  # noqa: E402
-from engine.commands import SetAccum, SetClip, SetLr, Stop  # noqa: E402
+from engine.commands import Pause, Resume, SetAccum, SetClip, SetLr, Stop  # noqa: E402
 from engine.integrations.loop import IntegrationError  # noqa: E402
 from engine.integrations.transformers import HeadroomCallback  # noqa: E402
 from engine.store import RunReader, send_command  # noqa: E402
@@ -129,6 +129,27 @@ def test_commands_lr_clip_refusal_and_stop_with_the_trainers_checkpoint(tmp_path
     assert r.events(kinds=["checkpoint"])[0]["data"]["path"] == str(ckpt)
     assert r.events(kinds=["run_finished"])[0]["data"]["reason"] == "stopped"
     assert r.info()["status"] == "finished" and cmds["stop"]["status"] == "applied"
+
+
+def test_pause_holds_the_trainer_between_steps_until_resume(tmp_path):
+    import threading
+    cb = HeadroomCallback(run_dir=str(tmp_path / "run"), poll_interval=0)
+
+    class PauseThenResume(Sender):
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step == 2:
+                send_command(cb.run_dir, Pause())
+                threading.Timer(0.5, send_command, (cb.run_dir, Resume())).start()
+
+    Trainer(model=TokenModel(), args=_args(tmp_path, max_steps=4, eval_strategy="no", logging_steps=50),
+            train_dataset=token_data(48), data_collator=pad_collate,
+            callbacks=[PauseThenResume(cb, {}), cb]).train()
+    r = RunReader(str(tmp_path / "run"))
+    ev = {e["kind"]: e for e in r.events()}
+    assert ev["paused"]["step"] == 2 and ev["resumed"]["step"] == 2
+    assert ev["resumed"]["time"] - ev["paused"]["time"] >= 0.45  # held between steps 2 and 3
+    rows = r.metrics()
+    assert [x["step"] for x in rows] == [1, 2, 3, 4] and rows[2]["step_time"] < 0.4  # the pause is not training
 
 
 def test_nonfinite_loss_is_an_event(tmp_path):

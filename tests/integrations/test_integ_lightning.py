@@ -198,6 +198,29 @@ def test_exact_recipe_gives_the_whole_window_gradient(tmp_path):
     assert RunReader(str(tmp_path / "run")).events(kinds=["loss_weighting"]) == []
 
 
+def test_nonfinite_loss_and_skipped_micro_batches_are_events(tmp_path):
+    class Odd(Tokens):
+        def training_step(self, batch, batch_idx):
+            if batch_idx == 2:
+                return None  # Lightning skips this micro-batch's backward
+            out = super().training_step(batch, batch_idx)
+            if batch_idx == 5:
+                out["loss"] = out["loss"] * float("nan")
+            return out
+
+    cb = HeadroomCallback(run_dir=str(tmp_path / "run"))
+    train, _ = _loaders()
+    _trainer(tmp_path, [cb], max_steps=2, gradient_clip_val=None).fit(Odd(), train)
+    r = RunReader(str(tmp_path / "run"))
+    rows = r.metrics()
+    assert [x["nonfinite"] for x in rows] == [0, 1] and [x["accum"] for x in rows] == [4, 2]
+    [skip] = r.events(kinds=["step_skipped"])
+    assert skip["step"] == 1 and skip["data"]["micro_batches"] == 1 and "returned None" in skip["message"]
+    [nan] = r.events(kinds=["nonfinite"])
+    assert nan["step"] == 2 and set(nan["data"]["params"]) == {"net.weight", "net.bias"}
+    assert "Lightning stepped" in nan["message"]
+
+
 def test_bad_arguments():
     with pytest.raises(TypeError, match="run_dir"):
         HeadroomCallback(run_dir=["runs"])
