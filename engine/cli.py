@@ -180,7 +180,9 @@ def add_run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=_int, default=S)
     p.add_argument("--run-dir", default=S, help="folder for run.db and checkpoints")
     p.add_argument("--resume", default=S, metavar="DIR", help="continue the run in DIR from its last checkpoint")
-    p.add_argument("--nonfinite", choices=("skip", "stop"), default=S)
+    p.add_argument("--nonfinite", choices=("skip", "stop", "rollback"), default=S,
+                   help="a non-finite window: skip it (default), stop, or roll back to the newest good checkpoint "
+                        "when skips repeat")
     p.add_argument("--lr-scaling", choices=("none", "linear", "sqrt"), default=S,
                    help="how lr follows the effective batch when accumulation changes")
     p.add_argument("--lr-schedule", choices=LR_SCHEDULES, default=S,
@@ -191,6 +193,18 @@ def add_run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--task-arg", dest="task_args", type=_task_arg, action="append", default=S, metavar="KEY=VALUE",
                    help="passed to build_task(seed, KEY=VALUE, ...); VALUE is read as JSON where it parses "
                         "(repeatable)")
+    p.add_argument("--fork", default=S, metavar="DIR[@CHECKPOINT]",
+                   help="a new run from DIR's checkpoint (last, epoch-N or step-S; default last) with any setting "
+                        "flag given here changed")
+    p.add_argument("--checkpoint-every", type=_int, default=S, metavar="N",
+                   help="also write checkpoints/step-S.pt every N optimizer steps")
+    p.add_argument("--keep-checkpoints", type=_int, default=S, metavar="K", help="step checkpoints kept (default 3)")
+    p.add_argument("--spike-factor", type=_finite_float, default=S, metavar="F",
+                   help="with --nonfinite rollback: a window loss above F x the loss EMA rolls back too")
+    p.add_argument("--rollback-lr-factor", type=_finite_float, default=S, metavar="F",
+                   help="a rollback multiplies the lr peak by F (default 0.5)")
+    p.add_argument("--reference-batch", type=_int, default=S, metavar="B",
+                   help="the effective batch --lr was tuned for: with --lr-scaling the lr is scaled to the run's")
     p.add_argument("--checkpointing", type=_on_off, default=S, metavar="on|off",
                    help="activation checkpointing (the task's switch or a Hugging Face model's own)")
     p.add_argument("--memory-snapshot", choices=MEMORY_SNAPSHOTS, default=S,
@@ -220,28 +234,32 @@ def config_from_args(ns: argparse.Namespace) -> TrainConfig:
     given = {k: v for k, v in vars(ns).items() if k in TrainConfig.__dataclass_fields__}
     if "task_args" in given:  # repeated KEY=VALUE pairs, the later one winning
         given["task_args"] = dict(given["task_args"])
-    if "resume" in given:
+    source = "resume" if "resume" in given else "fork" if "fork" in given else None
+    if source is not None:
         from .store import RunReader, StoreError
+        from .run_tree import split_fork
+        folder = given["resume"] if source == "resume" else split_fork(given["fork"])[0]
         try:
-            reader = RunReader(given["resume"])
+            reader = RunReader(folder)
             saved = reader.info().get("config") or {}
             reader.close()
         except StoreError as e:
-            raise ConfigError(f"--resume {given['resume']}: {e}") from None
+            raise ConfigError(f"--{source} {folder}: {e}") from None
         if not isinstance(saved, dict):
             saved = {}
-        saved.pop("run_dir", None)
-        saved.pop("max_steps", None)  # the limit that stopped the run is not one for its continuation
+        for key in ("run_dir", "resume", "fork", "find_micro_batch"):
+            saved.pop(key, None)
+        if source == "resume":
+            saved.pop("max_steps", None)  # the limit that stopped the run is not one for its continuation
         base = {**saved, **given}
-        base.pop("find_micro_batch", None)
         try:
             return TrainConfig.from_dict(base).validate()
         except ConfigError as e:
             try:  # the flags alone are fine: the value out of range came from the saved config
-                TrainConfig.from_dict({k: v for k, v in given.items() if k != "resume"}).validate()
+                TrainConfig.from_dict({k: v for k, v in given.items() if k not in ("resume", "fork")}).validate()
             except ConfigError:
                 raise e from None
-            raise ConfigError(f"--resume {given['resume']}: the run's saved config: {e} "
+            raise ConfigError(f"--{source} {folder}: the run's saved config: {e} "
                               "(give the flag to override it)") from None
     return TrainConfig.from_dict(given).validate()
 

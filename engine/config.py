@@ -13,7 +13,7 @@ from . import limits
 PRECISIONS = ("fp32", "bf16", "fp16")
 OPTIMIZERS = ("adamw", "sgd")
 LR_SCALINGS = ("none", "linear", "sqrt")
-NONFINITE_MODES = ("skip", "stop")
+NONFINITE_MODES = ("skip", "stop", "rollback")
 LR_SCHEDULES = ("constant", "linear", "cosine")
 MEMORY_SNAPSHOTS = ("off", "on-oom")
 DEFAULT_TASK = "mlp"
@@ -55,14 +55,21 @@ class TrainConfig:
     task_args: dict = field(default_factory=dict)  # --task-arg KEY=VALUE: build_task(seed, **task_args)
     checkpointing: bool = False  # activation checkpointing (a live setting: set_checkpointing)
     memory_snapshot: str = "off"  # off | on-oom: allocator history, dumped at every out-of-memory error
+    fork: Optional[str] = None  # DIR[@last|@epoch-N|@step-S]: a new run from that checkpoint
+    checkpoint_every: Optional[int] = None  # optimizer steps between step checkpoints (step-S.pt)
+    keep_checkpoints: int = 3  # step checkpoints kept (epoch checkpoints are all kept)
+    spike_factor: Optional[float] = None  # a window loss above F x the loss EMA is a spike (rollback)
+    rollback_lr_factor: float = 0.5  # a rollback multiplies the lr peak by this
+    reference_batch: Optional[int] = None  # the effective batch --lr was tuned for (with --lr-scaling)
 
     def validate(self) -> "TrainConfig":
         """Every field against its range in engine/limits.py (the same ranges the commands and
         the app's fields use); one-line ConfigError for the first that is out."""
         for name in ("micro_batch", "accum", "epochs", "seed", "lr", "clip", "memory_margin", "warmup",
-                     "min_lr_ratio"):
+                     "min_lr_ratio", "keep_checkpoints", "rollback_lr_factor"):
             limits.check(name, getattr(self, name), error=ConfigError)
-        for name in ("max_steps", "token_budget", "effective_batch", "vram_limit", "workers", "micro_tokens"):
+        for name in ("max_steps", "token_budget", "effective_batch", "vram_limit", "workers", "micro_tokens",
+                     "checkpoint_every", "spike_factor", "reference_batch"):
             if getattr(self, name) is not None:
                 limits.check(name, getattr(self, name), error=ConfigError)
         _choice("optimizer", self.optimizer, OPTIMIZERS)
@@ -73,6 +80,8 @@ class TrainConfig:
         _choice("memory-snapshot", self.memory_snapshot, MEMORY_SNAPSHOTS)
         check_device_name(self.device)
         check_task_args(self.task_args)
+        if self.fork is not None and self.resume is not None:
+            raise ConfigError("--fork and --resume: give one (a fork starts a new run folder, a resume continues one)")
         if self.micro_tokens is not None and self.token_budget is None:
             raise ConfigError("--micro-tokens needs --token-budget N (it bounds the micro-batches of a token-budget window)")
         if self.find_micro_batch and self.effective_batch is None:

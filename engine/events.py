@@ -268,6 +268,17 @@ class MemorySnapshot(Event):
 
 
 @dataclass(frozen=True)
+class StoreProblem(Event):
+    """Something on disk is not as it should be, and the run goes on: run.db busy or failing
+    (rows kept in memory until it takes them), or a damaged checkpoint passed over."""
+    problem: str
+    kind: ClassVar[str] = "store_problem"
+
+    def message(self) -> str:
+        return self.problem
+
+
+@dataclass(frozen=True)
 class Paused(Event):
     kind: ClassVar[str] = "paused"
 

@@ -113,6 +113,13 @@ RANGES: dict[str, Range] = {r.name: r for r in (
     # warmup < 1 is a fraction of the run, >= 1 a number of samples (up to the window bound).
     Range("warmup", "--warmup", float, 0.0, 2.0**40),
     Range("min_lr_ratio", "--min-lr-ratio", float, 0.0, 1.0),
+    # Step checkpoints: every 1..10**9 steps, keeping 1..10**4 of them (each is a full copy).
+    Range("checkpoint_every", "--checkpoint-every", int, 1, 10**9),
+    Range("keep_checkpoints", "--keep-checkpoints", int, 1, 10**4),
+    # A spike is a window loss above F x its running average; F <= 1 would call every step one.
+    Range("spike_factor", "--spike-factor", float, 1.01, 1e6),
+    Range("rollback_lr_factor", "--rollback-lr-factor", float, 1e-6, 1.0),
+    Range("reference_batch", "--reference-batch", int, 1, 2**40),
     # DataLoader worker processes; past 64 a workstation spends more on IPC than it gains.
     Range("workers", "--workers", int, 0, 64),
     # A micro-batch's counted items under a token budget (the window bound above).

@@ -33,21 +33,22 @@ def save(parts: RunParts, progress: Progress, settings: LiveSettings, epoch_done
 
 
 def restore(parts: RunParts, state: dict[str, Any]) -> tuple[Progress, LiveSettings, list[Command]]:
-    """Load a checkpoint into the run's model, optimizer and scaler; return where the run
-    was, its settings, and the commands for flags given again with --resume that differ
-    from the run's saved config (the user's new settings, applied at the next boundary)."""
-    parts.model.load_state_dict(state["model"])
-    parts.optimizer.load_state_dict(state["optimizer"])
-    if parts.scaler is not None and state.get("scaler"):
-        parts.scaler.load_state_dict(state["scaler"])
-    if parts.scheduler is not None and state.get("scheduler"):
-        parts.scheduler.load_state_dict(state["scheduler"])
+    """Where the run was and its settings (weights, optimizer, scaler and scheduler were
+    loaded by setup), and the commands for flags given again with --resume that differ
+    from the run's saved config (the user's new settings, applied at the next boundary).
+    A fork applies its changed settings from its first step instead."""
     progress = Progress.from_checkpoint(state, parts.device)
     settings = LiveSettings.from_config(parts.config).updated(state.get("settings"))
-    saved, asked = state.get("config") or {}, parts.config
-    commands = [s.command_for(getattr(asked, s.name)) for s in LIVE_SETTINGS
-                if s.name in saved and saved[s.name] != getattr(asked, s.name)
-                and getattr(settings, s.name) != getattr(asked, s.name)]
+    asked = parts.config
+    parent = parts.origin.parent
+    if parent is not None:
+        changes = {s.name: getattr(asked, s.name) for s in LIVE_SETTINGS if s.name in parent["changed"]}
+        settings, commands = settings.with_(**changes), []
+    else:
+        saved = state.get("config") or {}
+        commands = [s.command_for(getattr(asked, s.name)) for s in LIVE_SETTINGS
+                    if s.name in saved and saved[s.name] != getattr(asked, s.name)
+                    and getattr(settings, s.name) != getattr(asked, s.name)]
     if parts.scheduler is None:  # the task's scheduler keeps the lrs its state says
         for group in parts.optimizer.param_groups:
             group["lr"] = settings.lr

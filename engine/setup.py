@@ -16,6 +16,7 @@ from typing import Any, Callable, ContextManager, Optional
 import torch
 
 from . import checkpoint as ckpt
+from . import runlock
 from . import distributed as D
 from . import step as S
 from .accumulate import WindowContext
@@ -29,6 +30,8 @@ from .modes import TrainModes
 from .oom import is_oom
 from .paths import default_run_dir
 from .progress import Progress
+from .run_tree import Origin, fork_origin, resume_origin
+from .runlock import RunLock
 from .schedule import LrSchedule
 from .schema import LiveSettings
 from .task import Task, TaskError, check_loss_output, default_collate
@@ -52,7 +55,8 @@ class RunParts:
     policy: WindowPolicy
     probe: MemoryProbe
     run_dir: str
-    resume_state: Optional[dict[str, Any]]  # the checkpoint to continue from, or None
+    origin: Origin  # the checkpoint to continue from (resume or fork), or none
+    lock: Optional[RunLock]  # this process is the run folder's one writer (rank 0), held until the end
     progress: Progress
     settings: LiveSettings
     modes: TrainModes  # train/eval mode as the task built it (frozen parts stay in eval)
@@ -62,6 +66,10 @@ class RunParts:
     switch: Optional[CheckpointSwitch]  # activation checkpointing on/off, if the task or model has one
     memory: WindowMemory  # params/grads/optimizer bytes at each window's end
     snapshots: SnapshotRecorder  # --memory-snapshot on-oom
+
+    @property
+    def resume_state(self) -> Optional[dict[str, Any]]:
+        return self.origin.state
 
     @property
     def named_params(self) -> list[tuple[str, torch.nn.Parameter]]:
@@ -74,6 +82,16 @@ class RunParts:
 
 
 def build(config: TrainConfig, task: Optional[Task], ctx: D.DistContext) -> RunParts:
+    claimed: list[RunLock] = []
+    try:
+        return _build(config, task, ctx, claimed)
+    except BaseException:
+        for lock in claimed:  # bad input: the folder is free again, nothing in it was written
+            lock.release()
+        raise
+
+
+def _build(config: TrainConfig, task: Optional[Task], ctx: D.DistContext, claimed: list) -> RunParts:
     cfg = config
     device = resolve_device(cfg.device, ctx)
     if cfg.vram_limit is not None and device.type != "cuda":
@@ -100,7 +118,11 @@ def build(config: TrainConfig, task: Optional[Task], ctx: D.DistContext) -> RunP
                                               else contextlib.nullcontext)
     loss_checked = check_first_batch(task, model, collate, autocast, device, modes)
     policy = _window_policy(cfg, task)
-    resume_state, run_dir = _resume_or_new(cfg, ctx)
+    run_dir, lock = _claim_folder(cfg, ctx)
+    if lock is not None:
+        claimed.append(lock)
+    origin = (resume_origin(run_dir, model) if cfg.resume else fork_origin(cfg.fork, cfg, model) if cfg.fork
+              else Origin())
 
     D.init(ctx, device)  # the process group, once the input is known good
     params = [p for p in model.parameters() if p.requires_grad]
@@ -120,12 +142,14 @@ def build(config: TrainConfig, task: Optional[Task], ctx: D.DistContext) -> RunP
         snapshots.start(device)  # on CUDA: allocator history from here on; elsewhere it says why not
     stepper = S.choose(optimizer, scaler, ctx.enabled, device, os.environ.get("HEADROOM_STEP_MODE", "auto"))
     stepper.before_zero = memory.at_window_end  # the breakdown sees the gradients before they go
+    if origin.state is not None:
+        _load_state(origin, model, optimizer, scaler, scheduler)
     window = WindowContext(net=net, loss=task.loss, task_name=task.name, params=params, optimizer=optimizer,
                            scaler=scaler, autocast=autocast, device=device, ctx=ctx, stepper=stepper,
                            loss_checked=loss_checked)
     return RunParts(config=cfg, ctx=ctx, device=device, task=task, model=model, collate=collate, autocast=autocast,
                     optimizer=optimizer, scaler=scaler, window=window, policy=policy, probe=MemoryProbe(device),
-                    run_dir=run_dir, resume_state=resume_state, progress=Progress(),
+                    run_dir=run_dir, origin=origin, lock=lock, progress=Progress(),
                     settings=LiveSettings.from_config(cfg), modes=modes,
                     scheduler=scheduler, switch=switch, memory=memory, snapshots=snapshots,
                     feeder=Feeder(task.train_data, collate, device,
@@ -195,16 +219,43 @@ def _window_policy(cfg: TrainConfig, task: Task) -> WindowPolicy:
     return TokenBudgetWindows(len(data), cfg.seed, cfg.token_budget, lengths.__getitem__, cfg.micro_tokens)
 
 
-def _resume_or_new(cfg: TrainConfig, ctx: D.DistContext) -> tuple[Optional[dict[str, Any]], str]:
+def _claim_folder(cfg: TrainConfig, ctx: D.DistContext) -> tuple[str, Optional[RunLock]]:
+    """The run folder, and (rank 0) the OS lock that makes this process its one writer; a
+    killed writer's temporary files are removed once the folder is ours."""
     if cfg.resume:
-        if not os.path.isfile(os.path.join(cfg.resume, "run.db")):
-            raise ConfigError(f"--resume {cfg.resume}: not a run folder (no run.db)")
-        path = ckpt.last_path(cfg.resume)
-        return (ckpt.load(path) if os.path.exists(path) else None), cfg.resume
-    run_dir = cfg.run_dir or default_run_dir(cfg.task)
-    if ctx.is_main:  # rank 0 alone writes the run folder
-        check_writable_dir(run_dir)
-    return None, run_dir
+        run_dir = cfg.resume
+        if not os.path.isfile(os.path.join(run_dir, "run.db")):
+            raise ConfigError(f"--resume {run_dir}: not a run folder (no run.db)")
+    else:
+        run_dir = cfg.run_dir or default_run_dir(cfg.task)
+        if ctx.is_main:
+            check_writable_dir(run_dir)
+    if not ctx.is_main:
+        return run_dir, None
+    lock = runlock.acquire(run_dir)
+    if not cfg.resume and os.path.exists(os.path.join(run_dir, "run.db")):  # another writer got in first
+        lock.release()
+        raise ConfigError(f"--run-dir {run_dir}: already holds a run (use --resume {run_dir} to continue it)")
+    ckpt.remove_orphans(run_dir, lock)
+    return run_dir, lock
+
+
+def _load_state(origin: Origin, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                scaler: Optional[torch.amp.GradScaler], scheduler: Any) -> None:
+    """Weights, optimizer, scaler and scheduler from the checkpoint, before anything is
+    written: a checkpoint that does not fit is bad input."""
+    state = origin.state
+    assert state is not None
+    try:
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        if scaler is not None and state.get("scaler"):
+            scaler.load_state_dict(state["scaler"])
+        if scheduler is not None and state.get("scheduler"):
+            scheduler.load_state_dict(state["scheduler"])
+    except (RuntimeError, ValueError, KeyError, TypeError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ConfigError(f"checkpoint {origin.path} does not fit the task: {first[:200]}") from None
 
 
 def check_writable_dir(path: str) -> None:

@@ -33,7 +33,7 @@ from .config import TrainConfig
 from .devices import device_name
 from .evaluate import validation_loss
 from .events import (CheckpointSaved, EpochEnd, Event, LrPlanned, MemorySnapshot, NonFinite, OomRecovered, RunFailed,
-                     RunFinished, RunStarted, ScalerSkip)
+                     RunFinished, RunStarted, ScalerSkip, StoreProblem)
 from .finder import NothingFits, find_micro_batch
 from .inbox import CommandInbox
 from .memory_model import MemoryModel
@@ -100,6 +100,7 @@ class Trainer:
         self._in_flight: deque[Launched] = deque()
         self._lr_in_use: Optional[float] = None  # the lr last written into the optimizer
         self._losses: list[float] = []  # the loss of every applied step, for RunResult
+        self._store_problems: list[str] = []  # from the store's flusher thread, emitted by this one
 
     # -- control from other threads -------------------------------------------------------
     def send(self, command: Command) -> None:
@@ -135,26 +136,33 @@ class Trainer:
         return CommandRules(len(parts.task.train_data), refusal)
 
     def _open(self, parts: RunParts) -> None:
-        """Open the run folder (rank 0) and continue from the checkpoint, if resuming."""
+        """Open the run folder (rank 0) and continue from the checkpoint, if any."""
         if self.ctx.is_main:
             os.makedirs(os.path.join(parts.run_dir, ckpt.CKPT_DIR), exist_ok=True)
-            self.store = self.inbox.store = RunStore(parts.run_dir)
-        if parts.resume_state is not None:
-            self.progress, self.settings, asked = run_state.restore(parts, parts.resume_state)
-            if self.progress.window and "epoch_offset" not in parts.resume_state:  # an older checkpoint
+            self.store = self.inbox.store = RunStore(parts.run_dir, on_problem=self._store_problems.append)
+            # Commands an earlier engine never read are not this engine's to apply (a stale stop).
+            self.store.expire_pending_commands()
+        origin = parts.origin
+        if origin.state is not None:
+            self.progress, self.settings, asked = run_state.restore(parts, origin.state)
+            if self.progress.window and "epoch_offset" not in origin.state:  # an older checkpoint
                 done = parts.policy.plan(self.epoch, self.settings, self.ctx.world)[:self.progress.window]
                 self.progress.epoch_offset = sum(len(w) for w in done)
             for cmd in asked:
                 self.commands.put(cmd)
         if self.store is not None and self.config.resume:
-            self.store.truncate_after(self.progress.step)  # rows past the checkpoint are superseded
+            # Rows past the checkpoint are kept apart (discarded_metrics), never deleted.
+            self.store.discard_after(self.progress.step, f"resumed from the checkpoint at step {self.progress.step}")
         if self.store is not None:
             self.store.set_info(config=self.config.to_dict(), task=parts.task.name, device=str(parts.device),
                                 device_name=device_name(parts.device), world_size=self.ctx.world,
                                 torch_version=torch.__version__, status="running", pid=os.getpid(),
                                 backend=(torch.distributed.get_backend() if self.ctx.enabled else "none"),
-                                precision=self.config.precision, started=time.time())
+                                precision=self.config.precision, started=time.time(),
+                                **({"parent": origin.parent} if origin.parent is not None else {}))
             self.store.commit()
+        for note in origin.skipped:
+            self._emit(StoreProblem(self.step, self.epoch, problem=note))
 
     # -- the run --------------------------------------------------------------------------
     def run(self) -> RunResult:
@@ -213,6 +221,7 @@ class Trainer:
                     if cfg.max_steps is not None and p.step >= cfg.max_steps:
                         return self._stopped("max_steps")
                     self.inbox.poll(p.step, p.epoch, p.epoch + 1)
+                    self._drain_store_problems()
                     if self._should_stop():
                         return self._stopped()
                     if self._step_boundary():  # the windows changed: plan the rest of the epoch anew
@@ -443,6 +452,8 @@ class Trainer:
                 raise
         finally:
             if self.parts is not None:
+                if self.parts.lock is not None:
+                    self.parts.lock.release()  # after the store closed: the folder is free for the next writer
                 self.parts.probe.close()
                 self.parts.snapshots.stop()
                 self.parts.feeder.close()
@@ -458,6 +469,10 @@ class Trainer:
                 raise
         if self.sink is not None and self.ctx.is_main:
             self.sink(event)
+
+    def _drain_store_problems(self) -> None:
+        while self._store_problems:
+            self._emit(StoreProblem(self.step, self.epoch, problem=self._store_problems.pop(0)))
 
     def _emit_all(self, events: list[Event]) -> None:
         for e in events:

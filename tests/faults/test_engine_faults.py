@@ -113,13 +113,28 @@ def test_checkpoint_with_pickled_code_is_refused_and_never_runs(tmp_path):
 
 
 def test_truncated_checkpoint_is_a_clear_error(tmp_path):
+    # Issue 12: resume continues from the newest checkpoint that loads; only when none does is
+    # it bad input. Here every checkpoint of the run is cut in half.
     run_dir = _finished_run(tmp_path)
-    path = run_dir / "checkpoints" / "last.pt"
-    data = path.read_bytes()
-    path.write_bytes(data[: len(data) // 2])
+    for path in (run_dir / "checkpoints").glob("*.pt"):
+        data = path.read_bytes()
+        path.write_bytes(data[: len(data) // 2])
     r = cli("--resume", str(run_dir), "--epochs", "2")
     assert r.returncode == 2
     assert "damaged or truncated" in one_error_line(r.stderr)
+
+
+def test_a_truncated_last_checkpoint_resumes_from_the_newest_that_loads(tmp_path):
+    run_dir = _finished_run(tmp_path)
+    path = run_dir / "checkpoints" / "last.pt"
+    path.write_bytes(path.read_bytes()[:1000])
+    r = cli("--resume", str(run_dir), "--epochs", "2")
+    assert r.returncode == 0, r.stderr
+    from engine.store import RunReader
+    reader = RunReader(str(run_dir))
+    assert [m["epoch"] for m in reader.metrics()][-1] == 2 and reader.metrics()[0]["step"] == 1
+    notes = reader.events(kinds={"store_problem"})
+    assert notes and "last.pt" in notes[0]["message"] and "damaged or truncated" in notes[0]["message"]
 
 
 # -- faults during a run ----------------------------------------------------------------------

@@ -1,14 +1,11 @@
 """Issue 12 end to end, through `python -m engine`: what needs the trainer to call the run lock,
-the orphan sweep and the command expiry. Until the trainer is wired these fail, so they are
-marked xfail(strict=True): once wired they pass, strict turns that into a failure, and the
-marker is removed."""
+the orphan sweep and the command expiry."""
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
 
-import pytest
 
 from engine import runlock
 from engine.commands import SetAccum
@@ -16,7 +13,6 @@ from engine.store import RunReader, send_command
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TASK = os.path.join(ROOT, "tests", "faults", "fault_task.py")
-WIRING = pytest.mark.xfail(strict=True, reason="needs the trainer wiring of issue 12 (see engine/runlock.py)")
 
 
 def cli(*args):
@@ -38,7 +34,6 @@ def tree(folder):
             for b, _, fs in os.walk(folder) for f in fs if not f.endswith(("-wal", "-shm"))}
 
 
-@WIRING
 def test_resume_of_a_run_another_process_writes_is_refused_naming_it(tmp_path):
     run_dir = finished_run(tmp_path)
     holder = subprocess.Popen([sys.executable, "-c", f"import sys, time\nsys.path.insert(0, {ROOT!r})\n"
@@ -58,7 +53,6 @@ def test_resume_of_a_run_another_process_writes_is_refused_naming_it(tmp_path):
         holder.wait()
 
 
-@WIRING
 def test_a_resumed_run_removes_a_killed_writers_temporary_files_and_holds_the_lock_while_it_runs(tmp_path):
     run_dir = finished_run(tmp_path)
     orphan = run_dir / "checkpoints" / ".tmp-killed.pt"
@@ -70,7 +64,6 @@ def test_a_resumed_run_removes_a_killed_writers_temporary_files_and_holds_the_lo
     assert os.path.exists(run_dir / runlock.LOCK_NAME)
 
 
-@WIRING
 def test_a_command_sent_to_a_dead_run_expires_when_it_is_resumed(tmp_path):
     run_dir = finished_run(tmp_path)
     send_command(str(run_dir), SetAccum(3))
