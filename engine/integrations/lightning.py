@@ -20,9 +20,15 @@ writes one `metrics` row through the shared writer (engine.integrations.loop.Hea
   `scaler_skip` event); micro-batches whose training_step returned None (a
   `step_skipped` event); a non-finite loss or norm (a `nonfinite` event).
 
+The rows of the steps since the last write go to run.db every `poll_interval` (50 ms)
+in one batch, with one read of the host for their losses and counts (the norm is read
+once per step, where it is measured).
+
 Epochs: an `epochs` row at each training epoch end, with the validation loss logged as
-`val_key` ("val_loss") when validation ran in that epoch. Commands at optimizer-step
-boundaries, accumulation at the next epoch start: see engine/integrations/__init__.py.
+`val_key` ("val_loss") when validation ran in that epoch. Commands: a setting sent "at
+the next epoch" applies at on_train_epoch_start, one sent "at the next step" after the
+next optimizer step, accumulation always at the next epoch start: see the table in
+engine/integrations/__init__.py.
 
 loss_reduction="sum" is for a training_step that returns its micro-batch's loss *sum*
 (and its "count") and, in the module's on_before_optimizer_step, multiplies the

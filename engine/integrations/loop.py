@@ -568,7 +568,7 @@ class HeadroomRun:
                             nonfinite=nonfinite, scaler_skipped=scaler_skipped, mem_allocated=mem.allocated,
                             mem_reserved=mem.reserved, mem_peak=mem.peak, mem_used=mem.used, mem_total=mem.total)
         store.record(event)
-        loss_ok = loss == loss and loss not in (math.inf, -math.inf)
+        loss_ok = math.isfinite(loss)
         if nonfinite:
             store.record(NonFinite(step, epoch, params=tuple(bad_params), loss_finite=loss_ok,
                                    action=nonfinite_action))

@@ -18,10 +18,15 @@ one `metrics` row through the shared writer (engine.integrations.loop.HeadroomRu
   `optimizer_step_was_skipped`) is `scaler_skipped` plus a `scaler_skip` event; a
   non-finite loss or norm the Trainer stepped through anyway is a `nonfinite` event.
 
+The rows of the steps since the last write go to run.db every `poll_interval` (50 ms)
+in one batch, with one read of the host for their losses and counts (the norm is read
+once per step); RunStore commits them at least once a second, as the engine's.
+
 Epochs: an `epochs` row at each epoch end, with `eval_loss` when the Trainer evaluates
-at epoch ends (eval_strategy="epoch"). Commands at optimizer-step boundaries: see the
-table in engine/integrations/__init__.py (lr, clip, pause, resume, stop with the
-Trainer's checkpoint; accumulation and micro-batch are refused).
+at epoch ends (eval_strategy="epoch"). Commands: a setting sent "at the next epoch"
+applies at on_epoch_begin, one sent "at the next step" after the next optimizer step;
+see the table in engine/integrations/__init__.py (lr, clip, pause, resume, stop with
+the Trainer's checkpoint; accumulation and micro-batch are refused as they arrive).
 
 To see inside a step the callback needs the Trainer, which the callback API does not
 pass: at on_train_begin it finds the Trainer that called it (the calling frames) and
