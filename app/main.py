@@ -40,6 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--quit-when-done", action="store_true", help="quit when the run ends (exit 0, 1 failed, 2 bad input)")
     g.add_argument("--open", metavar="RUN_DIR", help="show a run folder (finished, or training elsewhere)")
     g.add_argument("--theme", choices=("light", "dark"), help="colour theme (default: the last one used)")
+    from .ui import scripted  # --x-axis, --apply-at, --change, --screenshot-step (no Qt)
+    scripted.add_flags(g)
     return p
 
 
@@ -78,6 +80,8 @@ def parse_args(argv: Optional[Sequence[str]]) -> tuple[argparse.Namespace, dict[
         raise ConfigError("--quit-when-done needs --autostart or --open")
     if ns.autostart and ns.open:
         raise ConfigError("--autostart and --open: choose one")
+    from .ui import scripted
+    ns.scripted_changes = scripted.check(ns)
     return ns, base
 
 
@@ -126,7 +130,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     def finish(outcome: dict[str, Any]) -> None:
         status = outcome.get("status")
-        if ns.screenshot:
+        if ns.screenshot and ns.screenshot_step is None:  # else taken at that step
             if not win.screenshot(ns.screenshot):
                 print_error(f"--screenshot {ns.screenshot}: could not write the PNG")
         if not ns.quit_when_done:
@@ -146,6 +150,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         QTimer.singleShot(0, win.close_now)
         QTimer.singleShot(0, lambda: app.exit(code))
 
+    from .ui import scripted
+    script = scripted.install(win, ns, ns.scripted_changes)  # noqa: F841 - lives with the window
     win.run_done_callbacks.append(finish)
     win.closed.connect(app.quit)  # a window hidden while its engine thread finished does not quit by itself
     if ns.screenshot:  # scripted screenshots: the same size and layout every time, whatever was saved

@@ -50,13 +50,18 @@ class EpochProgress:
         else:
             head = f"epoch {self.epoch}: {self.done:,} steps"
         if eta_shown and self.eta is not None:
-            head += f" \u00b7 ETA {fmt_duration(self.eta)}"
+            head += f" \u00b7 ETA {fmt_eta(self.eta)}"
         return head
 
 
 def fmt_duration(s: Optional[float]) -> str:
     """Seconds as m:ss or h:mm:ss; '--' when unknown."""
     return "--" if s is None else fmt_clock(s)
+
+
+def fmt_eta(s: Optional[float]) -> str:
+    """Like fmt_duration, but time still to go never reads 0:00 ('<0:01')."""
+    return "<0:01" if s is not None and 0 < s < 0.5 else fmt_duration(s)
 
 
 class ProgressTracker:

@@ -47,7 +47,9 @@ def plan_of(data: dict) -> Optional[Plan]:
 class PlannedLr:
     def __init__(self, lr_plot: pg.PlotItem, pal: Palette) -> None:
         self.plot = lr_plot
-        self.item = lr_plot.plot(pen=pg.mkPen(pal.lr, width=1.5, style=Qt.PenStyle.DashLine))
+        pen = pg.mkPen(pal.lr, width=2, style=Qt.PenStyle.CustomDashLine)
+        pen.setDashPattern([3, 3])
+        self.item = lr_plot.plot(pen=pen)
         self.item.setZValue(-1)  # under the trained lr where they meet
         self.peaks = lr_plot.plot(pen=None, symbol="t1", symbolSize=11, symbolBrush=pal.marker, symbolPen=pal.marker)
         self.peaks.setZValue(25)

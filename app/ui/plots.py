@@ -196,7 +196,7 @@ class PlotPanel(QWidget):
         self.norm_plot.setTitle(legend("Gradient norm, before clipping",
                                        [(pal.norm, "\u2501", "norm"), (pal.clip, "\u2505", "clip"),
                                         (pal.clipped, "\u25cf", "clipped")], fg))
-        lr_extra = [(pal.lr, "\u2505", "planned")] if self.planned.plan is not None else []
+        lr_extra = [(pal.lr, "\u2501", "per step"), (pal.lr, "\u2505", "planned")] if self.planned.plan is not None else []
         if self.planned.changes:
             lr_extra.append((pal.marker, "\u25b2", "peak changed"))
         self.lr_plot.setTitle(legend("Learning rate", lr_extra, fg))

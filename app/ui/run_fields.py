@@ -7,7 +7,7 @@ import os
 from typing import Any, Optional
 
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtWidgets import QComboBox, QFormLayout, QGroupBox, QLineEdit, QWidget
+from PySide6.QtWidgets import QComboBox, QFormLayout, QGroupBox, QLabel, QLineEdit, QWidget
 
 from engine.config import PRECISIONS, ConfigError
 from engine.paths import BUILTIN_TASKS
@@ -25,6 +25,25 @@ def form_layout(box: QGroupBox) -> QFormLayout:
     form.setFieldGrowthPolicy(QFormLayout.FieldGrowthPolicy.AllNonFixedFieldsGrow)
     form.setLabelAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
     return form
+
+
+class Folding:
+    """A group of start-time settings that folds to one line of text while a run goes (they
+    cannot change then), so the live settings below stay in view."""
+
+    def __init__(self, form: QFormLayout) -> None:
+        self.form = form
+        self.summary = QLabel("")
+        self.summary.setObjectName("hint")
+        self.summary.setWordWrap(True)
+        self.summary.setVisible(False)
+        form.insertRow(0, self.summary)
+
+    def fold(self, folded: bool, text: str) -> None:
+        self.summary.setText(text)
+        for row in range(1, self.form.rowCount()):
+            self.form.setRowVisible(row, not folded)
+        self.form.setRowVisible(0, folded)
 
 
 class RunFields(QGroupBox):
@@ -70,7 +89,6 @@ class RunFields(QGroupBox):
                                "separated by spaces, VALUE read as JSON where it parses (hidden=256 name=\"my data\")")
         self.task_args.setToolTip(self._task_args_tip)
         self.task_args.textChanged.connect(self._check_task_args)
-        self.task_args.setVisible(task_args.AVAILABLE)
         form = form_layout(self)
         form.addRow("Task", self.task)
         if task_args.AVAILABLE:
@@ -82,6 +100,7 @@ class RunFields(QGroupBox):
         form.addRow("Token budget", self.token_budget)
         form.addRow("Micro-tokens", self.micro_tokens)
         self._numbers = (self.epochs, self.workers, self.token_budget, self.micro_tokens)
+        self.folding = Folding(form)
 
     # -- the task ------------------------------------------------------------------------
     def task_spec(self) -> str:
@@ -155,7 +174,20 @@ class RunFields(QGroupBox):
         self.task_args.style().unpolish(self.task_args)
         self.task_args.style().polish(self.task_args)
 
+    def summary(self) -> str:
+        """The group in one line, e.g. 'mlp · fp32 · 3 epochs · cpu · workers auto'."""
+        parts = [self.task.currentText(), str(self.precision.currentData()), f"{self.epochs.value():,} epochs",
+                 self.device.currentText().strip(), f"workers {self.workers.text()}"]
+        if self.token_budget.text().strip():
+            parts.append(f"token budget {self.token_budget.text().strip()}")
+        if self.micro_tokens.text().strip():
+            parts.append(f"micro-tokens {self.micro_tokens.text().strip()}")
+        if self.task_args.text().strip():
+            parts.append(self.task_args.text().strip())
+        return " \u00b7 ".join(parts)
+
     def set_running(self, running: bool) -> None:
         for w in (self.task, self.precision, self.epochs, self.device, self.workers, self.token_budget,
                   self.micro_tokens, self.task_args):
             w.setEnabled(not running)
+        self.folding.fold(running, self.summary())

@@ -11,7 +11,8 @@ from PySide6.QtWidgets import QComboBox, QGroupBox, QWidget
 from engine.config import LR_SCHEDULES, TrainConfig
 
 from .limited import LimitedLine
-from .run_fields import form_layout
+from .limited import number_text
+from .run_fields import Folding, form_layout
 
 DEFAULTS = TrainConfig()
 SCHEDULE_TIPS = {"constant": "the peak all along (after any warmup)",
@@ -40,6 +41,7 @@ class ScheduleFields(QGroupBox):
         form.addRow("Schedule", self.lr_schedule)
         form.addRow("Warmup", self.warmup)
         form.addRow("Min lr ratio", self.min_lr_ratio)
+        self.folding = Folding(form)
         self._running = False
         self.set_values({"lr_schedule": DEFAULTS.lr_schedule})
         self._follow_schedule()
@@ -63,8 +65,21 @@ class ScheduleFields(QGroupBox):
             if d.get(name) is not None:
                 getattr(self, name).set_given(d[name])
 
+    def summary(self) -> str:
+        """E.g. 'cosine · warmup 0.1 of the run · down to 0.05 × the peak'."""
+        kind = str(self.lr_schedule.currentData())
+        parts = [kind]
+        w = self.warmup.given()
+        if w:
+            parts.append(f"warmup {number_text(w)} of the run" if w < 1 else f"warmup {number_text(w)} samples")
+        r = self.min_lr_ratio.given()
+        if kind != "constant" and r is not None:
+            parts.append(f"down to {number_text(r)} \u00d7 the peak")
+        return " \u00b7 ".join(parts)
+
     def set_running(self, running: bool) -> None:
         self._running = running
         self.lr_schedule.setEnabled(not running)
         self.warmup.setEnabled(not running)
         self._follow_schedule()
+        self.folding.fold(running, self.summary())

@@ -9,7 +9,7 @@ from PySide6.QtWidgets import QLabel, QProgressBar, QStatusBar, QWidget
 
 from ..model.runmodel import RunModel
 from ..model.state import RunState
-from .epoch_progress import EpochProgress, ProgressTracker, fmt_duration
+from .epoch_progress import EpochProgress, ProgressTracker, fmt_duration, fmt_eta
 
 __all__ = ["StatusBar", "fmt_duration", "state_text"]
 
@@ -42,19 +42,21 @@ class StatusBar(QStatusBar):
         self.backend = QLabel("")
         self.torch = QLabel(f"torch {torch_version_quietly()}")
         self.progress = QLabel("step -")
-        self.epoch_bar = QProgressBar()
+        self.epoch_bar = QProgressBar()  # the bar, and its words beside it (easier to read than on it)
         self.epoch_bar.setObjectName("epoch_progress")
-        self.epoch_bar.setTextVisible(True)
-        self.epoch_bar.setMinimumWidth(230)
-        self.epoch_bar.setMaximumHeight(18)
-        self.epoch_bar.setToolTip("The current epoch: optimizer steps done of those planned (the data set over the "
-                                  "samples per step), and when it ends at the last steps' pace")
-        self.epoch_bar.setVisible(False)
+        self.epoch_bar.setTextVisible(False)
+        self.epoch_bar.setFixedSize(120, 10)
+        self.epoch_text = QLabel("")
+        tip = ("The current epoch: optimizer steps done of those planned (the data set over the samples per step), "
+               "and when it ends at the last steps' pace")
+        for w in (self.epoch_bar, self.epoch_text):
+            w.setToolTip(tip)
+            w.setVisible(False)
         self.elapsed = QLabel("elapsed --")
         self.eta = QLabel("ETA --")
         self.state = QLabel("Ready")
         self.tracker = ProgressTracker()
-        for w in (self.state, self.epoch_bar, self.progress, self.elapsed, self.eta):
+        for w in (self.state, self.epoch_bar, self.epoch_text, self.progress, self.elapsed, self.eta):
             self.addWidget(w)
         for w in (self.device, self.backend, self.torch):
             self.addPermanentWidget(w)
@@ -76,25 +78,26 @@ class StatusBar(QStatusBar):
             if info.get("torch_version"):
                 self.torch.setText(f"torch {info['torch_version']}")
         epochs = model.config.get("epochs")
+        prog = self.tracker.progress(model)
         if model.step:
-            total = f"/{epochs}" if epochs else ""
-            self.progress.setText(f"epoch {model.epoch}{total}  step {model.step:,}")
+            total = f" of {epochs}" if epochs else ""
+            self.progress.setText(f"step {model.step:,}, epoch {model.epoch}{total}")
         else:
             self.progress.setText("step -")
         self.elapsed.setText(f"elapsed {fmt_duration(model.elapsed())}")
-        prog = self.tracker.progress(model)
         self._show_progress(prog, state)
         if state.is_live:
             eta = None
             if state is not RunState.PAUSED:
                 eta = prog.run_eta if prog is not None and prog.run_eta is not None else model.eta()
-            self.eta.setText(f"ETA {fmt_duration(eta)}" if eta is not None else "ETA after epoch 1")
+            self.eta.setText(f"ETA {fmt_eta(eta)}" if eta is not None else "ETA after epoch 1")
         else:
             self.eta.setText("ETA --")
 
     def _show_progress(self, prog: Optional[EpochProgress], state: RunState) -> None:
         bar = self.epoch_bar
         bar.setVisible(prog is not None)
+        self.epoch_text.setVisible(prog is not None)
         if prog is None:
             return
         running = state.is_live and state is not RunState.PAUSED
@@ -107,4 +110,5 @@ class StatusBar(QStatusBar):
         text = prog.text(eta_shown=running)
         if state is RunState.PAUSED:
             text += " \u00b7 paused"
-        bar.setFormat(text)  # no %p, %v or %m in it: Qt shows it as it is
+        self.epoch_text.setText(text)
+        bar.setFormat(text)  # no %p, %v or %m in it: Qt shows it as it is (an accessible name, a tooltip)
