@@ -22,8 +22,8 @@ def _reduce(values_min: np.ndarray, values_max: np.ndarray) -> tuple[np.ndarray,
     m = len(values_min)
     pad = (-m) % FACTOR
     if pad:
-        values_min = np.concatenate([values_min, np.full(pad, np.nan)])
-        values_max = np.concatenate([values_max, np.full(pad, np.nan)])
+        values_min = np.concatenate([values_min, np.full(pad, np.nan, dtype=values_min.dtype)])
+        values_max = np.concatenate([values_max, np.full(pad, np.nan, dtype=values_max.dtype)])
     return (np.fmin.reduce(values_min.reshape(-1, FACTOR), axis=1),
             np.fmax.reduce(values_max.reshape(-1, FACTOR), axis=1))
 
@@ -31,6 +31,8 @@ def _reduce(values_min: np.ndarray, values_max: np.ndarray) -> tuple[np.ndarray,
 class PeakPyramid:
     def __init__(self, source: GrowableArray) -> None:
         self.source = source
+        # Levels keep the column's precision (float32 columns: float32 levels, half the bytes).
+        self.dtype = source.dtype if np.issubdtype(source.dtype, np.floating) else np.dtype(np.float64)
         self.levels: list[tuple[GrowableArray, GrowableArray]] = []  # level k+1 at index k
         self._done = 0  # source points already folded in
 
@@ -45,6 +47,8 @@ class PeakPyramid:
         if n == self._done:
             return
         y = self.source.view()
+        if y.dtype != self.dtype:
+            y = y.astype(self.dtype)
         # Level 1 from the raw values, from the start of the bucket that was still open.
         prev_done, prev_min, prev_max = self._done, y, y
         bucket = 1
@@ -55,8 +59,8 @@ class PeakPyramid:
             if k >= len(self.levels):
                 if prev_len <= MIN_LEVEL_SIZE:
                     break
-                self.levels.append((GrowableArray(max(16, prev_len // FACTOR + 1)),
-                                    GrowableArray(max(16, prev_len // FACTOR + 1))))
+                size = max(16, prev_len // FACTOR + 1)
+                self.levels.append((GrowableArray(size, self.dtype), GrowableArray(size, self.dtype)))
                 prev_done = 0  # a new level is built from everything below it
             lo_arr, hi_arr = self.levels[k]
             start = (prev_done // FACTOR) * FACTOR  # first entry of the open bucket below
@@ -94,7 +98,7 @@ class PeakPyramid:
         lo_arr, hi_arr = self.levels[level]
         b0, b1 = i0 // bucket, min(len(lo_arr), -(-i1 // bucket))
         lo, hi = lo_arr.view()[b0:b1], hi_arr.view()[b0:b1]
-        values = np.empty(2 * len(lo))
+        values = np.empty(2 * len(lo), dtype=lo.dtype)
         values[0::2] = lo
         values[1::2] = hi
         starts = np.arange(b0, b1, dtype=np.int64) * bucket

@@ -4,12 +4,29 @@ The GUI timer appends a batch of steps at a time; plots read `view(name)`, a
 zero-copy slice of the filled part. Appending never touches what is already there,
 so a slice handed to a plot stays valid (a regrowth leaves the old array to the plot
 until its next update).
+
+Sizes: a million-step run opened from its folder is held in about 100 MB. Each column keeps the precision it
+needs (COLUMN_DTYPES): `step` as int64; `time`, `loss`, `throughput`, `lr`, `clip`,
+`samples` and `tokens` as float64 (a wall clock; the loss and throughput the plots draw
+exactly as run.db holds them, computed in float64 by the engine; settings the form compares
+exactly; counts summed into the cumulative columns); the others (the gradient norm, which
+torch computes in float32 anyway, memory bytes, step times, counts per window, flags) as
+float32, which holds 7 significant digits, well past what a plot shows (and what `rows()`
+gives for them). A run folder's columns arrive as
+whole arrays (StepColumns) and become the storage without a copy.
+
+Derived columns: `loss_ema`, `clip_line`, `throughput_ema` always; `samples_seen`,
+`tokens_seen` (running sums of the per-step samples and tokens, a missing value counted
+as 0) and `wall` (seconds since the first step's `time`, never going back, a missing time
+holding the last) on first use of `view(name)` or `pyramid(name)`, then kept up
+to date (x axes other than the step).
 """
 from __future__ import annotations
 
 import math
 import time
-from typing import Any, Callable, Iterable, Optional, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Optional, Protocol, Sequence
 
 import numpy as np
 
@@ -22,34 +39,137 @@ STEP_COLUMNS = (
     "clipped", "nonfinite", "throughput", "step_time", "mem_allocated", "mem_reserved", "mem_peak",
     "mem_used", "mem_total", "time",
 )
+_F32, _F64 = np.dtype(np.float32), np.dtype(np.float64)
+COLUMN_DTYPES: dict[str, np.dtype] = {c: _F32 for c in STEP_COLUMNS}
+COLUMN_DTYPES.update(step=np.dtype(np.int64), time=_F64, loss=_F64, lr=_F64, clip=_F64, samples=_F64, tokens=_F64,
+                     throughput=_F64)
+DERIVED_COLUMNS = {"loss_ema": _F32, "clip_line": _F32, "throughput_ema": _F32}
+CUMULATIVE_COLUMNS = ("samples_seen", "tokens_seen", "wall")  # built on first use, float64
 EMA_BETA = 0.9
 
 
 def _num(v: Any) -> float:
+    """A value from a step record as a float: None, text and anything else not a number -> NaN."""
     if v is None:
         return math.nan
-    return float(v)
+    try:
+        return float(v)
+    except (TypeError, ValueError, OverflowError):
+        return math.nan
+
+
+@dataclass
+class StepColumns:
+    """Steps as one array per column (a read of run.db's metrics), rows i0..i1 of them: the
+    reader cuts one read into pieces at the events between the steps without copying."""
+    columns: dict[str, np.ndarray]
+    i0: int = 0
+    i1: int = -1
+    claims: Optional[dict[str, int]] = None  # column -> id of the buffer whose storage it became
+    loader: Any = None  # a ColumnLoader for the columns left out (a large read of run.db), or None
+    counts_tokens: Optional[bool] = None  # said by the reader when `tokens` was left out
+
+    def __post_init__(self) -> None:
+        if self.i1 < 0:
+            self.i1 = len(self.columns["step"])
+        if self.claims is None:
+            self.claims = {}
+
+    def __len__(self) -> int:
+        return self.i1 - self.i0
+
+    def piece(self, i0: int, i1: int) -> "StepColumns":
+        """Rows i0..i1 of this piece (relative to it)."""
+        return StepColumns(self.columns, self.i0 + i0, self.i0 + min(i1, len(self)), self.claims, self.loader,
+                           self.counts_tokens)
+
+    def view(self, name: str) -> Optional[np.ndarray]:
+        a = self.columns.get(name)
+        return None if a is None else a[self.i0:self.i1]
+
+
+class ColumnLoader(Protocol):
+    """Reads a column the buffer does not hold yet (app/session/rundb.py: from run.db)."""
+
+    def column(self, name: str, steps: np.ndarray) -> np.ndarray:
+        """The column at each of these steps, NaN where there is no value."""
+        ...
+
+    def value(self, name: str, step: int) -> float:
+        ...
 
 
 class Ema:
-    """Debiased exponential moving average, fed in batches; non-finite values hold the last one."""
+    """Debiased exponential moving average, fed in batches; non-finite values hold the last one.
+
+    y_k = beta * y_(k-1) + (1 - beta) * x_k over the finite values, divided by 1 - beta^k.
+    Vectorised in blocks of BLOCK values: within a block, one matrix product; between
+    blocks, the carry (a million values in a few tens of milliseconds, no Python loop per value)."""
+
+    BLOCK = 64
 
     def __init__(self, beta: float = EMA_BETA) -> None:
         self.beta = beta
+        b = self.BLOCK
+        i = np.arange(b)
+        expo = i[None, :] - i[:, None]  # [j, i] = i - j
+        self._m = np.where(expo >= 0, (1 - beta) * np.power(beta, np.maximum(expo, 0), dtype=np.float64), 0.0)
+        self._carry_pw = np.power(beta, i + 1, dtype=np.float64)
+        self._debias_span = int(math.ceil(math.log(1e-17) / math.log(beta))) if 0 < beta < 1 else 1 << 62
+        self._last_raw = 0.0
         self.reset()
 
     def reset(self) -> None:
         self.value, self.n = 0.0, 0
 
+    def _smooth(self, x: np.ndarray) -> np.ndarray:
+        """The raw (not debiased) averages after each of the finite values x."""
+        b = self.BLOCK
+        m = len(x)
+        nb = -(-m // b)
+        xb = np.zeros(nb * b)
+        xb[:m] = x
+        local = (xb.reshape(nb, b) @ self._m)  # each block as if it started from 0
+        ends = local[:, -1].tolist()
+        q = self.beta ** b
+        carries = [0.0] * nb
+        c = self.value
+        for r in range(nb):  # the value entering block r
+            carries[r] = c
+            c = ends[r] + c * q
+        local += np.asarray(carries)[:, None] * self._carry_pw[None, :]
+        raw = local.reshape(-1)[:m]
+        self._last_raw = float(raw[-1])
+        return raw
+
     def run(self, values: np.ndarray) -> np.ndarray:
-        out = np.empty(len(values))
-        ema, n, beta = self.value, self.n, self.beta
-        for i, v in enumerate(values.tolist()):
-            if math.isfinite(v):
-                ema = beta * ema + (1 - beta) * v
-                n += 1
-            out[i] = ema / (1 - beta ** n) if n else math.nan
-        self.value, self.n = ema, n
+        v = np.asarray(values, dtype=np.float64)
+        n_all = len(v)
+        out = np.full(n_all, math.nan)
+        if n_all == 0:
+            return out
+        before = self.value / (1 - self.beta ** self.n) if self.n else math.nan
+        fin = np.isfinite(v)
+        all_finite = bool(fin.all())
+        x = v if all_finite else v[fin]
+        if len(x):
+            raw = self._smooth(x)
+            # Debias: 1 - beta^n, which is 1.0 in float64 once beta^n < 1e-17.
+            k = min(len(x), max(0, self._debias_span - self.n))
+            if k:
+                counts = self.n + np.arange(1, k + 1, dtype=np.float64)
+                raw[:k] /= 1 - np.power(self.beta, counts)
+            if all_finite:
+                out = raw
+            else:
+                out[fin] = raw
+            self.value, self.n = float(self._last_raw), self.n + len(x)
+        if not all_finite:
+            last = np.where(fin, np.arange(n_all), -1)
+            np.maximum.accumulate(last, out=last)
+            held = ~fin
+            out[held & (last >= 0)] = out[last[held & (last >= 0)]]
+            out[held & (last < 0)] = before
         return out
 
 
@@ -62,10 +182,9 @@ class MetricsBuffer:
     """
 
     def __init__(self, capacity: int = 1024) -> None:
-        self.cols: dict[str, GrowableArray] = {c: GrowableArray(capacity) for c in STEP_COLUMNS}
-        self.cols["loss_ema"] = GrowableArray(capacity)
-        self.cols["clip_line"] = GrowableArray(capacity)  # clip norm, NaN where clipping is off
-        self.cols["throughput_ema"] = GrowableArray(capacity)
+        self.cols: dict[str, GrowableArray] = {c: GrowableArray(capacity, COLUMN_DTYPES[c]) for c in STEP_COLUMNS}
+        for c, dt in DERIVED_COLUMNS.items():  # clip_line: the clip norm, NaN where clipping is off
+            self.cols[c] = GrowableArray(capacity, dt)
         self.clipped_x = GrowableArray(64)
         self.clipped_y = GrowableArray(64)
         self.nonfinite_steps: list[int] = []
@@ -74,13 +193,62 @@ class MetricsBuffer:
         self._pyramids: dict[str, PeakPyramid] = {}
         self._gpu = False  # some step has GPU memory figures
         self._tokens = False  # some step counted items other than samples
+        self._wall0: Optional[float] = None  # `time` of the first step, the origin of `wall`
+        self._lazy: dict[str, ColumnLoader] = {}  # columns not held yet: read when first asked for
         self.version = 0  # bumps on every change; plots compare it
 
     def __len__(self) -> int:
         return len(self.cols["step"])
 
+    @property
+    def columns(self) -> tuple[str, ...]:
+        """Every column name view() takes."""
+        return (*STEP_COLUMNS, *DERIVED_COLUMNS, *CUMULATIVE_COLUMNS)
+
+    def _col(self, name: str) -> GrowableArray:
+        arr = self.cols.get(name)
+        if arr is None:
+            if name in self._lazy:
+                return self._load(name)
+            if name not in CUMULATIVE_COLUMNS:
+                raise KeyError(name)
+            arr = self.cols[name] = GrowableArray(max(16, len(self)), _F64)
+            self._extend_cumulative(name, 0)
+        return arr
+
+    def _load(self, name: str) -> GrowableArray:
+        """Read a column left to its loader, for every step held; from now on it is held."""
+        loader = self._lazy.pop(name)
+        steps = self.view("step")
+        try:
+            values = np.asarray(loader.column(name, steps))
+            if len(values) != len(steps):
+                raise ValueError(f"{len(values)} values for {len(steps)} steps")
+        except Exception:  # noqa: BLE001 - whatever the loader hit (a folder gone): not known
+            values = np.full(len(steps), np.nan)
+        arr = self.cols[name] = GrowableArray(max(16, len(steps)), COLUMN_DTYPES[name])
+        arr.extend(values)
+        return arr
+
     def view(self, name: str) -> np.ndarray:
-        return self.cols[name].view()
+        return self._col(name).view()
+
+    def holds(self, name: str) -> bool:
+        """The column is in memory (not left to be read from run.db when first asked for)."""
+        return name not in self._lazy
+
+    def value_at(self, name: str, index: int) -> float:
+        """One value, by step index; a column not held is asked for that row only."""
+        if name in self._lazy:
+            try:
+                return float(self._lazy[name].value(name, int(self.view("step")[index])))
+            except Exception:  # noqa: BLE001
+                return math.nan
+        return float(self.view(name)[index])
+
+    def nbytes(self) -> int:
+        """Bytes the columns hold (the filled parts)."""
+        return sum(a.nbytes for a in self.cols.values())
 
     def last_step(self) -> int:
         s = self.view("step")
@@ -90,7 +258,7 @@ class MetricsBuffer:
         """The min/max pyramid of a column (or of 'clipped_y'), brought up to date."""
         p = self._pyramids.get(name)
         if p is None:
-            arr = self.clipped_y if name == "clipped_y" else self.cols[name]
+            arr = self.clipped_y if name == "clipped_y" else self._col(name)
             p = self._pyramids[name] = PeakPyramid(arr)
         p.update()
         return p
@@ -100,50 +268,112 @@ class MetricsBuffer:
         """Append steps from StepMetrics objects (get=getattr) or run.db rows (get=dict.get).
 
         A step at or before the last one kept (a resumed run rewinding) truncates first.
-        Returns the number of steps appended.
+        A value that is not a number (a damaged row) is NaN. Returns the number of steps
+        appended; records without a whole step number are left out.
         """
         if not records:
             return 0
-        first = int(get(records[0], "step"))
-        steps = self.view("step")
-        if len(steps) and first <= steps[-1]:
-            self.truncate_after(first - 1)
+        steps = [_num(get(r, "step")) for r in records]
+        if not all(math.isfinite(s) for s in steps):
+            keep = [i for i, s in enumerate(steps) if math.isfinite(s)]
+            records, steps = [records[i] for i in keep], [steps[i] for i in keep]
+            if not records:
+                return 0
         columns = {c: np.fromiter((_num(get(r, c)) for r in records), dtype=np.float64, count=len(records))
-                   for c in STEP_COLUMNS if c != "time"}
+                   for c in STEP_COLUMNS if c not in ("time", "step")}
+        columns["step"] = np.asarray(steps, dtype=np.float64)
         if isinstance(records[0], dict):
             columns["time"] = np.array([_num(r.get("time")) for r in records], dtype=np.float64)
         else:  # a live event: stamped when the GUI drains it (run.db has the engine's own time)
             columns["time"] = np.full(len(records), time.time())
         return self.extend_columns(columns)
 
-    def extend_columns(self, columns: dict[str, np.ndarray]) -> int:
-        """Append steps given as one array per column (steps after the last one kept)."""
-        n = len(columns["step"])
+    def reserve(self, n: int) -> None:
+        """Room for n more steps in every column, exactly (a bulk load that knows its size)."""
+        want = len(self) + n
+        for arr in self.cols.values():
+            if arr.capacity < want:
+                arr.reserve(want)
+
+    def extend_columns(self, columns: "dict[str, np.ndarray] | StepColumns") -> int:
+        """Append steps given as one array per column (or a StepColumns piece). Steps at or
+        before the last one kept (a resumed run rewinding) truncate first."""
+        piece = columns if isinstance(columns, StepColumns) else StepColumns(
+            {c: np.asarray(v) for c, v in columns.items() if v is not None})
+        n = len(piece)
         if n == 0:
             return 0
+        first = piece.view("step")[0]
+        if len(self) and first <= self.view("step")[-1]:
+            self.truncate_after(int(first) - 1)
         n_before = len(self)
         for c in STEP_COLUMNS:
-            values = columns.get(c)
-            self.cols[c].extend(np.full(n, np.nan) if values is None else np.asarray(values, dtype=np.float64))
+            base = piece.columns.get(c)
+            if c in self._lazy:
+                if piece.loader is not None:
+                    continue  # run.db holds these rows too: they are read with the rest when asked for
+                self._load(c)  # values from elsewhere (live events) go after the rows read
+            if base is None and piece.loader is not None:
+                if n_before == 0:
+                    self._lazy[c] = piece.loader  # left out of a large read: read when first asked for
+                    del self.cols[c]
+                    continue
+                base = np.asarray(piece.loader.column(c, piece.view("step")), dtype=self.cols[c].dtype)
+                self.cols[c].extend(base)
+            elif base is None:
+                self.cols[c].extend(np.full(n, np.nan))
+            elif base.dtype == self.cols[c].dtype and piece.claims.setdefault(c, id(self)) == id(self):
+                self.cols[c].extend_from(base, piece.i0, piece.i1)  # one buffer only makes it its storage
+            else:
+                self.cols[c].extend(base[piece.i0:piece.i1])
         loss = self.cols["loss"].view()[n_before:]
         self.cols["loss_ema"].extend(self._loss_ema.run(loss))
         self.cols["throughput_ema"].extend(self._tput_ema.run(self.cols["throughput"].view()[n_before:]))
         clip = self.cols["clip"].view()[n_before:]
-        self.cols["clip_line"].extend(np.where(clip > 0, clip, np.nan))
-        steps = self.cols["step"].view()[n_before:]
-        clipped = self.cols["clipped"].view()[n_before:] > 0
-        if clipped.any():
-            self.clipped_x.extend(steps[clipped])
-            self.clipped_y.extend(self.cols["grad_norm"].view()[n_before:][clipped])
-        bad = self.cols["nonfinite"].view()[n_before:] > 0
-        if bad.any():
-            self.nonfinite_steps.extend(int(s) for s in steps[bad])
-        if not self._gpu and np.isfinite(self.cols["mem_total"].view()[n_before:]).any():
-            self._gpu = True
-        if not self._tokens and np.any(self.cols["tokens"].view()[n_before:] != self.cols["samples"].view()[n_before:]):
-            self._tokens = True
+        with np.errstate(invalid="ignore"):
+            self.cols["clip_line"].extend(np.where(clip > 0, clip, np.nan))
+            steps = self.cols["step"].view()[n_before:]
+            clipped = self.cols["clipped"].view()[n_before:] > 0
+            if clipped.any():
+                self.clipped_x.extend(steps[clipped])
+                self.clipped_y.extend(self.cols["grad_norm"].view()[n_before:][clipped])
+            bad = self.cols["nonfinite"].view()[n_before:] > 0
+            if bad.any():
+                self.nonfinite_steps.extend(int(s) for s in steps[bad])
+            if not self._gpu and "mem_total" in self.cols and np.isfinite(self.cols["mem_total"].view()[n_before:]).any():
+                self._gpu = True
+            if piece.counts_tokens:
+                self._tokens = True
+            if not self._tokens and self.holds("tokens") and self.holds("samples"):
+                tok, smp = self.cols["tokens"].view()[n_before:], self.cols["samples"].view()[n_before:]
+                if np.any((tok != smp) & np.isfinite(tok) & np.isfinite(smp)):
+                    self._tokens = True
+        for c in CUMULATIVE_COLUMNS:
+            if c in self.cols:
+                self._extend_cumulative(c, n_before)
         self.version += 1
         return len(self) - n_before
+
+    def _extend_cumulative(self, name: str, start: int) -> None:
+        """Bring a cumulative column up to the other columns from row `start` on."""
+        arr = self.cols[name]
+        if start == 0:
+            self._wall0 = None if name == "wall" else self._wall0
+        if name == "wall":  # never going back; a row without a time holds the last one (0 before any)
+            t = self.view("time")[start:]
+            before = float(arr.view()[start - 1]) if start > 0 and len(arr) >= start else 0.0
+            if self._wall0 is None:
+                finite = t[np.isfinite(t)]
+                if not len(finite):
+                    arr.set_tail(start, np.full(len(t), before))
+                    return
+                self._wall0 = float(finite[0])
+            rel = np.fmax.accumulate(np.concatenate(([before], t - self._wall0)))[1:]
+            arr.set_tail(start, np.where(np.isfinite(rel), rel, before))
+            return
+        per_step = self.view("samples" if name == "samples_seen" else "tokens")[start:]
+        before = float(arr.view()[start - 1]) if start > 0 and len(arr) >= start else 0.0
+        arr.set_tail(start, before + np.cumsum(np.nan_to_num(per_step, nan=0.0)))
 
     def truncate_after(self, step: int) -> None:
         """Drop steps after `step` (a resumed run supersedes them)."""
@@ -151,6 +381,8 @@ class MetricsBuffer:
         keep = int(np.searchsorted(steps, step, side="right"))
         for arr in self.cols.values():
             arr.set_tail(keep, [])
+        if keep == 0:
+            self._wall0 = None
         cx = self.clipped_x.view()
         ck = int(np.searchsorted(cx, step, side="right"))
         self.clipped_x.set_tail(ck, [])
@@ -159,13 +391,17 @@ class MetricsBuffer:
         for ema, src, dst in ((self._loss_ema, "loss", "loss_ema"), (self._tput_ema, "throughput", "throughput_ema")):
             ema.reset()
             self.cols[dst].set_tail(0, [])
-            self.cols[dst].extend(ema.run(self.view(src).copy()))
+            self.cols[dst].extend(ema.run(self.view(src)))
         for p in self._pyramids.values():
             p.reset()
         self.version += 1
 
     def clear(self) -> None:
         self._gpu = self._tokens = False
+        self._wall0 = None
+        for c in self._lazy:
+            self.cols[c] = GrowableArray(16, COLUMN_DTYPES[c])
+        self._lazy = {}
         for arr in list(self.cols.values()) + [self.clipped_x, self.clipped_y]:
             arr.clear()
         self.nonfinite_steps = []
@@ -183,8 +419,12 @@ class MetricsBuffer:
         """True when the task's loss counts tokens (count differs from samples)."""
         return self._tokens
 
-    def rows(self, columns: Optional[Iterable[str]] = None) -> Iterable[list[float]]:
+    def rows(self, columns: Optional[Iterable[str]] = None, chunk: int = 4096) -> Iterable[list[float]]:
+        """Row by row as Python floats; a float32 value as the shortest decimal that is it
+        (0.1, not 0.10000000149011612)."""
         names = list(columns or (*STEP_COLUMNS, "loss_ema"))
         arrays = [self.view(c) for c in names]
-        for i in range(len(self)):
-            yield [a[i] for a in arrays]
+        for i0 in range(0, len(self), chunk):
+            cols = [[float(str(v)) for v in a[i0:i0 + chunk]] if a.dtype == _F32 else a[i0:i0 + chunk].tolist()
+                    for a in arrays]
+            yield from (list(r) for r in zip(*cols))

@@ -1,6 +1,7 @@
 """A non-step event as the app keeps it, whether it came live from the engine or from run.db."""
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Optional
@@ -11,6 +12,21 @@ from engine.events import Event
 ALERT_KINDS = ("nonfinite", "clip_saturation", "vram_low", "batchnorm_small_batch", "lr_hint",
                "oom_recovered", "command_refused", "scaler_skip", "run_failed", "micro_batch_found",
                "run_damaged")
+
+
+def _float(v: object) -> float:
+    try:
+        f = float(v)  # type: ignore[arg-type]
+    except (TypeError, ValueError, OverflowError):
+        return 0.0
+    return f if math.isfinite(f) else 0.0
+
+
+def _int(v: object) -> int:
+    try:
+        return int(_float(v)) if not isinstance(v, int) else v
+    except (OverflowError, ValueError):
+        return 0
 
 
 @dataclass
@@ -32,8 +48,11 @@ class Note:
 
     @classmethod
     def from_row(cls, row: dict) -> "Note":
-        return cls(row["kind"], int(row["step"] or 0), int(row["epoch"] or 0), row.get("message") or "",
-                   row.get("data") or {}, float(row.get("time") or 0.0))
+        """A run.db events row. Rows are input from disk: a damaged one (text where a number
+        belongs, data that is not an object) gives 0 / {} for what it lacks, never an error."""
+        data = row.get("data")
+        return cls(str(row.get("kind") or ""), _int(row.get("step")), _int(row.get("epoch")),
+                   str(row.get("message") or ""), data if isinstance(data, dict) else {}, _float(row.get("time")))
 
     @property
     def is_alert(self) -> bool:

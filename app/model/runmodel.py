@@ -13,10 +13,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
+import numpy as np
+
 from engine.events import StepMetrics
 
 from .fields import SETTING_LABELS, fmt_value
-from .metrics import MetricsBuffer
+from .metrics import MetricsBuffer, StepColumns, _num
 from .notes import Note
 from .state import RunState
 
@@ -52,6 +54,13 @@ class Delta:
         self.info |= later.info
 
 
+def _changes(raw: Any) -> tuple:
+    """settings_applied's (name, old, new) triples; anything else in a damaged row is left out."""
+    if not isinstance(raw, (list, tuple)):
+        return ()
+    return tuple(tuple(c) for c in raw if isinstance(c, (list, tuple)) and len(c) == 3)
+
+
 def marker_label(changes: Sequence[Sequence[Any]]) -> str:
     return ", ".join(f"{SETTING_LABELS.get(n, n)} {fmt_value(o)}\u2192{fmt_value(v)}" for n, o, v in changes)
 
@@ -82,6 +91,9 @@ class RunModel:
     def ingest(self, items: Sequence[Any], step_get: Callable[[Any, str], Any] = getattr) -> Delta:
         """Items in order: steps (StepMetrics or run.db metric rows) and Notes (or Events)."""
         delta = Delta()
+        pieces = [i for i in items if isinstance(i, StepColumns)]
+        if pieces:  # a run folder's read: room for all of it at once, no doubling on the way
+            self.metrics.reserve(sum(len(p) for p in pieces))
         run: list[Any] = []
         for item in items:
             if isinstance(item, (StepMetrics, dict)):
@@ -90,23 +102,37 @@ class RunModel:
             if run:
                 self._steps(run, step_get, delta)
                 run = []
+            if isinstance(item, StepColumns):
+                self._after_steps(self.metrics.extend_columns(item), delta)
+                continue
             self._note(item if isinstance(item, Note) else Note.from_event(item), delta)
         if run:
             self._steps(run, step_get, delta)
         return delta
 
     def _steps(self, records: list[Any], get: Callable[[Any, str], Any], delta: Delta) -> None:
-        delta.steps += self.metrics.extend_records(records, get)
-        last = records[-1]
-        self.step = int(get(last, "step"))
-        for r in records:  # samples per epoch: the data set size, for the ETA
-            e = int(get(r, "epoch"))
-            if e != self._epoch_of_count:
-                self._epoch_of_count, self._samples_this_epoch = e, 0
-            self._samples_this_epoch += int(get(r, "samples") or 0)
-        epoch = int(get(last, "epoch"))
-        if epoch != self.epoch:
-            self.epoch = epoch
+        self._after_steps(self.metrics.extend_records(records, get), delta)
+
+    def _after_steps(self, n: int, delta: Delta) -> None:
+        """The last n steps of the buffer are new: the step, the epoch, samples per epoch."""
+        delta.steps += n
+        if n <= 0:
+            return
+        m = self.metrics
+        epochs, samples = m.view("epoch")[-n:], m.view("samples")[-n:]
+        self.step = int(m.view("step")[-1])
+        # Samples per epoch (the data set size, for the ETA): the samples of the last epoch's steps so far.
+        last = float(epochs[-1])
+        others = np.flatnonzero(epochs != last) if math.isfinite(last) else np.arange(n)
+        start = int(others[-1]) + 1 if len(others) else 0
+        e = int(last) if math.isfinite(last) else -1
+        counted = float(np.nansum(samples[start:]))
+        if start == 0 and e == self._epoch_of_count:
+            self._samples_this_epoch += int(counted)
+        else:
+            self._epoch_of_count, self._samples_this_epoch = e, int(counted)
+        if e >= 0 and e != self.epoch:
+            self.epoch = e
             delta.epoch = True
 
     def _note(self, note: Note, delta: Delta) -> None:
@@ -126,7 +152,7 @@ class RunModel:
         delta.info = True
 
     def _settings_applied(self, note: Note, delta: Delta) -> None:
-        changes = tuple(tuple(c) for c in note.data.get("changes") or ())
+        changes = _changes(note.data.get("changes"))
         if changes:
             self.markers.append(Marker(note.step + 0.5, marker_label(changes), changes))
             delta.markers = True
@@ -140,8 +166,8 @@ class RunModel:
 
     def _epoch_end(self, note: Note, delta: Delta) -> None:
         val = note.data.get("val_loss")
-        self.epochs.append((note.epoch, note.step, float(note.data.get("train_loss", math.nan)),
-                            None if val is None else float(val)))
+        self.epochs.append((note.epoch, note.step, _num(note.data.get("train_loss")),
+                            None if val is None else _num(val)))
         if self._epoch_of_count == note.epoch and self._samples_this_epoch:
             self.samples_per_epoch = self._samples_this_epoch
         delta.epochs = True
@@ -192,7 +218,13 @@ class RunModel:
         return [n for n in self.notes if n.is_alert]
 
     def step_values(self, index: int) -> dict[str, Any]:
-        """The live settings a step was trained with (lr, clip, micro-batch, accum), by its index."""
+        """The live settings a step was trained with (lr, clip, micro-batch, accum), by its index;
+        None for one its row does not hold."""
         buf = self.metrics
-        return {"lr": float(buf.view("lr")[index]), "clip": float(buf.view("clip")[index]),
-                "micro_batch": int(buf.view("micro_batch")[index]), "accum": int(buf.view("accum")[index])}
+
+        def value(name: str, cast: Callable[[float], Any]) -> Any:
+            v = buf.value_at(name, index)
+            return cast(v) if math.isfinite(v) else None  # a damaged row: not known
+
+        return {"lr": value("lr", float), "clip": value("clip", float),
+                "micro_batch": value("micro_batch", int), "accum": value("accum", int)}

@@ -79,7 +79,7 @@ class RunController(QObject):
         """A resumed run: what run.db holds so far; the live steps continue it (and supersede any
         logged after the checkpoint)."""
         try:
-            src = FolderSource(run_dir)
+            src = FolderSource(run_dir, lazy=False)  # every column: its own steps continue them
         except (StoreError, ConfigError) as e:
             log.warning("resume %s: cannot read its history: %s", run_dir, e)
             return []
@@ -119,15 +119,23 @@ class RunController(QObject):
         return True
 
     # -- commands ------------------------------------------------------------------------
+    # A command that cannot reach the run (a run folder on a read-only mount, deleted, its
+    # run.db damaged) is one dialog saying why; the session has left its state as it was.
+    def _command(self, u: Update, title: str) -> None:
+        self.publish(u)
+        if u.error:
+            log.warning("%s: %s", title, u.error)
+            self.error.emit(title, f"{u.error}\n\nNothing was sent: the run goes on as it was.")
+
     def pause(self) -> None:
-        self.publish(self.session.pause())
+        self._command(self.session.pause(), "Could not pause the run")
 
     def resume(self) -> None:
-        self.publish(self.session.resume())
+        self._command(self.session.resume(), "Could not resume the run")
 
     def stop(self) -> None:
         u = self.session.stop()
-        self.publish(u)
+        self._command(u, "Could not stop the run")
         if self.session.state is not RunState.STOPPING or not u.state:
             return
         src = self.session.source
@@ -136,10 +144,8 @@ class RunController(QObject):
 
     def apply(self, edits: dict[str, Any], at: str = "epoch") -> None:
         """at: "epoch" (the next epoch boundary) or "step" (the next optimizer step)."""
-        u, err = self.session.apply(edits, at)
-        self.publish(u)
-        if err:
-            self.error.emit("Could not send the change", err)
+        u, _err = self.session.apply(edits, at)
+        self._command(u, "Could not send the change")
 
     def close(self) -> None:
         """The window closes: end a launched run the clean way, let go of the run folder."""

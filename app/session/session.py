@@ -13,6 +13,7 @@ into typed signals for the views.
 """
 from __future__ import annotations
 
+import sqlite3
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
@@ -22,6 +23,7 @@ from engine.config import ConfigError
 from engine.events import Event, StepMetrics
 
 from ..model.fields import BY_NAME, LIVE_FIELDS
+from ..model.metrics import StepColumns
 from ..model.notes import Note
 from ..model.pending import PendingChanges
 from ..model.runmodel import Delta, RunModel
@@ -31,6 +33,13 @@ from .rules import Allowed, allowed
 
 # A command's outcome; held back a frame when its receipt came in the same batch (see receipt_cut).
 OUTCOME_KINDS = ("settings_applied", "command_refused")
+# What sending a command to a run folder raises when it cannot (StoreError is a ConfigError).
+SEND_ERRORS = (ConfigError, OSError, sqlite3.Error)
+
+
+def _reason(e: BaseException) -> str:
+    text = str(e).strip() or type(e).__name__
+    return text.splitlines()[0][:500]
 
 
 @dataclass(frozen=True)
@@ -48,9 +57,10 @@ class Update:
     pending: list[str] = field(default_factory=list)  # live fields whose pending change moved on
     engine_values: dict[str, Any] = field(default_factory=dict)  # what the engine has (the form follows)
     reset: bool = False  # a new, empty run model: views start over
+    error: str = ""  # a command could not reach the run: why (nothing was sent, the state is as it was)
 
     def __bool__(self) -> bool:
-        return bool(self.delta or self.state or self.pending or self.engine_values or self.reset)
+        return bool(self.delta or self.state or self.pending or self.engine_values or self.reset or self.error)
 
     def absorb(self, later: "Update") -> None:
         self.delta.absorb(later.delta)
@@ -58,6 +68,14 @@ class Update:
         self.pending += [n for n in later.pending if n not in self.pending]
         self.engine_values.update(later.engine_values)
         self.reset |= later.reset
+        self.error = self.error or later.error
+
+
+def live_label(writer: dict[str, Any]) -> str:
+    """'live: pid N on HOST' from a writer lock's note (either part may be missing)."""
+    pid, host = writer.get("pid"), writer.get("host")
+    who = f"pid {pid}" if pid is not None else "another process"
+    return f"live: {who} on {host}" if host else f"live: {who}"
 
 
 def receipt_cut(items: Sequence[Any]) -> int:
@@ -110,6 +128,18 @@ class RunSession:
     def viewing(self) -> bool:
         """Showing a run folder's data with no run going."""
         return not self.state.is_live and isinstance(self.source, FolderSource) and len(self.model.metrics) > 0
+
+    @property
+    def writer(self) -> Optional[dict[str, Any]]:
+        """{pid, host, ...} of the process writing the run shown: this one for a run of this
+        window, the holder of the folder's writer lock for a run folder; None if none."""
+        w = getattr(self.source, "writer", None) if self.source is not None else None
+        return w if isinstance(w, dict) else None
+
+    def live_text(self) -> str:
+        """'live: pid N on HOST' while the run shown is going, '' otherwise."""
+        w = self.writer
+        return live_label(w) if w is not None and self.state.is_live else ""
 
     def view_state(self) -> str:
         """The run state as the controls show it: a live state, 'viewing' or 'idle'."""
@@ -195,9 +225,12 @@ class RunSession:
         """Items in order: each note moves the state machine as it comes, between the steps
         around it (a pause note after the steps of its epoch, say)."""
         u = Update()
+        bulk = sum(len(i) for i in items if isinstance(i, StepColumns))
+        if bulk:  # a run folder's read, in pieces between its notes: room for all of it once
+            self.model.metrics.reserve(bulk)
         run: list[Any] = []
         for item in items:
-            if isinstance(item, (StepMetrics, dict)):
+            if isinstance(item, (StepMetrics, dict, StepColumns)):
                 run.append(item)
                 continue
             if run:
@@ -233,7 +266,8 @@ class RunSession:
 
     # -- the engine's notes --------------------------------------------------------------
     def _run_started(self, note: Note, u: Update) -> None:
-        cfg = note.data.get("config") or {}
+        cfg = note.data.get("config")
+        cfg = cfg if isinstance(cfg, dict) else {}
         u.engine_values.update(self.pending.set_engine({n: cfg.get(n) for n in LIVE_FIELDS}))
         if self.state not in (RunState.PAUSING, RunState.STOPPING):
             self._set(RunState.TRAINING, u)
@@ -276,19 +310,22 @@ class RunSession:
                                                         "accum": d.get("accum")}))
 
     # -- commands ------------------------------------------------------------------------
+    # A command that cannot reach the run (its folder read-only, deleted, run.db damaged)
+    # changes nothing here: Update.error says why, and the state stays what it was.
     def pause(self) -> Update:
         u = Update()
         if self.source is not None and self.state in (RunState.STARTING, RunState.TRAINING):
-            self._send(Pause())
-            self._set(RunState.PAUSING, u)
+            u.error = self._try_send(Pause())
+            if not u.error:
+                self._set(RunState.PAUSING, u)
         return u
 
     def resume(self) -> Update:
         """Resume; a run already paused stays PAUSED until the engine says it resumed."""
         u = Update()
         if self.source is not None and self.state in (RunState.PAUSING, RunState.PAUSED):
-            self._send(Resume())
-            if self.state is RunState.PAUSING:
+            u.error = self._try_send(Resume())
+            if not u.error and self.state is RunState.PAUSING:
                 self._set(RunState.TRAINING, u)
         return u
 
@@ -298,10 +335,14 @@ class RunSession:
         u = Update()
         if not self.state.is_live or self.state is RunState.STOPPING:
             return u
-        self._set(RunState.STOPPING, u)
         if self.source is not None:
-            self.source.stop()
+            try:
+                self.source.stop()
+            except SEND_ERRORS as e:
+                u.error = _reason(e)
+                return u
             self.sent.append(SentCommand(Stop(), self.model.step, time.time()))
+        self._set(RunState.STOPPING, u)
         return u
 
     def apply(self, edits: dict[str, Any], at: str = "epoch") -> tuple[Update, str]:
@@ -320,10 +361,10 @@ class RunSession:
             except ConfigError as e:  # the form let through a value the command refuses
                 u.pending += self.pending.refused(f.command.kind, str(e))
                 continue
-            try:
-                self._send(cmd)
-            except (ConfigError, OSError) as e:
-                return u, str(e)
+            err = self._try_send(cmd)
+            if err:
+                u.error = err
+                return u, err
             u.pending += self.pending.sent(name, edits[name], self.model.epoch)
         return u, ""
 
@@ -331,6 +372,14 @@ class RunSession:
         assert self.source is not None
         self.source.send(command)
         self.sent.append(SentCommand(command, self.model.step, time.time()))
+
+    def _try_send(self, command: Command) -> str:
+        """Send; '' if it went, else why not."""
+        try:
+            self._send(command)
+        except SEND_ERRORS as e:
+            return _reason(e)
+        return ""
 
     # -- endings -------------------------------------------------------------------------
     def engine_stopped(self) -> Update:

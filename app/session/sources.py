@@ -1,28 +1,35 @@
 """Where a run's data comes from: the in-process engine's EventBuffer, or a run folder's run.db.
 
-Both give the session the same thing on each timer tick: new items in order (steps and
-notes), and both take commands (an in-process queue, or run.db's `commands` table) and a
+Both give the session the same thing on each timer tick: new items in order (steps, as
+StepMetrics or as StepColumns pieces of a run.db read, and notes), and both take commands (an in-process queue, or run.db's `commands` table) and a
 stop (a flag the engine thread checks every micro-batch, or a Stop row). Qt-free.
 """
 from __future__ import annotations
 
 import os
+import socket
+import sqlite3
 import time
 from typing import Any, Callable, Optional, Protocol
 
+import numpy as np
+
 from engine.commands import Command, Stop
 from engine.events import EventBuffer, StepMetrics
+from engine import runlock
 from engine.store import RunReader, StoreError, send_command
 
 from ..core.runs import pid_alive
-from ..model.metrics import MetricsBuffer
+from ..model.metrics import STEP_COLUMNS, MetricsBuffer, StepColumns
 from ..model.notes import Note
+from .rundb import LAZY_ABOVE, RunDbColumns, metric_columns, read_steps
 
 
 class Source(Protocol):
     live: bool  # the engine thread of this window (True) or a run folder (False)
     run_dir: Optional[str]
     step_get: Callable[[Any, str], Any]  # how to read a field of a step item
+    writer: Optional[dict[str, Any]]  # {pid, host} of the process writing the run, if live
 
     def poll(self, force: bool = False) -> list[Any]: ...
 
@@ -45,6 +52,7 @@ class LiveSource:
         self._send = send
         self._stop = stop
         self.run_dir: Optional[str] = None  # known once the engine has prepared the run
+        self.writer = {"pid": os.getpid(), "host": socket.gethostname()}  # this process writes it
 
     def poll(self, force: bool = False) -> list[Any]:
         items = self.buffer.drain()
@@ -69,44 +77,90 @@ class LiveSource:
 
 
 class FolderSource:
-    """A run folder, finished or still training in another process: polls run.db."""
+    """A run folder, finished or still training in another process: polls run.db.
+
+    Live is what engine.runlock says: a process holds the folder's writer lock (`writer`:
+    its pid and host, from the lock file). A folder written by an engine that did not lock
+    (older runs, a file system without locks) falls back to run.db's status and pid."""
 
     live = False
     step_get: Callable[[Any, str], Any] = staticmethod(dict.get)
     POLL_S = 0.5
 
-    def __init__(self, run_dir: str) -> None:
+    def __init__(self, run_dir: str, lazy: bool = True) -> None:
+        """lazy: a large read holds only what the plots draw (False: every column, e.g. the
+        history of a run this window resumes, which its own steps then continue)."""
         self.run_dir = run_dir
+        self.lazy = lazy
         self.reader = RunReader(run_dir)  # raises StoreError (a ConfigError) if not a run folder
         self.info = self.reader.info()
+        self.writer: Optional[dict[str, Any]] = None  # {pid, host, started} of the live writer
+        self._have: Optional[set[str]] = None  # the metrics table's columns
         self._last_step = -1
         self._last_event = 0
         self._next_poll = 0.0
         self.running = self._is_running()
 
     def _is_running(self) -> bool:
-        return self.info.get("status") == "running" and pid_alive(self.info.get("pid"))
+        held = runlock.holder(self.run_dir)
+        if held is not None:
+            self.writer = dict(held)
+            return True
+        self.writer = None
+        try:  # a lock file with a note in it: an engine that locks wrote here, and nobody holds it now
+            if os.path.getsize(runlock.lock_path(self.run_dir)) > 0:
+                return False
+        except OSError:
+            pass
+        if self.info.get("status") == "running" and pid_alive(self.info.get("pid")):
+            self.writer = {"pid": self.info.get("pid"), "host": None}
+            return True
+        return False
 
     def interrupted(self) -> bool:
         """run.db says running, but no process is writing it (killed, or crashed)."""
-        return self.info.get("status") == "running" and not pid_alive(self.info.get("pid"))
+        return self.info.get("status") == "running" and not self.running
+
+    def _read_steps(self) -> Optional[StepColumns]:
+        """New steps from run.db. A large read (a long run opened) holds what the plots draw;
+        the other columns are read when first asked for (lazy=True, the default)."""
+        db = getattr(self.reader, "_db", None)  # RunReader's connection (a salvaged copy for a damaged file)
+        if db is None:  # a RunReader without one: the slow way, every column
+            rows = self.reader.metrics(after_step=self._last_step)
+            buf = MetricsBuffer(max(16, len(rows)))
+            buf.extend_records(rows, dict.get)
+            return StepColumns({c: buf.view(c) for c in STEP_COLUMNS}) if len(buf) else None
+        try:
+            if self._have is None:
+                self._have = metric_columns(db)
+            cpu = str(self.info.get("device") or "").startswith("cpu")
+            columns, partial, counts_tokens = read_steps(db, self._last_step, self._have, problems=self.reader.problems,
+                                                         lazy_above=LAZY_ABOVE if self.lazy else 1 << 62, cpu=cpu)
+        except sqlite3.Error as e:
+            raise StoreError(f"{self.reader.path}: {e}") from None
+        if columns is None:
+            return None
+        return StepColumns(columns, loader=RunDbColumns(self.run_dir) if partial else None,
+                           counts_tokens=counts_tokens)
 
     def poll(self, force: bool = False) -> list[Any]:
-        """New rows since the last poll, at most every POLL_S unless forced."""
+        """New steps (StepColumns pieces) and notes since the last poll, in order, at most
+        every POLL_S unless forced."""
         now = time.monotonic()
         if not force and now < self._next_poll:
             return []
         self._next_poll = now + self.POLL_S
         try:
-            rows = self.reader.metrics(after_step=self._last_step)
+            steps = self._read_steps()
             events = self.reader.events(after_id=self._last_event)
-            if events or rows:
+            if events or steps is not None:
                 self.info = self.reader.info()
         except StoreError:
             return []
         self.running = self._is_running()
-        if rows:
-            self._last_step = int(rows[-1]["step"])
+        step_col = steps.view("step") if steps is not None else np.empty(0, dtype=np.int64)
+        if len(step_col):
+            self._last_step = int(step_col[-1])
         if events:
             self._last_event = int(events[-1]["id"])
         notes = [Note.from_row(e) for e in events]
@@ -114,11 +168,13 @@ class FolderSource:
         out: list[Any] = []
         i = 0
         for note in notes:
-            while i < len(rows) and rows[i]["step"] <= note.step:
-                out.append(rows[i])
-                i += 1
+            j = int(np.searchsorted(step_col, note.step, side="right"))
+            if j > i and steps is not None:
+                out.append(steps.piece(i, j))
+                i = j
             out.append(note)
-        out.extend(rows[i:])
+        if steps is not None and i < len(step_col):
+            out.append(steps.piece(i, len(step_col)))
         return out
 
     def problems(self) -> list[Note]:
@@ -131,10 +187,12 @@ class FolderSource:
         return notes
 
     def send(self, command: Command) -> None:
-        send_command(self.run_dir, command)
+        """A row in run.db's commands table. Raises StoreError (a ConfigError): a folder that is
+        read-only (a shared mount), deleted, or whose run.db is damaged."""
+        _send(self.run_dir, command)
 
     def stop(self) -> None:
-        send_command(self.run_dir, Stop())
+        _send(self.run_dir, Stop())
 
     def close(self) -> None:
         try:
@@ -143,14 +201,24 @@ class FolderSource:
             pass
 
 
+def _send(run_dir: str, command: Command) -> None:
+    try:
+        send_command(run_dir, command)
+    except sqlite3.Error as e:  # send_command wraps SQLite's errors; what it might miss is the same thing
+        raise StoreError(f"could not queue {command.kind} in {run_dir}: {e}") from None
+    except OSError as e:
+        raise StoreError(f"could not queue {command.kind} in {run_dir}: {e.strerror or e}") from None
+
+
 def read_metrics(run_dir: str) -> MetricsBuffer:
     """Every step a run folder holds, as a metrics buffer (an overlay of another run). Raises
     StoreError."""
-    reader = RunReader(run_dir)
+    src = FolderSource(run_dir)  # lazy: an overlay draws the loss; an export of it reads the rest
     try:
-        rows = reader.metrics()
+        steps = src._read_steps()
     finally:
-        reader.close()
-    buf = MetricsBuffer(max(16, len(rows)))
-    buf.extend_records(rows, dict.get)
+        src.close()
+    buf = MetricsBuffer(16 if steps is None else len(steps))
+    if steps is not None:
+        buf.extend_columns(steps)
     return buf
