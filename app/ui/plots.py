@@ -361,7 +361,8 @@ class PlotPanel(QWidget):
                 self.memory.update(model, buf, x0, x1, width, axis)
             self._update_epochs(model)
             legend_had = (self.planned.plan is not None, len(self.planned.changes))
-            self.planned.update(model, axis)
+            if all_plots or self._turn == 0 or self.planned.stale(model):  # with the lr plot's turn
+                self.planned.update(model, axis)
             marks_changed = self.marks.update(model, self.memory.shown)
             if marks_changed or legend_had != (self.planned.plan is not None, len(self.planned.changes)):
                 self._set_titles()
