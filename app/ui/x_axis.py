@@ -5,29 +5,26 @@ with different accumulation line up only by samples or tokens: a step of one is 
 of the other.
 
 `XColumns` gives, for one metrics buffer, the x value of every row on each axis: the
-running sums of the per-step `samples` and `tokens` columns, and the `time` column as
-seconds since the run's first row. Where the buffer keeps those as derived columns
-(app/model/metrics.py: samples_seen, tokens_seen, wall) they are read from it; otherwise
-they are kept here, growing with the buffer (each new row costs O(1), never a pass over the
-whole run) and starting over only when the buffer was cut (a resumed run superseding rows).
+running sums of the per-step `samples` and `tokens` columns and the `time` column as seconds
+since the run's first row are the buffer's own derived columns (app/model/metrics.py:
+samples_seen, tokens_seen, wall, kept up to date as rows arrive); here they are mapped to
+the axes, and to the places that are steps (clipped steps, markers, the plan ahead).
 Qt-free.
 """
 from __future__ import annotations
 
-import math
 import weakref
 from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
 
-from ..model import metrics as _metrics
 from ..model.growable import GrowableArray
-from ..model.metrics import MetricsBuffer
+from ..model.metrics import CUMULATIVE_COLUMNS, MetricsBuffer
 
-# The buffer's own derived columns for the axes, where it has them.
-_NATIVE = {k: c for k, c in (("samples", "samples_seen"), ("tokens", "tokens_seen"), ("time", "wall"))
-           if c in getattr(_metrics, "CUMULATIVE_COLUMNS", ())}
+# The buffer's column each axis reads (the step axis: the step column itself).
+AXIS_COLUMNS = {"samples": "samples_seen", "tokens": "tokens_seen", "time": "wall"}
+assert set(AXIS_COLUMNS.values()) <= set(CUMULATIVE_COLUMNS)
 RATE_ROWS = 50  # the run's current rate (for the planned lr curve ahead of it): over the last 50 steps
 
 
@@ -56,81 +53,27 @@ def axis_or_default(key: object) -> str:
 
 
 class XColumns:
-    """One buffer's rows on every x axis, brought up to date on demand."""
+    """One buffer's rows on every x axis."""
 
     def __init__(self, buf: MetricsBuffer) -> None:
         self._buf = weakref.ref(buf)
-        self._cols = {k: GrowableArray(max(1024, len(buf))) for k in ("samples", "tokens", "time")}
-        self._clipped = {k: GrowableArray(64) for k in ("samples", "tokens", "time")}
+        self._clipped = {k: GrowableArray(64) for k in AXIS_COLUMNS}
         self._clipped_last: dict[str, float] = {}  # the last clipped step mapped, per axis
-        self._version = -1
-        self._reset()
-
-    def _reset(self) -> None:
-        for arr in list(self._cols.values()) + list(self._clipped.values()):
-            arr.clear()
-        self._done = 0
-        self._last: tuple[float, float] = (math.nan, math.nan)  # (step, time) of the last row folded in
-        self._sums = {"samples": 0.0, "tokens": 0.0}
-        self._t0: Optional[float] = None
-        self._t_last = 0.0
 
     def _buffer(self) -> MetricsBuffer:
         buf = self._buf()
         assert buf is not None
         return buf
 
-    def update(self) -> MetricsBuffer:
-        """Fold the buffer's new rows into the columns kept here (those it lacks)."""
-        buf = self._buffer()
-        if buf.version == self._version or len(_NATIVE) == 3:
-            return buf
-        self._version = buf.version
-        n, done = len(buf), self._done
-        if done and (n < done or not self._same_row(buf, done - 1)):
-            self._reset()  # cut and refilled since: start over (rare, O(n) once)
-            done = 0
-        if n > done:
-            for k in ("samples", "tokens"):
-                v = np.nan_to_num(buf.view(k)[done:n], nan=0.0)
-                sums = np.cumsum(v) + self._sums[k]
-                self._cols[k].extend(sums)
-                self._sums[k] = float(sums[-1])
-            self._cols["time"].extend(self._relative_time(buf.view("time")[done:n]))
-            self._done = n
-            self._last = (float(buf.view("step")[n - 1]), float(buf.view("time")[n - 1]))
-        return buf
-
-    def _same_row(self, buf: MetricsBuffer, i: int) -> bool:
-        step, t = float(buf.view("step")[i]), float(buf.view("time")[i])
-        return step == self._last[0] and (t == self._last[1] or (math.isnan(t) and math.isnan(self._last[1])))
-
-    def _relative_time(self, t: np.ndarray) -> np.ndarray:
-        """Seconds since the first row, never going back (a missing time holds the last one)."""
-        if self._t0 is None:
-            finite = t[np.isfinite(t)]
-            if not len(finite):
-                return np.full(len(t), self._t_last)
-            self._t0 = float(finite[0])
-        rel = np.fmax.accumulate(np.concatenate(([self._t_last], t - self._t0)))[1:]
-        rel = np.where(np.isfinite(rel), rel, self._t_last)
-        self._t_last = float(rel[-1])
-        return rel
-
     # -- reading -------------------------------------------------------------------------
     def values(self, key: str) -> np.ndarray:
         """Every row's x on axis `key` (a zero-copy view; the step column itself for steps)."""
-        if key == "step":
-            return self._buffer().view("step")
-        if key in _NATIVE:
-            return self._buffer().view(_NATIVE[key])
-        self.update()
-        return self._cols[key].view()
+        return self._buffer().view(AXIS_COLUMNS.get(key, "step"))
 
     def clipped(self, key: str) -> np.ndarray:
         """The clipped steps' x on axis `key` (the buffer's clipped_x holds their steps); new
         ones are mapped as they come, all again only after the buffer was cut."""
-        buf = self.update()
+        buf = self._buffer()
         steps = buf.clipped_x.view()
         if key == "step":
             return steps
@@ -147,7 +90,7 @@ class XColumns:
     def at_steps(self, key: str, steps: np.ndarray) -> np.ndarray:
         """x of step positions (fractional ones too: 12.5 lies between steps 12 and 13)."""
         steps = np.asarray(steps, dtype=np.float64)
-        buf = self.update()
+        buf = self._buffer()
         if key == "step" or not len(buf):
             return steps
         return np.interp(steps, buf.view("step"), self.values(key))
@@ -159,7 +102,7 @@ class XColumns:
         samples = np.asarray(samples, dtype=np.float64)
         if key == "samples":
             return samples
-        buf = self.update()
+        buf = self._buffer()
         n = len(buf)
         if n == 0:
             return None
@@ -174,7 +117,7 @@ class XColumns:
 
     def rate(self, key: str) -> Optional[float]:
         """x per sample over the last RATE_ROWS steps (None when it cannot be told)."""
-        buf = self.update()
+        buf = self._buffer()
         n = len(buf)
         if n == 0:
             return None
