@@ -390,9 +390,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except ConfigError as e:
         _say_error(e)
         return EXIT_BAD_INPUT
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # Ctrl-C while the task loads or builds: nothing was written
         _say_error("interrupted")
-        return EXIT_FAILED
+        return EXIT_INTERRUPTED
 
     interrupts = _Interrupts(trainer) if threading.current_thread() is threading.main_thread() else None
     try:
@@ -403,6 +403,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except Exception as e:  # the task's own code failed mid-run: run.db already holds run_failed
         _say_error(f"run failed at step {trainer.step}: {type(e).__name__}: {e}")
         return EXIT_FAILED
+    except KeyboardInterrupt:  # raised by the task's own code (Ctrl-C is caught as a stop request)
+        _say_error(f"interrupted at step {trainer.step}; what finished is in {trainer.run_dir}")
+        return EXIT_INTERRUPTED
     finally:
         if interrupts is not None:
             interrupts.close()

@@ -118,6 +118,15 @@ def _build(config: TrainConfig, task: Optional[Task], ctx: D.DistContext, claime
                                               else contextlib.nullcontext)
     loss_checked = check_first_batch(task, model, collate, autocast, device, modes)
     policy = _window_policy(cfg, task)
+    # Everything step 0 needs, built before the run folder is touched: a task whose
+    # optimizer factory, scheduler or checkpointing switch fails is bad input.
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = _optimizer(task, cfg, device, params)
+    scaler = torch.amp.GradScaler(device.type) if cfg.precision == "fp16" else None
+    scheduler = _task_scheduler(task, optimizer, cfg)
+    switch = find_switch(task, model)
+    if cfg.checkpointing and switch is None:
+        raise ConfigError(f"--checkpointing on: {why_no_switch(task, model)}")
     run_dir, lock = _claim_folder(cfg, ctx)
     if lock is not None:
         claimed.append(lock)
@@ -125,17 +134,10 @@ def _build(config: TrainConfig, task: Optional[Task], ctx: D.DistContext, claime
               else Origin())
 
     D.init(ctx, device)  # the process group, once the input is known good
-    params = [p for p in model.parameters() if p.requires_grad]
     net: torch.nn.Module = model
     if ctx.enabled:
         from torch.nn.parallel import DistributedDataParallel as DDP
         net = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
-    optimizer = (task.optimizer or default_optimizer(cfg.optimizer, device))(params, cfg.lr)
-    scaler = torch.amp.GradScaler(device.type) if cfg.precision == "fp16" else None
-    scheduler = _task_scheduler(task, optimizer, cfg)
-    switch = find_switch(task, model)
-    if cfg.checkpointing and switch is None:
-        raise ConfigError(f"--checkpointing on: {why_no_switch(task, model)}")
     memory = WindowMemory(model, optimizer)
     snapshots = SnapshotRecorder()
     if cfg.memory_snapshot == "on-oom":
@@ -158,6 +160,18 @@ def _build(config: TrainConfig, task: Optional[Task], ctx: D.DistContext, claime
                                   seed=cfg.seed),
                     schedule=LrSchedule.plan(cfg.lr_schedule, cfg.warmup, cfg.min_lr_ratio,
                                              planned_samples(cfg, len(task.train_data), ctx.world)))
+
+
+def _optimizer(task: Task, cfg: TrainConfig, device: torch.device, params: list) -> torch.optim.Optimizer:
+    make = task.optimizer or default_optimizer(cfg.optimizer, device)
+    try:
+        opt = make(params, cfg.lr)
+    except Exception as e:
+        raise TaskError(f"task {task.name}: optimizer(params, lr) failed: {type(e).__name__}: {e}") from None
+    if not isinstance(opt, torch.optim.Optimizer):
+        raise TaskError(f"task {task.name}: optimizer(params, lr) must return a torch.optim.Optimizer, "
+                        f"got {type(opt).__name__}")
+    return opt
 
 
 def _task_scheduler(task: Task, optimizer: torch.optim.Optimizer, cfg: TrainConfig) -> Any:
@@ -185,28 +199,36 @@ def planned_samples(cfg: TrainConfig, data_len: int, world: int) -> int:
     return min(by_epochs, cfg.max_steps * cfg.micro_batch * cfg.accum * world)
 
 
-@torch.no_grad()
 def check_first_batch(task: Task, model: torch.nn.Module, collate: Callable, autocast: Callable,
                       device: torch.device, modes: TrainModes) -> bool:
-    """One forward of the loss on two samples: a malformed task is bad input, found before
-    the run folder exists, not a failure halfway through the first window. False if the
-    check could not run (out of memory: the run's own recovery decides)."""
+    """What step 0 does, on two samples, before the run folder exists: a first batch, the loss,
+    and its backward. A malformed task is bad input here, not a failure halfway through the
+    first window. Runs in eval mode (no BatchNorm statistics or dropout draws spent) and
+    leaves no gradient behind. False if it could not run (out of memory: the run's own
+    recovery decides)."""
     data, name = task.train_data, task.name
     try:
         batch = to_device(collate([data[i] for i in range(min(2, len(data)))]), device)
     except Exception as e:
         raise TaskError(f"task {name}: building a first batch failed: {type(e).__name__}: {e}") from None
-    model.eval()  # no BatchNorm statistics or dropout draws spent on a check
+    model.eval()
     try:
         with autocast():
             out = task.loss(model, batch)
+        loss_sum, _ = check_loss_output(name, out)
+        if not loss_sum.requires_grad:
+            raise TaskError(f"task {name}: loss_sum has no gradient (a .detach(), .item() or torch.no_grad() "
+                            "in the loss?)")
+        loss_sum.backward()
+    except TaskError:
+        raise
     except Exception as e:
         if is_oom(e):
             return False
         raise TaskError(f"task {name}: loss(model, batch) failed on a first batch: {type(e).__name__}: {e}") from None
     finally:
+        model.zero_grad(set_to_none=True)
         modes.restore_built(model)
-    check_loss_output(name, out)
     return True
 
 
@@ -215,7 +237,10 @@ def _window_policy(cfg: TrainConfig, task: Task) -> WindowPolicy:
     if cfg.token_budget is None:
         return FixedWindows(len(data), cfg.seed)
     assert task.sample_length is not None
-    lengths = [int(task.sample_length(data[i])) for i in range(len(data))]
+    try:
+        lengths = [int(task.sample_length(data[i])) for i in range(len(data))]
+    except Exception as e:
+        raise TaskError(f"task {task.name}: sample_length(sample) failed: {type(e).__name__}: {e}") from None
     return TokenBudgetWindows(len(data), cfg.seed, cfg.token_budget, lengths.__getitem__, cfg.micro_tokens)
 
 

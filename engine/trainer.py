@@ -193,6 +193,8 @@ class Trainer:
             self._save_checkpoint()
         except BaseException as e:
             self._fail(e)
+            if isinstance(e, SystemExit):  # task code called sys.exit(): a failed run, said in one line
+                raise TrainingError(f"the task's code called sys.exit({e.code!r}) at step {self.step}") from None
             raise
         self._emit(RunFinished(self.step, self.epoch, reason=reason))
         self._finish("finished")
