@@ -268,6 +268,21 @@ class MemorySnapshot(Event):
 
 
 @dataclass(frozen=True)
+class RolledBack(Event):
+    """The autopilot restored the newest good checkpoint: `step` is the step it went back to."""
+    from_step: int  # the step at which the trouble was seen
+    to_step: int
+    reason: str  # "nonfinite" or "spike"
+    new_lr: float  # the lr peak from here on
+    windows_skipped: int  # windows trained since to_step, now discarded (their data is skipped)
+    kind: ClassVar[str] = "rolled_back"
+
+    def message(self) -> str:
+        return (f"rolled back from step {self.from_step} to step {self.to_step} ({self.reason}): lr peak "
+                f"{self.new_lr:.3g}, {self.windows_skipped} windows skipped")
+
+
+@dataclass(frozen=True)
 class StoreProblem(Event):
     """Something on disk is not as it should be, and the run goes on: run.db busy or failing
     (rows kept in memory until it takes them), or a damaged checkpoint passed over."""

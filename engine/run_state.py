@@ -2,6 +2,7 @@
 live settings and the config the run was started with."""
 from __future__ import annotations
 
+import os
 from typing import Any, Optional
 
 from . import checkpoint as ckpt
@@ -23,13 +24,58 @@ def checkpoint_state(parts: RunParts, progress: Progress, settings: LiveSettings
     }
 
 
-def save(parts: RunParts, progress: Progress, settings: LiveSettings, epoch_done: Optional[int] = None) -> str:
-    """Write last.pt (and epoch-N.pt at an epoch's end), atomically. Returns last.pt's path."""
-    state = checkpoint_state(parts, progress, settings)
+def numbered_path(parts: RunParts, step: int, epoch_done: Optional[int], step_checkpoint: bool) -> Optional[str]:
+    """The epoch-N.pt or step-S.pt file a save writes besides last.pt (None: last.pt alone)."""
     if epoch_done is not None:
-        ckpt.save_atomic(state, ckpt.epoch_path(parts.run_dir, epoch_done))
+        return ckpt.epoch_path(parts.run_dir, epoch_done)
+    if step_checkpoint:
+        return ckpt.step_path(parts.run_dir, step)
+    return None
+
+
+def save(parts: RunParts, progress: Progress, settings: LiveSettings, epoch_done: Optional[int] = None,
+         step_checkpoint: bool = False) -> str:
+    """Write last.pt, and epoch-N.pt at an epoch's end or step-S.pt (--checkpoint-every),
+    atomically; keep the newest --keep-checkpoints step files. Returns last.pt's path."""
+    state = checkpoint_state(parts, progress, settings)
+    numbered = numbered_path(parts, progress.step, epoch_done, step_checkpoint)
+    if numbered is not None:
+        ckpt.save_atomic(state, numbered)
     ckpt.save_atomic(state, ckpt.last_path(parts.run_dir))
+    if step_checkpoint:
+        prune_step_checkpoints(parts.run_dir, parts.config.keep_checkpoints)
     return ckpt.last_path(parts.run_dir)
+
+
+def prune_step_checkpoints(run_dir: str, keep: int) -> list[str]:
+    """Remove all but the newest `keep` step-S.pt files (epoch checkpoints are all kept)."""
+    steps = sorted(p for p in ckpt.candidates(run_dir) if os.path.basename(p).startswith("step-"))
+    steps.sort(key=lambda p: int(os.path.basename(p)[5:-3]))
+    removed = steps[:-keep] if keep > 0 else steps
+    for p in removed:
+        try:
+            os.unlink(p)
+        except OSError:
+            pass
+    return removed
+
+
+def weights_state(parts: RunParts) -> dict[str, Any]:
+    """CPU copies of what a rollback to the run's start restores."""
+    import copy
+    return {"model": {k: v.detach().cpu().clone() for k, v in parts.model.state_dict().items()},
+            "optimizer": copy.deepcopy(parts.optimizer.state_dict()),
+            "scaler": parts.scaler.state_dict() if parts.scaler is not None else {},
+            "scheduler": parts.scheduler.state_dict() if parts.scheduler is not None else {}}
+
+
+def load_weights(parts: RunParts, state: dict[str, Any]) -> None:
+    parts.model.load_state_dict(state["model"])
+    parts.optimizer.load_state_dict(state["optimizer"])
+    if parts.scaler is not None and state.get("scaler"):
+        parts.scaler.load_state_dict(state["scaler"])
+    if parts.scheduler is not None and state.get("scheduler"):
+        parts.scheduler.load_state_dict(state["scheduler"])
 
 
 def restore(parts: RunParts, state: dict[str, Any]) -> tuple[Progress, LiveSettings, list[Command]]:

@@ -32,6 +32,7 @@ from .paths import default_run_dir
 from .progress import Progress
 from .run_tree import Origin, fork_origin, resume_origin
 from .runlock import RunLock
+from .lr_control import LrControl
 from .schedule import LrSchedule
 from .schema import LiveSettings
 from .task import Task, TaskError, check_loss_output, default_collate
@@ -61,6 +62,7 @@ class RunParts:
     settings: LiveSettings
     modes: TrainModes  # train/eval mode as the task built it (frozen parts stay in eval)
     schedule: LrSchedule  # the lr over samples seen, as a multiple of the peak (the lr setting)
+    lr: LrControl  # writes each window's lr (schedule x peak, or the task's scheduler)
     feeder: Feeder  # the plan's micro-batches, loaded (by DataLoader workers) ahead of the step
     scheduler: Any  # the task's own torch lr scheduler, or None (then `schedule` sets the lr)
     switch: Optional[CheckpointSwitch]  # activation checkpointing on/off, if the task or model has one
@@ -146,6 +148,8 @@ def _build(config: TrainConfig, task: Optional[Task], ctx: D.DistContext, claime
     stepper.before_zero = memory.at_window_end  # the breakdown sees the gradients before they go
     if origin.state is not None:
         _load_state(origin, model, optimizer, scaler, scheduler)
+    schedule = LrSchedule.plan(cfg.lr_schedule, cfg.warmup, cfg.min_lr_ratio,
+                               planned_samples(cfg, len(task.train_data), ctx.world))
     window = WindowContext(net=net, loss=task.loss, task_name=task.name, params=params, optimizer=optimizer,
                            scaler=scaler, autocast=autocast, device=device, ctx=ctx, stepper=stepper,
                            loss_checked=loss_checked)
@@ -158,8 +162,7 @@ def _build(config: TrainConfig, task: Optional[Task], ctx: D.DistContext, claime
                                   cfg.workers if cfg.workers is not None else auto_workers(task.train_data,
                                                                                            cfg.micro_batch),
                                   seed=cfg.seed),
-                    schedule=LrSchedule.plan(cfg.lr_schedule, cfg.warmup, cfg.min_lr_ratio,
-                                             planned_samples(cfg, len(task.train_data), ctx.world)))
+                    schedule=schedule, lr=LrControl(optimizer, schedule, scheduler))
 
 
 def _optimizer(task: Task, cfg: TrainConfig, device: torch.device, params: list) -> torch.optim.Optimizer:

@@ -15,14 +15,13 @@ import queue
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 import torch
 
 from . import checkpoint as ckpt
 from . import distributed as D
-from . import run_state
+from . import opening, run_state
 from . import windows as W
 from .accumulate import StopRequested, train_window
 from .command_rules import CommandRules
@@ -46,35 +45,13 @@ from .report import Launched, failure_message, nonfinite_params, skip_kind, step
 from .step import InFlight, WindowNumbers
 from .store import RunStore
 from .task import Task
+from .trainer_views import TrainerViews
+from .outcome import NonFiniteStop, OutOfMemoryStop, RunResult, TrainingError  # noqa: F401 - public here too
 from .watchers import (BatchNormWatcher, ClipSaturationWatcher, MemoryForecastWatcher, VramLowWatcher,
                        Watcher)
 
 
-class TrainingError(RuntimeError):
-    """The run failed after it started; the message is for the user."""
-
-
-class NonFiniteStop(TrainingError):
-    pass
-
-
-class OutOfMemoryStop(TrainingError):
-    pass
-
-
-@dataclass
-class RunResult:
-    run_dir: str
-    steps: int
-    epochs_done: int
-    reason: str
-    final_loss: Optional[float]
-    nonfinite_steps: int = 0
-    scaler_skips: int = 0
-    losses: list[float] = field(default_factory=list)
-
-
-class Trainer:
+class Trainer(TrainerViews):
     def __init__(self, config: TrainConfig, task: Optional[Task] = None,
                  sink: Optional[Callable[[Event], None]] = None,
                  commands: Optional["queue.Queue[Command]"] = None,
@@ -98,7 +75,6 @@ class Trainer:
         self.memory_model = MemoryModel()
         self.watchers: list[Watcher] = []
         self._in_flight: deque[Launched] = deque()
-        self._lr_in_use: Optional[float] = None  # the lr last written into the optimizer
         self._losses: list[float] = []  # the loss of every applied step, for RunResult
         self._store_problems: list[str] = []  # from the store's flusher thread, emitted by this one
 
@@ -136,32 +112,16 @@ class Trainer:
         return CommandRules(len(parts.task.train_data), refusal)
 
     def _open(self, parts: RunParts) -> None:
-        """Open the run folder (rank 0) and continue from the checkpoint, if any."""
+        """Open the run folder (rank 0) and continue from the checkpoint, if any (opening.py)."""
         if self.ctx.is_main:
-            os.makedirs(os.path.join(parts.run_dir, ckpt.CKPT_DIR), exist_ok=True)
-            self.store = self.inbox.store = RunStore(parts.run_dir, on_problem=self._store_problems.append)
-            # Commands an earlier engine never read are not this engine's to apply (a stale stop).
-            self.store.expire_pending_commands()
-        origin = parts.origin
-        if origin.state is not None:
-            self.progress, self.settings, asked = run_state.restore(parts, origin.state)
-            if self.progress.window and "epoch_offset" not in origin.state:  # an older checkpoint
-                done = parts.policy.plan(self.epoch, self.settings, self.ctx.world)[:self.progress.window]
-                self.progress.epoch_offset = sum(len(w) for w in done)
+            self.store = self.inbox.store = opening.open_store(parts, self._store_problems.append)
+        if parts.origin.state is not None:
+            self.progress, self.settings, asked = opening.continue_from(parts, parts.origin.state)
             for cmd in asked:
                 self.commands.put(cmd)
-        if self.store is not None and self.config.resume:
-            # Rows past the checkpoint are kept apart (discarded_metrics), never deleted.
-            self.store.discard_after(self.progress.step, f"resumed from the checkpoint at step {self.progress.step}")
         if self.store is not None:
-            self.store.set_info(config=self.config.to_dict(), task=parts.task.name, device=str(parts.device),
-                                device_name=device_name(parts.device), world_size=self.ctx.world,
-                                torch_version=torch.__version__, status="running", pid=os.getpid(),
-                                backend=(torch.distributed.get_backend() if self.ctx.enabled else "none"),
-                                precision=self.config.precision, started=time.time(),
-                                **({"parent": origin.parent} if origin.parent is not None else {}))
-            self.store.commit()
-        for note in origin.skipped:
+            opening.record_start(self.store, parts, self.progress.step)
+        for note in parts.origin.skipped:
             self._emit(StoreProblem(self.step, self.epoch, problem=note))
 
     # -- the run --------------------------------------------------------------------------
@@ -263,7 +223,7 @@ class Trainer:
         share = W.rank_share(window, self.ctx.rank, self.ctx.world)
         if parts.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(parts.device)  # so mem_peak is this window's peak
-        launch_settings = self._scheduled(parts)
+        launch_settings = parts.lr.for_window(self.settings, self.progress.samples)
         while True:
             micro = parts.policy.split(share, self.settings)
             try:
@@ -295,24 +255,8 @@ class Trainer:
             self._report(self._in_flight.popleft())
         return True
 
-    def _scheduled(self, parts: RunParts) -> LiveSettings:
-        """The settings this window trains with: the lr is the schedule's at the samples seen
-        so far (the peak is the lr setting). Written into the optimizer only when it moves."""
-        if parts.scheduler is not None:  # the task's own scheduler set the lr: report what it set
-            lr = float(parts.optimizer.param_groups[0]["lr"])
-            return self.settings if lr == self.settings.lr else self.settings.with_(lr=lr)
-        lr = self.settings.lr * parts.schedule.factor(self.progress.samples)
-        if lr != self._lr_in_use:
-            for group in parts.optimizer.param_groups:
-                group["lr"] = lr
-            self._lr_in_use = lr
-        return self.settings if lr == self.settings.lr else self.settings.with_(lr=lr)
-
     def _lr_plan(self) -> LrPlanned:
-        sch, peak = self.prepare().schedule, self.settings.lr
-        return LrPlanned(self.step, self.epoch, schedule=sch.kind, peak=peak, warmup_samples=sch.warmup,
-                         total_samples=sch.total, min_lr_ratio=sch.min_ratio, samples_now=self.progress.samples,
-                         curve=sch.curve(peak))
+        return self.prepare().lr.plan(self.step, self.epoch, self.settings.lr, self.progress.samples)
 
     def train_window(self, micro: list[list[int]], window_samples: int) -> InFlight:
         """Forward/backward each micro-batch, then the optimizer step (accumulate.py)."""
@@ -407,7 +351,7 @@ class Trainer:
     def _settings_changed(self, before: LiveSettings, after: LiveSettings) -> None:
         """What follows a change: the new lr curve, the watchers' word, and run.db on disk."""
         self.settings = after
-        self._lr_in_use = None  # the next window writes the scheduled lr of the new peak
+        self.prepare().lr.invalidate()  # the next window writes the scheduled lr of the new peak
         changed = {f for f in before.to_dict() if getattr(before, f) != getattr(after, f)}
         if "checkpointing" in changed:
             self.prepare().switch(after.checkpointing)  # CommandRules refused it if there is no switch
@@ -479,45 +423,3 @@ class Trainer:
     def _emit_all(self, events: list[Event]) -> None:
         for e in events:
             self._emit(e)
-
-    # -- read-only views (tests, the CLI, the app) -----------------------------------------
-    @property
-    def step(self) -> int:
-        return self.progress.step
-
-    @property
-    def epoch(self) -> int:
-        return self.progress.epoch
-
-    @property
-    def nonfinite_steps(self) -> int:
-        return self.progress.nonfinite_steps
-
-    @property
-    def deferred(self) -> bool:
-        """True when steps are reported one step late (the sync-free step, step.py)."""
-        return self.prepare().window.stepper.depth > 0
-
-    @property
-    def run_dir(self) -> str:
-        return self.parts.run_dir if self.parts is not None else ""
-
-    @property
-    def model(self) -> torch.nn.Module:
-        return self.prepare().model
-
-    @property
-    def optimizer(self) -> torch.optim.Optimizer:
-        return self.prepare().optimizer
-
-    @property
-    def scaler(self) -> Optional[torch.amp.GradScaler]:
-        return self.prepare().scaler
-
-    @property
-    def device(self) -> torch.device:
-        return self.prepare().device
-
-    @property
-    def task(self) -> Task:
-        return self.prepare().task
