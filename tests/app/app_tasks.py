@@ -30,7 +30,7 @@ class Data(torch.utils.data.Dataset):
 def loss(model, batch):
     x, y = batch
     out = F.cross_entropy(model(x), y, reduction="sum")
-    if not torch.is_grad_enabled():  # the engine's pre-flight check and validation: not counted
+    if not model.training:  # the engine's pre-flight check and validation (eval mode): not counted
         return out, len(y)
     calls["n"] += 1  # training micro-batches only: two per step here
     if RAISE_AT and calls["n"] == RAISE_AT:
