@@ -108,3 +108,22 @@ class Autopilot:
         self.in_a_row = self.in_a_row + 1 if self.since_rollback < RECENT else 1
         self.since_rollback = 0
         return self.in_a_row <= MAX_IN_A_ROW
+
+
+def roll_back(parts: Any, progress: Any, settings: Any, trouble: Trouble, target: Target,
+              start_state: Optional[dict[str, Any]]) -> tuple[Any, Any, Any]:
+    """Restore `target`'s weights, optimizer, scaler and scheduler; keep the data position (the
+    diverged windows are skipped: their samples are not trained again); go back to the
+    target's step counter; lower the lr peak. Returns the new progress, settings and event."""
+    from . import checkpoint as ckpt
+    from . import run_state
+    from .events import RolledBack
+    state = ckpt.load(target.path) if target.path is not None else start_state
+    assert state is not None
+    run_state.load_weights(parts, state)
+    from_step = progress.step
+    progress.step = target.step  # the rows after it are moved to discarded_metrics by the caller
+    new = settings.with_(lr=settings.lr * parts.config.rollback_lr_factor)
+    event = RolledBack(target.step, progress.epoch, from_step=trouble.at_step, to_step=target.step,
+                       reason=trouble.reason, new_lr=new.lr, windows_skipped=from_step - target.step)
+    return progress, new, event

@@ -14,7 +14,7 @@ from .config import ConfigError
 from .grads import dtype_order
 from .mem_breakdown import MemoryBreakdown, activations
 from .schema import LiveSettings
-from .events import StepMetrics
+from .events import Event, NonFinite, ScalerSkip, StepMetrics
 from .step import InFlight, WindowNumbers
 
 
@@ -41,6 +41,17 @@ def skip_kind(nums: WindowNumbers, scaler: Optional[torch.amp.GradScaler]) -> st
     if scaler is not None and math.isfinite(nums.loss) and nums.count > 0:
         return "scaler"
     return "nonfinite"
+
+
+def skip_events(launched: Launched, nums: WindowNumbers, skip: str, parts: Any, mode: str) -> list[Event]:
+    """What a skipped window says: an fp16 overflow (the scaler's new scale), or a non-finite
+    loss or gradient with the parameters it came from."""
+    if skip == "scaler":
+        return [ScalerSkip(launched.step, launched.epoch, scale=float(parts.scaler.get_scale()))]
+    if skip == "nonfinite":
+        return [NonFinite(launched.step, launched.epoch, params=nonfinite_params(parts.named_params, nums),
+                          loss_finite=math.isfinite(nums.loss), action="stopped" if mode == "stop" else "skipped")]
+    return []
 
 
 def step_metrics(launched: Launched, nums: WindowNumbers, skip: str) -> StepMetrics:

@@ -78,3 +78,20 @@ def setting_change(command: Command) -> Optional[tuple[LiveSetting, Any]]:
     if setting is None:
         return None
     return setting, getattr(command, setting.payload)
+
+
+def scaled_to_reference(settings: LiveSettings, config: Any, world: int, emit: Any, step: int) -> LiveSettings:
+    """--reference-batch B with --lr-scaling linear|sqrt: the given lr was tuned for an
+    effective batch of B; scale it to this run's (micro-batch x accum x world, after the
+    finder chose them). Says so with a settings_applied event."""
+    import math
+    from .events import SettingsApplied
+    ref = getattr(config, "reference_batch", None)
+    if not ref or settings.lr_scaling == "none":
+        return settings
+    ratio = settings.window_samples * world / ref
+    lr = settings.lr * (ratio if settings.lr_scaling == "linear" else math.sqrt(ratio))
+    if lr == settings.lr:
+        return settings
+    emit(SettingsApplied(step, 1, changes=(("lr", settings.lr, lr),), at="start", from_step=step + 1))
+    return settings.with_(lr=lr)

@@ -9,7 +9,6 @@ commands inbox.py + command_rules.py, alerts watchers.py. No Qt here.
 """
 from __future__ import annotations
 
-import math
 import os
 import queue
 import threading
@@ -25,23 +24,24 @@ from . import opening, run_state
 from . import windows as W
 from .accumulate import StopRequested, train_window
 from .command_rules import CommandRules
+from .autopilot import MAX_IN_A_ROW, Autopilot, roll_back
 from .boundaries import Boundaries
 from .checkpointing import why_no_switch
 from .commands import Command, Stop
 from .config import TrainConfig
 from .devices import device_name
 from .evaluate import validation_loss
-from .events import (CheckpointSaved, EpochEnd, Event, LrPlanned, MemorySnapshot, NonFinite, OomRecovered, RunFailed,
-                     RunFinished, RunStarted, ScalerSkip, StoreProblem)
+from .events import (CheckpointSaved, EpochEnd, Event, LrPlanned, MemorySnapshot, OomRecovered, RunFailed,
+                     RunFinished, RunStarted, StoreProblem)
 from .finder import NothingFits, find_micro_batch
 from .inbox import CommandInbox
 from .memory_model import MemoryModel
-from .oom import free_memory, is_oom
+from .oom import free_memory, halved, is_oom, smaller_shape
 from .paths import resolve_task_spec
 from .progress import Progress
-from .schema import LiveSettings
+from .schema import LiveSettings, scaled_to_reference
 from .setup import RunParts, build
-from .report import Launched, failure_message, nonfinite_params, skip_kind, step_metrics
+from .report import Launched, failure_message, skip_events, skip_kind, step_metrics
 from .step import InFlight, WindowNumbers
 from .store import RunStore
 from .task import Task
@@ -74,6 +74,7 @@ class Trainer(TrainerViews):
         self.settings = LiveSettings.from_config(self.config)
         self.memory_model = MemoryModel()
         self.watchers: list[Watcher] = []
+        self.autopilot: Optional[Autopilot] = None  # --nonfinite rollback / --spike-factor
         self._in_flight: deque[Launched] = deque()
         self._losses: list[float] = []  # the loss of every applied step, for RunResult
         self._store_problems: list[str] = []  # from the store's flusher thread, emitted by this one
@@ -142,6 +143,10 @@ class Trainer(TrainerViews):
                     raise OutOfMemoryStop(str(e)) from None
                 self.settings = self.settings.with_(micro_batch=found.micro_batch, accum=found.accum)
                 self._emit(found)
+            if self.config.nonfinite == "rollback" or self.config.spike_factor is not None:
+                self.autopilot = Autopilot(self.config.nonfinite == "rollback", self.config.spike_factor, self.step,
+                                           run_state.weights_state(parts))
+            self.settings = scaled_to_reference(self.settings, self.config, self.ctx.world, self._emit, self.step)
             parts.modes.train_mode(parts.model)  # train mode, except the parts the user froze in eval
             if self.settings.checkpointing and parts.switch is not None:
                 parts.switch(True)
@@ -186,6 +191,10 @@ class Trainer(TrainerViews):
                     self._drain_store_problems()
                     if self._should_stop():
                         return self._stopped()
+                    if cfg.checkpoint_every and p.step % cfg.checkpoint_every == 0:
+                        self._save_checkpoint(step_checkpoint=True)
+                    if self.autopilot is not None and self.autopilot.pending is not None:
+                        self._roll_back(parts)
                     if self._step_boundary():  # the windows changed: plan the rest of the epoch anew
                         break
                 else:
@@ -206,6 +215,22 @@ class Trainer(TrainerViews):
         parts.feeder.begin_epoch([W.rank_share(w, self.ctx.rank, self.ctx.world) for w in plan],
                                  lambda share: parts.policy.split(share, self.settings))
         return plan
+
+    def _roll_back(self, parts: RunParts) -> None:
+        """The autopilot saw a divergence: back to the newest good checkpoint (autopilot.py)."""
+        ap = self.autopilot
+        assert ap is not None and ap.pending is not None
+        self._drain()
+        trouble = ap.pending
+        if not ap.rolled_back():
+            raise NonFiniteStop(f"gave up after {MAX_IN_A_ROW} rollbacks in a row without progress ({trouble.reason} "
+                                f"at step {trouble.at_step}): stopped with the last checkpoint")
+        self.progress, settings, event = roll_back(parts, self.progress, self.settings, trouble,
+                                                   ap.target(trouble), ap.start_state)
+        if self.store is not None:
+            self.store.discard_after(self.step, f"rolled back at step {trouble.at_step} ({trouble.reason})")
+        self._emit(event)
+        self._settings_changed(self.settings, settings)
 
     def _stopped(self, reason: str = "stopped") -> str:
         self._save_checkpoint()
@@ -240,7 +265,7 @@ class Trainer(TrainerViews):
             # Out of memory: recover here, once the exception (and the frames it holds) is gone.
             self.drop_window_grads()
             free_memory(parts.device)
-            self._shrink_after_oom()
+            self._set_shape(*halved(self.settings.micro_batch, self.settings.accum, self.config.oom_recovery))
         self.progress.step += 1
         self.progress.samples += len(window)
         if parts.scheduler is not None:
@@ -272,22 +297,11 @@ class Trainer(TrainerViews):
         path = parts.snapshots.on_oom(parts.run_dir, self.step + 1, rank=self.ctx.rank if self.ctx.enabled else None)
         self._emit(MemorySnapshot(self.step, self.epoch, path=path, reason="" if path else parts.snapshots.reason))
 
-    def _shrink_after_oom(self) -> None:
+    def _set_shape(self, micro_batch: int, accum: int) -> None:
+        """A smaller micro-batch after an out-of-memory error (here or on another rank)."""
         s = self.settings
-        if not self.config.oom_recovery:
-            raise OutOfMemoryStop(f"out of memory at micro-batch {s.micro_batch} "
-                                  "(--oom-recovery off); try a smaller --micro-batch")
-        if s.micro_batch == 1:
-            raise OutOfMemoryStop("out of memory even at micro-batch 1: the model does not fit on this device")
-        self._set_shape(max(1, s.micro_batch // 2))
-
-    def _set_shape(self, micro_batch: int) -> None:
-        """A smaller micro-batch after an out-of-memory error, with the accumulation that keeps
-        the effective batch."""
-        s = self.settings
-        self.settings = s.with_(micro_batch=micro_batch, accum=math.ceil(s.micro_batch * s.accum / micro_batch))
-        self._emit(OomRecovered(self.step, self.epoch, s.micro_batch, s.accum, self.settings.micro_batch,
-                                self.settings.accum))
+        self.settings = s.with_(micro_batch=micro_batch, accum=accum)
+        self._emit(OomRecovered(self.step, self.epoch, s.micro_batch, s.accum, micro_batch, accum))
 
     def drop_window_grads(self) -> None:
         """Forget a window that will not be stepped: its gradients and any fp16 inf checks."""
@@ -307,14 +321,9 @@ class Trainer(TrainerViews):
             self._agree(nums)
         parts, p = self.prepare(), self.progress
         skip = skip_kind(nums, parts.scaler)
-        if skip == "scaler":
-            p.scaler_skips += 1
-            self._emit(ScalerSkip(launched.step, launched.epoch, scale=float(parts.scaler.get_scale())))
-        elif skip == "nonfinite":
-            p.nonfinite_steps += 1
-            self._emit(NonFinite(launched.step, launched.epoch, params=nonfinite_params(parts.named_params, nums),
-                                 loss_finite=math.isfinite(nums.loss),
-                                 action="stopped" if self.config.nonfinite == "stop" else "skipped"))
+        p.scaler_skips += skip == "scaler"
+        p.nonfinite_steps += skip == "nonfinite"
+        self._emit_all(skip_events(launched, nums, skip, parts, self.config.nonfinite))
         m = step_metrics(launched, nums, skip)
         self._emit(m)
         if not skip:
@@ -322,6 +331,8 @@ class Trainer(TrainerViews):
             p.add_loss(m.loss, nums.count)
         for w in self.watchers:
             self._emit_all(w.on_step(m, self.settings))
+        if self.autopilot is not None and skip != "scaler":
+            self.autopilot.observe(m.step, m.loss, skip == "nonfinite")
         if skip == "nonfinite" and self.config.nonfinite == "stop":
             self._drain()
             raise NonFiniteStop(f"non-finite loss or gradient at step {launched.step}: stopped with the last "
@@ -334,7 +345,7 @@ class Trainer(TrainerViews):
         if nums.step_commands_any:
             self._step_commands_agreed = True
         if nums.min_micro < self.settings.micro_batch:  # another rank ran out of memory and fell back
-            self._set_shape(nums.min_micro)
+            self._set_shape(*smaller_shape(self.settings.micro_batch, self.settings.accum, nums.min_micro))
 
     # -- commands at boundaries -----------------------------------------------------------------
     def _step_boundary(self) -> bool:
@@ -364,14 +375,20 @@ class Trainer(TrainerViews):
             self.store.commit()
 
     # -- checkpoints, failure, finish -------------------------------------------------------------
-    def _save_checkpoint(self, epoch_done: Optional[int] = None) -> None:
-        if not self.ctx.is_main or self.step == 0:
+    def _save_checkpoint(self, epoch_done: Optional[int] = None, step_checkpoint: bool = False) -> None:
+        if self.step == 0:
+            return
+        self._drain()
+        if self.autopilot is not None:  # every rank: each must know the same rollback targets
+            numbered = run_state.numbered_path(self.prepare(), self.step, epoch_done, step_checkpoint)
+            self.autopilot.saved(self.step, numbered or ckpt.last_path(self.run_dir), numbered is not None)
+        if not self.ctx.is_main:
             return
         assert self.store is not None and self.parts is not None
         self._drain()
         self.store.commit()  # metrics first: run.db never lags behind a checkpoint
         try:
-            path = run_state.save(self.parts, self.progress, self.settings, epoch_done)
+            path = run_state.save(self.parts, self.progress, self.settings, epoch_done, step_checkpoint)
         except OSError as e:
             raise TrainingError(f"could not write checkpoint {ckpt.last_path(self.parts.run_dir)}: "
                                 f"{e.strerror or e}; the previous checkpoint is kept") from None
