@@ -410,8 +410,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if interrupts is not None:
             interrupts.close()
     if result.reason == "nonfinite":
-        _say_error(f"non-finite loss or gradient at step {result.steps}; stopped with the last good weights "
-                   f"in {result.run_dir}")
+        why = result.message if "gave up" in result.message else f"non-finite loss or gradient at step {result.steps}"
+        _say_error(f"{why}; stopped with the last good weights in {result.run_dir}")
         return EXIT_FAILED
     if not ns.json and trainer.ctx.is_main:
         loss = result.final_loss if result.final_loss is not None else float("nan")

@@ -27,3 +27,4 @@ class RunResult:
     nonfinite_steps: int = 0
     scaler_skips: int = 0
     losses: list[float] = field(default_factory=list)
+    message: str = ""  # why a run that did not complete stopped, for the user

@@ -129,11 +129,14 @@ def _build(config: TrainConfig, task: Optional[Task], ctx: D.DistContext, claime
     switch = find_switch(task, model)
     if cfg.checkpointing and switch is None:
         raise ConfigError(f"--checkpointing on: {why_no_switch(task, model)}")
+    # A fork reads another run's checkpoint: checked before its own folder is made. A resume
+    # reads its own folder's checkpoints: only once the folder is ours (no writer races it).
+    origin = fork_origin(cfg.fork, cfg, model) if cfg.fork else Origin()
     run_dir, lock = _claim_folder(cfg, ctx)
     if lock is not None:
         claimed.append(lock)
-    origin = (resume_origin(run_dir, model) if cfg.resume else fork_origin(cfg.fork, cfg, model) if cfg.fork
-              else Origin())
+    if cfg.resume:
+        origin = resume_origin(run_dir, model)
 
     D.init(ctx, device)  # the process group, once the input is known good
     net: torch.nn.Module = model

@@ -128,7 +128,7 @@ class Trainer(TrainerViews):
     # -- the run --------------------------------------------------------------------------
     def run(self) -> RunResult:
         parts = self.prepare()
-        reason = "completed"
+        reason, message = "completed", ""
         try:
             self._open(parts)
             self._emit(RunStarted(self.step, self.epoch, run_dir=os.path.abspath(parts.run_dir),
@@ -153,8 +153,8 @@ class Trainer(TrainerViews):
             self._emit(self._lr_plan())
             self._emit_all(BatchNormWatcher(parts.model).check(self.step, self.epoch, self.settings))
             reason = self._train_epochs(parts)
-        except NonFiniteStop:
-            reason = "nonfinite"
+        except NonFiniteStop as e:
+            reason, message = "nonfinite", str(e)
             self._save_checkpoint()
         except BaseException as e:
             self._fail(e)
@@ -165,7 +165,7 @@ class Trainer(TrainerViews):
         self._finish("finished")
         losses = self._losses
         return RunResult(parts.run_dir, self.step, self.epoch - 1, reason, losses[-1] if losses else None,
-                         self.progress.nonfinite_steps, self.progress.scaler_skips, losses)
+                         self.progress.nonfinite_steps, self.progress.scaler_skips, losses, message)
 
     def _train_epochs(self, parts: RunParts) -> str:
         cfg, p = self.config, self.progress
@@ -224,7 +224,7 @@ class Trainer(TrainerViews):
         trouble = ap.pending
         if not ap.rolled_back():
             raise NonFiniteStop(f"gave up after {MAX_IN_A_ROW} rollbacks in a row without progress ({trouble.reason} "
-                                f"at step {trouble.at_step}): stopped with the last checkpoint")
+                                f"at step {trouble.at_step})")
         self.progress, settings, event = roll_back(parts, self.progress, self.settings, trouble,
                                                    ap.target(trouble), ap.start_state)
         if self.store is not None:

@@ -1,0 +1,185 @@
+"""Run tree (issue 13): step checkpoints and their retention; a fork with no change reproduces
+its parent's following steps bit for bit; a fork with a change records and applies it from its
+first step; parent links across three generations; the autopilot rolls back on repeated NaN
+and on a spike, and gives up after repeated rollbacks."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from engine import checkpoint as ckpt
+from engine.store import RunReader
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+TASK = textwrap.dedent("""
+    import os, torch
+    import torch.nn.functional as F
+    from engine import Task
+
+    def build_task(seed, bad_from=0, bad_until=0, spike_at=0, always_bad=False):
+        state = {"calls": 0}
+        def loss(model, batch):
+            x, y = batch
+            out = F.cross_entropy(model(x), y, reduction="sum")
+            if model.training:
+                state["calls"] += 1
+                step = (state["calls"] + 1) // 2  # two micro-batches a window
+                if always_bad and step >= bad_from or bad_from <= step < bad_until:
+                    out = out * float("nan")
+                if spike_at and step == spike_at:
+                    out = out * 50.0
+            return out, len(y)
+        torch.manual_seed(seed)
+        g = torch.Generator().manual_seed(1)
+        x = torch.randn(256, 6, generator=g)
+        y = (x[:, 0] + x[:, 1] > 0).long()
+        model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Dropout(0.1),
+                                    torch.nn.Linear(16, 2))
+        return Task(model=model, train_data=torch.utils.data.TensorDataset(x, y), loss=loss)
+""")
+
+
+@pytest.fixture()
+def task(tmp_path):
+    f = tmp_path / "tree_task.py"
+    f.write_text(TASK)
+    return str(f)
+
+
+def cli(*args):
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    r = subprocess.run([sys.executable, "-m", "engine", "--device", "cpu", *args], env=env, capture_output=True,
+                       text=True, timeout=180, cwd=ROOT)
+    return r
+
+
+def losses(run_dir):
+    return {m["step"]: m["loss"] for m in RunReader(str(run_dir)).metrics()}
+
+
+def test_step_checkpoints_are_written_and_the_last_k_kept(tmp_path, task):
+    run = tmp_path / "parent"
+    r = cli("--task", task, "--epochs", "2", "--micro-batch", "8", "--accum", "2", "--checkpoint-every", "3",
+            "--keep-checkpoints", "2", "--run-dir", str(run))
+    assert r.returncode == 0, r.stderr
+    names = sorted(os.listdir(run / "checkpoints"))
+    assert names == ["epoch-1.pt", "epoch-2.pt", "last.pt", "step-27.pt", "step-30.pt"]  # 16 steps an epoch
+    state = ckpt.load(str(run / "checkpoints" / "step-30.pt"))
+    assert (state["step"], state["epoch"], state["samples"]) == (30, 2, 30 * 16)
+    assert {"model", "optimizer", "rng", "settings", "config", "epoch_offset"} <= set(state)
+
+
+def test_a_fork_with_no_change_reproduces_the_parent_bit_for_bit(tmp_path, task):
+    parent = tmp_path / "parent"
+    r = cli("--task", task, "--epochs", "2", "--micro-batch", "8", "--accum", "2", "--checkpoint-every", "5",
+            "--keep-checkpoints", "10", "--run-dir", str(parent))
+    assert r.returncode == 0, r.stderr
+    child = tmp_path / "child"
+    r = cli("--fork", f"{parent}@step-10", "--run-dir", str(child))
+    assert r.returncode == 0, r.stderr
+    p, c = losses(parent), losses(child)
+    assert sorted(c) == list(range(11, 33))  # the parent's step counter goes on
+    assert all(c[s] == p[s] for s in c)  # bit for bit
+    info = RunReader(str(child)).info()
+    assert info["parent"] == {"run_dir": str(parent), "checkpoint": "step-10", "step": 10, "changed": {}}
+    # Mid-epoch fork: step 10 is inside epoch 1 (16 steps): the rest of its epoch is the same windows.
+    assert [m["samples"] for m in RunReader(str(child)).metrics()][:6] == [16] * 6
+
+
+def test_a_fork_with_a_change_records_it_and_applies_it_from_its_first_step(tmp_path, task):
+    parent = tmp_path / "parent"
+    assert cli("--task", task, "--epochs", "1", "--micro-batch", "8", "--accum", "2", "--checkpoint-every", "4",
+               "--run-dir", str(parent)).returncode == 0
+    child = tmp_path / "child"
+    r = cli("--fork", f"{parent}@step-8", "--lr", "0.0005", "--accum", "4", "--run-dir", str(child))
+    assert r.returncode == 0, r.stderr
+    rows = RunReader(str(child)).metrics()
+    assert rows[0]["step"] == 9 and all(m["lr"] == 0.0005 and m["accum"] == 4 for m in rows)
+    assert RunReader(str(child)).info()["parent"]["changed"] == {"lr": 0.0005, "accum": 4}
+    # Negative control: the same fork without the change trains differently.
+    same = tmp_path / "same"
+    assert cli("--fork", f"{parent}@step-8", "--run-dir", str(same)).returncode == 0
+    assert losses(same)[9] == losses(parent)[9] and losses(child)[10] != losses(parent)[10]
+
+
+def test_parent_links_across_three_generations(tmp_path, task):
+    a, b, c = tmp_path / "a", tmp_path / "b", tmp_path / "c"
+    assert cli("--task", task, "--epochs", "1", "--micro-batch", "8", "--accum", "4", "--run-dir", str(a)).returncode == 0
+    assert cli("--fork", str(a), "--epochs", "2", "--clip", "0.5", "--run-dir", str(b)).returncode == 0
+    r = cli("--fork", f"{b}@epoch-2", "--epochs", "3", "--run-dir", str(c))
+    assert r.returncode == 0, r.stderr
+    pb, pc = RunReader(str(b)).info()["parent"], RunReader(str(c)).info()["parent"]
+    assert pb["run_dir"] == str(a) and pb["checkpoint"] == "last" and pb["step"] == 8
+    assert pb["changed"] == {"epochs": 2, "clip": 0.5}
+    assert pc["run_dir"] == str(b) and pc["checkpoint"] == "epoch-2" and pc["step"] == 16
+    assert pc["changed"] == {"epochs": 3}
+    assert min(losses(c)) and sorted(losses(c)) == list(range(17, 25))
+
+
+def test_forks_of_what_is_not_there_are_bad_input(tmp_path, task):
+    parent = tmp_path / "parent"
+    assert cli("--task", task, "--epochs", "1", "--micro-batch", "8", "--accum", "4", "--run-dir", str(parent)).returncode == 0
+    for spec, words in ((f"{parent}@step-3", "no checkpoint step-3"), (str(tmp_path / "nothing"), "not a run folder")):
+        r = cli("--fork", spec, "--run-dir", str(tmp_path / "x"))
+        assert r.returncode == 2 and r.stderr.startswith("error: ") and words in r.stderr, r.stderr
+        assert not (tmp_path / "x").exists()
+
+
+def test_rollback_on_repeated_nan_ends_finite_where_skipping_does_not(tmp_path, task):
+    common = ("--task", task, "--epochs", "1", "--micro-batch", "8", "--accum", "2", "--checkpoint-every", "2",
+              "--task-arg", "always_bad=true", "--task-arg", "bad_from=7")
+    # Skip-only: from step 7 on every window is NaN and nothing recovers.
+    skip = tmp_path / "skip"
+    assert cli(*common, "--run-dir", str(skip)).returncode == 0
+    rows = RunReader(str(skip)).metrics()
+    assert all(r["nonfinite"] for r in rows if r["step"] >= 7)
+    # Rollback: a NaN stretch that ends (steps 7-9) is rolled back past and the run ends finite.
+    roll = tmp_path / "roll"
+    r = cli("--task", task, "--epochs", "1", "--micro-batch", "8", "--accum", "2", "--checkpoint-every", "2",
+            "--task-arg", "bad_from=7", "--task-arg", "bad_until=10", "--nonfinite", "rollback",
+            "--lr", "0.01", "--run-dir", str(roll))
+    assert r.returncode == 0, r.stderr
+    reader = RunReader(str(roll))
+    events = reader.events(kinds={"rolled_back"})
+    assert len(events) >= 1
+    e = events[0]["data"]
+    assert e["to_step"] == 6 and e["from_step"] == 8 and e["new_lr"] == pytest.approx(0.005)
+    rows = reader.metrics()
+    assert not rows[-1]["nonfinite"] and torch.isfinite(torch.tensor(rows[-1]["loss"]))
+    assert rows[-1]["lr"] == pytest.approx(0.005)
+    discarded = reader.discarded()
+    assert {d["step"] for d in discarded} >= {7, 8} and all("rolled back" in d["reason"] for d in discarded)
+
+
+def test_rollback_on_a_spike(tmp_path, task):
+    run = tmp_path / "spike"
+    r = cli("--task", task, "--epochs", "1", "--micro-batch", "8", "--accum", "2", "--checkpoint-every", "4",
+            "--task-arg", "spike_at=14", "--spike-factor", "5", "--lr", "0.01", "--run-dir", str(run))
+    assert r.returncode == 0, r.stderr
+    events = RunReader(str(run)).events(kinds={"rolled_back"})
+    assert len(events) == 1 and events[0]["data"]["reason"] == "spike"
+    assert events[0]["data"]["from_step"] == 14 and events[0]["data"]["to_step"] == 12
+    # Negative control: without --spike-factor the spike is trained on.
+    plain = tmp_path / "plain"
+    assert cli("--task", task, "--epochs", "1", "--micro-batch", "8", "--accum", "2", "--checkpoint-every", "4",
+               "--task-arg", "spike_at=14", "--lr", "0.01", "--run-dir", str(plain)).returncode == 0
+    assert not RunReader(str(plain)).events(kinds={"rolled_back"})
+
+
+def test_rollback_gives_up_after_repeated_rollbacks(tmp_path, task):
+    run = tmp_path / "hopeless"
+    r = cli("--task", task, "--epochs", "3", "--micro-batch", "8", "--accum", "2", "--checkpoint-every", "2",
+            "--task-arg", "always_bad=true", "--task-arg", "bad_from=5", "--nonfinite", "rollback",
+            "--run-dir", str(run))
+    assert r.returncode == 1
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: ") and "gave up after 3 rollbacks" in last, r.stderr
+    reader = RunReader(str(run))
+    assert len(reader.events(kinds={"rolled_back"})) == 3
+    assert os.path.exists(run / "checkpoints" / "last.pt")
