@@ -254,6 +254,24 @@ class MemoryForecast(Event):
 
 
 @dataclass(frozen=True)
+class MemoryLevers(Event):
+    """The "what fits" table (engine/levers.py): one row per (micro-batch, precision,
+    checkpointing) with the predicted peak, whether it fits, the accumulation that keeps the
+    effective batch, and where the number comes from (measured, fit, extrapolated, unknown).
+    Emitted on CUDA when a new micro-batch size or state was measured."""
+    capacity: Optional[int]
+    usable: Optional[int]
+    rows: tuple[tuple[int, str, bool, Optional[int], Optional[bool], int, str, bool, bool], ...]
+    # (micro_batch, precision, checkpointing, predicted_peak, fits, accum, source, current, available)
+    notes: tuple[str, ...] = ()
+    kind: ClassVar[str] = "memory_levers"
+
+    def message(self) -> str:
+        fits = sum(1 for r in self.rows if r[4])
+        return f"what fits: {fits} of {len(self.rows)} micro-batch x precision x checkpointing cells"
+
+
+@dataclass(frozen=True)
 class MemorySnapshot(Event):
     """An out-of-memory error with --memory-snapshot on-oom: the allocator's history, for
     pytorch.org/memory_viz, or why none was written."""

@@ -47,8 +47,8 @@ from .store import RunStore
 from .task import Task
 from .trainer_views import TrainerViews
 from .outcome import NonFiniteStop, OutOfMemoryStop, RunResult, TrainingError  # noqa: F401 - public here too
-from .watchers import (BatchNormWatcher, ClipSaturationWatcher, MemoryForecastWatcher, VramLowWatcher,
-                       Watcher)
+from .watchers import (BatchNormWatcher, ClipSaturationWatcher, LeversWatcher, MemoryForecastWatcher,
+                       VramLowWatcher, Watcher)
 
 
 class Trainer(TrainerViews):
@@ -100,7 +100,11 @@ class Trainer(TrainerViews):
             self.watchers = [ClipSaturationWatcher(), VramLowWatcher(self.config.vram_low_fraction),
                              MemoryForecastWatcher(self.memory_model, self.config.vram_limit,
                                                    self.config.memory_margin, self.ctx.world, self.config.precision),
-                             BatchNormWatcher(self.parts.model)]
+                             BatchNormWatcher(self.parts.model),
+                             LeversWatcher(self.config.precision, self.ctx.world, self.config.vram_limit,
+                                           self.config.memory_margin, self.config.effective_batch,
+                                           self.parts.switch.layers if self.parts.switch else None,
+                                           self.parts.switch is not None)]
         return self.parts
 
     def _rules(self) -> CommandRules:

@@ -120,3 +120,41 @@ class BatchNormWatcher(_Quiet):
 
     def on_settings(self, step: int, epoch: int, settings: LiveSettings, changed: set[str]) -> list[Event]:
         return self.check(step, epoch, settings) if "micro_batch" in changed else []
+
+
+class LeversWatcher(_Quiet):
+    """The "what fits" table, rebuilt when a (state, micro-batch) was measured for the first
+    time. One MemoryModel per (precision, checkpointing) state, so a checkpointing change
+    starts its own line instead of bending the old one."""
+
+    def __init__(self, precision: str, world: int, vram_limit: Optional[int], margin: float,
+                 effective_batch: Optional[int], layers: Optional[int], can_checkpoint: bool) -> None:
+        self.precision, self.world, self.vram_limit, self.margin = precision, world, vram_limit, margin
+        self.effective_batch, self.layers, self.can_checkpoint = effective_batch, layers, can_checkpoint
+        self.models: dict[tuple[str, bool], MemoryModel] = {}
+
+    def on_step(self, m: StepMetrics, settings: LiveSettings) -> list[Event]:
+        from . import levers
+        from .events import MemoryLevers
+        if not m.mem_peak or m.mem_total is None:
+            return []
+        state = (self.precision, settings.checkpointing)
+        model = self.models.setdefault(state, MemoryModel())
+        if m.micro_batch in model.points:
+            model.add(m.micro_batch, m.mem_peak)
+            return []
+        model.add(m.micro_batch, m.mem_peak)
+        others = max(0, (m.mem_used or 0) - (m.mem_reserved or 0))
+        capacity = int(min(self.vram_limit or m.mem_total, m.mem_total - others))
+        persistent = (levers.Persistent(params=m.mem_params, grads=m.mem_grads or 0, optimizer=m.mem_optimizer or 0)
+                      if m.mem_params is not None else None)
+        current = levers.Current(micro_batch=settings.micro_batch, accum=settings.accum, precision=self.precision,
+                                 checkpointing=settings.checkpointing, world=self.world,
+                                 effective_batch=self.effective_batch)
+        table = levers.build_table(self.models, current, capacity=capacity, margin=self.margin,
+                                   persistent=persistent, checkpoint=levers.CheckpointModel(layers=self.layers),
+                                   can_checkpoint=self.can_checkpoint)
+        rows = tuple((c.micro_batch, c.precision, c.checkpointing, c.predicted_peak, c.fits, c.accum, c.source,
+                      c.current, c.available) for c in table.cells)
+        return [MemoryLevers(m.step, m.epoch, capacity=table.capacity, usable=table.usable, rows=rows,
+                             notes=tuple(table.notes))]

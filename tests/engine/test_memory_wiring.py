@@ -141,3 +141,30 @@ def test_an_out_of_memory_error_writes_a_snapshot_where_the_gpu_would(tmp_path):
     Trainer(TrainConfig(device="cpu", micro_batch=4, accum=2, epochs=1, run_dir=str(tmp_path / "plain")),
             task=task2).run()
     assert not (tmp_path / "plain" / "memory").exists()
+
+
+def test_the_levers_watcher_publishes_the_table_when_a_new_size_is_measured():
+    from engine.events import StepMetrics
+    from engine.schema import LiveSettings
+    from engine.watchers import LeversWatcher
+    w = LeversWatcher("bf16", 1, None, 0.0, None, layers=12, can_checkpoint=True)
+    s = LiveSettings(8, 8, 1e-3, 1.0, "none")
+    GiB = 2**30
+
+    def step(k, micro, peak):
+        return StepMetrics(k, 1, loss=1.0, grad_norm=1.0, clipped=False, lr=1e-3, accum=64 // micro, clip=1.0,
+                           micro_batch=micro, samples=64, tokens=64, step_time=0.1, throughput=1.0, nonfinite=False,
+                           scaler_skipped=False, mem_peak=peak, mem_used=peak + GiB, mem_reserved=peak, mem_total=24 * GiB,
+                           mem_params=GiB // 2, mem_grads=GiB // 2, mem_optimizer=GiB)
+    first = w.on_step(step(1, 8, 6 * GiB), s)
+    assert len(first) == 1 and first[0].kind == "memory_levers"
+    assert w.on_step(step(2, 8, 6 * GiB), s) == []  # nothing new measured: no new table
+    table = w.on_step(step(3, 16, 10 * GiB), s.with_(micro_batch=16, accum=4))[0]
+    rows = {(r[0], r[1], r[2]): r for r in table.rows}
+    measured = rows[(16, "bf16", False)]
+    assert measured[3] == 10 * GiB and measured[6] == "measured" and measured[7]  # current cell
+    line = rows.get((32, "bf16", False))
+    assert line is not None and line[6] == "fit" and line[3] == 18 * GiB  # 2 + 0.5 x 32 GiB from the two points
+    assert line[4] == (18 * GiB <= table.capacity)
+    assert any(r[6] == "extrapolated" for r in table.rows)  # other precisions and checkpointing
+    assert table.capacity == 24 * GiB - GiB
