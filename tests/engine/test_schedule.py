@@ -111,3 +111,13 @@ def test_a_task_scheduler_with_an_engine_schedule_is_bad_input(tmp_path):
     with pytest.raises(ConfigError, match="own lr scheduler"):
         run_trainer(task, tmp_path / "both", lr_schedule="cosine")
     assert not (tmp_path / "both" / "run.db").exists()
+
+
+@pytest.mark.parametrize("rule,factor", [("linear", 4.0), ("sqrt", 2.0), ("none", 1.0)])
+def test_reference_batch_scales_the_given_lr_to_the_runs_batch(tmp_path, rule, factor):
+    run = run_trainer(make_task(24), tmp_path / rule, lr=0.1, micro_batch=4, accum=2, epochs=1,
+                      lr_scaling=rule, reference_batch=2)  # tuned for 2, trained at 8
+    assert all(m.lr == pytest.approx(0.1 * factor) for m in run.steps)
+    if rule != "none":
+        applied = run.of("settings_applied")[0]
+        assert applied.at == "start" and applied.changes == (("lr", 0.1, pytest.approx(0.1 * factor)),)
