@@ -5,13 +5,21 @@ PATH and --quit-when-done, so scripts and tests can drive it:
 
     QT_QPA_PLATFORM=offscreen python -m app --task mlp --epochs 2 --autostart --quit-when-done --screenshot shot.png
 
-A bad flag prints one `error: ...` line on stderr and exits 2, before any window.
-A task file that fails to load is a dialog in the window (and, with --quit-when-done,
-also an `error:` line and exit 2). torch is not imported on the way to the window.
+A bad flag prints one `error: ...` line on stderr and exits 2, before any window (a
+--screenshot path that cannot be written too: its folder is tried first). A task file
+that fails to load is a dialog in the window (and, with --quit-when-done, also an `error:`
+line and exit 2). With --quit-when-done: exit 1 if the run failed, if the PNG could not be
+written at the end, or if the run folder given to --open could not be shown.
+
+SIGTERM / Ctrl+C: the window closes the normal way (the engine stops at the next
+micro-batch with a checkpoint, exit 0); at a second signal, or if the engine thread is
+still in task code FORCE_AFTER_S after a SIGTERM, the app ends at once (run.db committed
+first, exit 130), never staying alive invisible. torch is not imported on the way to the window.
 """
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import signal
 import sys
@@ -21,7 +29,9 @@ from typing import Any, Optional, Sequence
 from engine.cli import add_run_flags, config_from_args
 from engine.config import ConfigError, TrainConfig
 
-EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+log = logging.getLogger("headroom.main")
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
+FORCE_AFTER_S = 5.0  # after a SIGTERM: how long the engine thread may take to stop
 _T0 = time.perf_counter()
 
 
@@ -59,6 +69,27 @@ def check_task_spec(spec: str) -> None:
     raise ConfigError(f"unknown task {spec!r}: use one of {', '.join(BUILTIN_TASKS)}, a path/to/file.py or module:attr")
 
 
+def screenshot_problem(path: str) -> str:
+    """Why a PNG could not be written at `path`, checked before any window (a file made and
+    removed in its folder), or ''."""
+    import tempfile
+    full = os.path.abspath(path)
+    if path.endswith(("/", os.sep)) or os.path.isdir(full):
+        return "is a folder, not a file name"
+    folder = os.path.dirname(full)
+    if not os.path.isdir(folder):
+        return f"folder {folder} does not exist"
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".headroom-probe-", suffix=".png", dir=folder)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        return f"folder {folder} is not writable ({e.strerror or e})"
+    if os.path.exists(full) and not os.access(full, os.W_OK):
+        return "the file exists and is not writable"
+    return ""
+
+
 def parse_args(argv: Optional[Sequence[str]]) -> tuple[argparse.Namespace, dict[str, Any]]:
     """Returns the namespace and the run flags given (as TrainConfig fields). Raises ConfigError."""
     ns = build_parser().parse_args(argv)
@@ -71,9 +102,9 @@ def parse_args(argv: Optional[Sequence[str]]) -> tuple[argparse.Namespace, dict[
     if "task" in given:
         check_task_spec(str(given["task"]))
     if ns.screenshot:
-        folder = os.path.dirname(os.path.abspath(ns.screenshot))
-        if not os.path.isdir(folder):
-            raise ConfigError(f"--screenshot {ns.screenshot}: folder {folder} does not exist")
+        problem = screenshot_problem(ns.screenshot)
+        if problem:
+            raise ConfigError(f"--screenshot {ns.screenshot}: {problem}")
     if ns.open and not os.path.isfile(os.path.join(ns.open, "run.db")):
         raise ConfigError(f"--open {ns.open}: not a run folder (no run.db)")
     if ns.quit_when_done and not (ns.autostart or ns.open):
@@ -128,27 +159,51 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     win = MainWindow(base_config=base, theme=ns.theme)
     exit_code = {"code": EXIT_OK}
 
+    def take_screenshot() -> bool:
+        """The PNG at the end; False (with one error line) if it could not be written."""
+        why = "could not write the PNG"
+        try:
+            if win.screenshot(ns.screenshot):
+                return True
+        except Exception as e:  # noqa: BLE001 - a folder gone or replaced since the start, a full disk
+            log.warning("screenshot %s failed: %s", ns.screenshot, e)
+            why = f"could not write the PNG ({getattr(e, 'strerror', None) or e})"
+        print_error(f"--screenshot {ns.screenshot}: {why}")
+        return False
+
     def finish(outcome: dict[str, Any]) -> None:
-        status = outcome.get("status")
-        if ns.screenshot and ns.screenshot_step is None:  # else taken at that step
-            if not win.screenshot(ns.screenshot):
-                print_error(f"--screenshot {ns.screenshot}: could not write the PNG")
+        try:
+            code = outcome_code(outcome)
+        except Exception as e:  # noqa: BLE001 - never a traceback, never a window left open
+            log.exception("finishing failed")
+            print_error(f"{type(e).__name__}: {e}")
+            code = EXIT_FAILED
         if not ns.quit_when_done:
             return
-        if status == "bad_input":
-            print_error(str(outcome.get("message")))
-            code = EXIT_BAD_INPUT
-        elif status == "failed":
-            print_error(f"run failed: {outcome.get('message')}")
-            code = EXIT_FAILED
-        elif outcome.get("reason") == "nonfinite":
-            print_error("non-finite loss or gradient: the run stopped (--nonfinite stop)")
-            code = EXIT_FAILED
-        else:
-            code = EXIT_OK
         exit_code["code"] = code
         QTimer.singleShot(0, win.close_now)
         QTimer.singleShot(0, lambda: app.exit(code))
+
+    def outcome_code(outcome: dict[str, Any]) -> int:
+        status = outcome.get("status")
+        shot_ok = True
+        if ns.screenshot and ns.screenshot_step is None:  # else taken at that step
+            shot_ok = take_screenshot()
+        if not ns.quit_when_done:
+            return EXIT_OK
+        if status == "bad_input":
+            print_error(str(outcome.get("message")))
+            return EXIT_BAD_INPUT
+        if status == "not_shown":
+            print_error(str(outcome.get("message")))
+            return EXIT_FAILED
+        if status == "failed":
+            print_error(f"run failed: {outcome.get('message')}")
+            return EXIT_FAILED
+        if outcome.get("reason") == "nonfinite":
+            print_error("non-finite loss or gradient: the run stopped (--nonfinite stop)")
+            return EXIT_FAILED
+        return EXIT_OK if shot_ok else EXIT_FAILED
 
     from .ui import scripted
     script = scripted.install(win, ns, ns.scripted_changes)  # noqa: F841 - lives with the window
@@ -183,7 +238,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     if ns.open:
         def show_run() -> None:
-            ok = win.open_run(ns.open)
+            try:
+                ok = win.open_run(ns.open)
+            except Exception as e:  # noqa: BLE001 - a bug on a damaged run: say it, never hang
+                log.exception("opening %s failed", ns.open)
+                if ns.screenshot or ns.quit_when_done:
+                    finish({"status": "not_shown", "message": f"--open {ns.open}: the run could not be shown "
+                                                              f"({type(e).__name__}: {e})"})
+                else:
+                    win.show_error("Cannot open the run folder", f"{type(e).__name__}: {e}")
+                return
             if ns.screenshot or ns.quit_when_done:
                 finish({"status": "finished" if ok else "bad_input",
                         "message": win.last_error[1] if win.last_error else ""})
@@ -194,10 +258,38 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 finish({"status": "bad_input", "message": win.last_error[1] if win.last_error else "cannot start"})
         QTimer.singleShot(0, autostart)
 
-    # Ctrl+C / SIGTERM close the window the normal way (stop, checkpoint, join). Python runs
-    # signal handlers only between bytecodes, so a light timer keeps the interpreter ticking.
-    def on_signal(_signum: int, _frame: Any) -> None:
+    # Ctrl+C / SIGTERM close the window the normal way (stop, checkpoint, join). At a second
+    # signal, or FORCE_AFTER_S after a SIGTERM whose engine thread has not ended (task code
+    # blocked in a read that never returns), the process ends anyway: what the run store holds
+    # is committed first (its flusher commits rows at least once a second anyway), exit 130.
+    # A first Ctrl+C waits for the engine as long as it takes (a task still loading, say): the
+    # user at the terminal presses it again to end at once. Python runs signal handlers only
+    # between bytecodes, so a light timer keeps the interpreter ticking.
+    signals = {"count": 0}
+
+    def end_now(why: str) -> None:
+        if not win.runner.is_busy():
+            return  # it has ended: the normal way out goes on
+        saved = win.runner.abandon(timeout=3.0)
+        step = win.runner.step()
+        print_error(f"{why}: ended at once{f' at step {step}' if step is not None else ''}, without a checkpoint"
+                    + ("" if saved is None else "; run.db holds every step so far" if saved
+                       else "; run.db could not take the last rows"))
+        log.warning("ended with the engine thread still running (%s)", why)
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(EXIT_INTERRUPTED)
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        signals["count"] += 1
+        if signals["count"] > 1:
+            end_now("interrupted twice")
+            return
         QTimer.singleShot(0, win.close)
+        if signum == signal.SIGTERM:  # a process manager: it kills what does not go; Ctrl+C waits for a second one
+            QTimer.singleShot(int(FORCE_AFTER_S * 1000),
+                              lambda: end_now(f"SIGTERM: the engine did not stop within {FORCE_AFTER_S:g} s"))
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)

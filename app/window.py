@@ -14,7 +14,8 @@ from typing import Any, Callable, Optional
 
 from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtGui import QCloseEvent
-from PySide6.QtWidgets import QApplication, QDockWidget, QInputDialog, QMainWindow, QMessageBox, QScrollArea, QWidget
+from PySide6.QtWidgets import (QApplication, QDockWidget, QInputDialog, QLabel, QMainWindow, QMessageBox, QScrollArea,
+                               QWidget)
 
 from engine.paths import default_runs_root
 from engine.store import StoreError
@@ -87,6 +88,11 @@ class MainWindow(QMainWindow):
         self.history = HistoryPanel(default_runs_root())
         self.status = StatusBar(self)
         self.setStatusBar(self.status)
+        # Who writes the run shown, while it is going: "live: pid N on HOST" (this process for
+        # its own run; the holder of the run folder's writer lock for a run trained elsewhere).
+        self.live_label = QLabel("")
+        self.live_label.setObjectName("live_writer")
+        self.status.addPermanentWidget(self.live_label)
         scroll = QScrollArea()
         scroll.setWidget(self.controls)
         scroll.setWidgetResizable(True)
@@ -165,6 +171,8 @@ class MainWindow(QMainWindow):
         self.history.browse_requested.connect(self.choose_run_folder)
         self.history.overlay_toggled.connect(self.set_overlay)
         ctl.error.connect(self.show_error)
+        ctl.signals.state_changed.connect(lambda *_: self._sync_live())
+        ctl.signals.model_replaced.connect(lambda *_: self._sync_live())
         ctl.run_dir_known.connect(self._on_run_dir)
         ctl.folder_opened.connect(self._on_folder_opened)
         ctl.run_done.connect(self._on_run_done)
@@ -321,12 +329,23 @@ class MainWindow(QMainWindow):
             self.controller.tick()
             if self._tick_n % STATUS_EVERY == 0:
                 self.views.update_status()
+                self._sync_live()
         except Exception as e:  # never a traceback per tick: log it, say it once
             log.exception("updating the window failed")
             if not self._tick_failed:
                 self._tick_failed = True
                 self.show_error("Display error", f"{type(e).__name__}: {e}\n\nThe run goes on; details are in "
                                                  f"{logs.log_path()}.")
+
+    def live_text(self) -> str:
+        """'live: pid N on HOST' while the run shown is going, else ''."""
+        return self.live_label.text()
+
+    def _sync_live(self) -> None:
+        text = self.session.live_text()
+        if text != self.live_label.text():
+            self.live_label.setText(text)
+            self.live_label.setVisible(bool(text))
 
     def _on_run_dir(self, path: str) -> None:
         self.history.add_extra(path)

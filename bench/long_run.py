@@ -29,12 +29,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
-_TMP = tempfile.mkdtemp(prefix="headroom-long-run-")
-os.environ["HEADROOM_SETTINGS"] = os.path.join(_TMP, "settings.ini")  # never the user's settings
-os.environ["HEADROOM_RUNS"] = os.path.join(_TMP, "runs")
-os.environ["HEADROOM_LOG"] = os.path.join(_TMP, "headroom.log")
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
 
@@ -164,8 +160,13 @@ def main() -> int:
     ap.add_argument("--cpu", action="store_true", help="a CPU run: the memory columns are NULL")
     ap.add_argument("--keep", metavar="DIR", help="generate into DIR (reused if it already holds a run)")
     args = ap.parse_args()
+    os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+    tmp = tempfile.mkdtemp(prefix="headroom-long-run-")
+    os.environ["HEADROOM_SETTINGS"] = os.path.join(tmp, "settings.ini")  # never the user's settings
+    os.environ["HEADROOM_RUNS"] = os.path.join(tmp, "runs")
+    os.environ["HEADROOM_LOG"] = os.path.join(tmp, "headroom.log")
 
-    run_dir = args.keep or os.path.join(_TMP, "long-run")
+    run_dir = args.keep or os.path.join(tmp, "long-run")
     gen_s = 0.0
     if held_steps(run_dir) != args.steps:
         shutil.rmtree(run_dir, ignore_errors=True)
@@ -229,8 +230,7 @@ def main() -> int:
     print("result:", "PASS" if passed else "FAIL")
     win.close_now()
     app.processEvents()
-    if not args.keep:
-        shutil.rmtree(_TMP, ignore_errors=True)
+    shutil.rmtree(tmp, ignore_errors=True)  # a --keep folder stays
     return 0 if passed else 1
 
 

@@ -9,6 +9,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from engine import runlock
 from engine.store import DB_NAME, RunReader, StoreError
 
 
@@ -32,6 +33,95 @@ def pid_alive(pid: Any) -> bool:
         return False
     except (PermissionError, OSError):
         return True  # exists, not ours
+    return True
+
+
+def writer_of(path: str, info: Optional[dict[str, Any]] = None) -> Optional[dict[str, Any]]:
+    """{pid, host, ...} of the live writer of a run folder, or None. The writer lock decides
+    (engine/runlock.py: the kernel's, so it goes with the process, on any host of a shared
+    mount); a folder no locking engine wrote falls back to run.db's status and pid (`info`)."""
+    held = runlock.holder(path)
+    if held is not None:
+        return dict(held)
+    try:
+        if os.path.getsize(runlock.lock_path(path)) > 0:
+            return None  # a locking engine wrote here, and nobody holds the lock now
+    except OSError:
+        pass
+    if info is not None and info.get("status") == "running" and pid_alive(info.get("pid")):
+        return {"pid": info.get("pid"), "host": None}
+    return None
+
+
+def is_live(path: str, info: Optional[dict[str, Any]] = None) -> bool:
+    return writer_of(path, info) is not None
+
+
+# What an engine writes in a run folder before its first step: nothing else is ever removed.
+ENGINE_FILES = (DB_NAME, DB_NAME + "-wal", DB_NAME + "-shm", DB_NAME + "-journal", runlock.LOCK_NAME)
+
+
+def _rows(db_path: str) -> Optional[int]:
+    """Metrics rows (kept and discarded) in a run.db; None if it cannot be told."""
+    import sqlite3
+    from urllib.parse import quote
+    try:
+        db = sqlite3.connect(f"file:{quote(os.path.abspath(db_path))}?mode=ro", uri=True, timeout=1)
+    except sqlite3.Error:
+        return None
+    try:
+        tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        n = 0
+        for t in ("metrics", "discarded_metrics"):
+            if t in tables:
+                n += int(db.execute(f"SELECT count(*) FROM {t}").fetchone()[0] or 0)
+        return n
+    except sqlite3.Error:
+        return None
+    finally:
+        db.close()
+
+
+def remove_if_empty(path: str, keep_folder: bool = False, own_pid: Optional[int] = None) -> bool:
+    """Remove a run folder that holds nothing of a run: no metrics row (kept or discarded), no
+    checkpoint, no file an engine does not write before its first step, and no live writer
+    (but `own_pid`'s, whose engine thread has ended). Only the engine's files are removed,
+    each by name; `keep_folder`: the folder itself stays (it was there before the run).
+    Returns True if it removed the run. Anything it cannot be sure of is left as it is."""
+    try:
+        names = set(os.listdir(path))
+    except OSError:
+        return False
+    held = runlock.holder(path)
+    if held is not None and not (own_pid is not None and held.get("pid") == own_pid):
+        return False
+    ckpt = os.path.join(path, "checkpoints")
+    if "checkpoints" in names:
+        try:
+            if not os.path.isdir(ckpt) or os.listdir(ckpt):
+                return False  # a checkpoint, or the start of one
+        except OSError:
+            return False
+    if names - set(ENGINE_FILES) - {"checkpoints"}:
+        return False  # someone else's files
+    if DB_NAME in names:
+        n = _rows(os.path.join(path, DB_NAME))
+        if n is None or n > 0:
+            return False
+    elif names & {DB_NAME + "-wal", DB_NAME + "-journal"}:
+        return False  # a journal without its database: not ours to judge
+    try:
+        for name in ENGINE_FILES:  # the reading above may have made run.db's -wal and -shm again
+            try:
+                os.unlink(os.path.join(path, name))
+            except FileNotFoundError:
+                pass
+        if "checkpoints" in names:
+            os.rmdir(ckpt)
+        if not keep_folder:
+            os.rmdir(path)
+    except OSError:
+        return False
     return True
 
 
@@ -62,7 +152,7 @@ def summarize(path: str) -> Optional[RunSummary]:
     finally:
         reader.close()
     status = str(info.get("status") or "unknown")
-    if status == "running" and not pid_alive(info.get("pid")):
+    if status == "running" and not is_live(path, info):
         status = "interrupted"
     started = info.get("started")
     steps = info.get("step")

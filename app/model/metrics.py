@@ -306,13 +306,14 @@ class MetricsBuffer:
         first = piece.view("step")[0]
         if len(self) and first <= self.view("step")[-1]:
             self.truncate_after(int(first) - 1)
+        if piece.loader is None:
+            for c in list(self._lazy):  # values from elsewhere (live events) go after the rows read: read those first
+                self._load(c)
         n_before = len(self)
         for c in STEP_COLUMNS:
             base = piece.columns.get(c)
             if c in self._lazy:
-                if piece.loader is not None:
-                    continue  # run.db holds these rows too: they are read with the rest when asked for
-                self._load(c)  # values from elsewhere (live events) go after the rows read
+                continue  # run.db holds these rows too: they are read with the rest when asked for
             if base is None and piece.loader is not None:
                 if n_before == 0:
                     self._lazy[c] = piece.loader  # left out of a large read: read when first asked for

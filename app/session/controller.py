@@ -7,14 +7,18 @@ SessionSignals. The window connects views to those signals and shows `error` as 
 from __future__ import annotations
 
 import logging
+import os
+from dataclasses import dataclass
 from typing import Any, Optional
 
 from PySide6.QtCore import QObject, Signal
 
-from engine.config import ConfigError
-from engine.store import StoreError
+from engine import runlock
+from engine.config import ConfigError, TrainConfig
+from engine.store import RunReader, StoreError
 
 from ..core import logs
+from ..core.runs import remove_if_empty, writer_of
 from .configs import launch_config, launch_dir, start_config
 from .launcher import Launch, LaunchManager
 from .session import RunSession, Update
@@ -24,6 +28,36 @@ from ..model.state import RunState
 from .worker import EngineRunner
 
 log = logging.getLogger("headroom.controller")
+
+
+@dataclass
+class OwnRun:
+    """The run this window's engine thread trains: where, and what was there before."""
+    config: TrainConfig
+    run_dir: Optional[str]  # known once the engine has prepared the run (or given as --run-dir)
+    existed: bool  # the folder was there before Start (given with --run-dir, or resumed): it stays
+
+
+def held_message(path: str, holder: dict[str, Any]) -> str:
+    """Why a folder another live process writes cannot be started or resumed here."""
+    return (f"{runlock.describe(path, holder)}. A run folder has one writer: this window can follow it "
+            "(File > Open run folder) and send it commands, but not train it too. Start again once that run "
+            "has ended, or start a new run in another folder.")
+
+
+def live_writer(path: str) -> Optional[dict[str, Any]]:
+    """The live writer of a folder (runlock, else the status of a run an older engine wrote)."""
+    info: Optional[dict[str, Any]] = None
+    if os.path.isfile(os.path.join(path, "run.db")):
+        try:
+            reader = RunReader(path)
+            try:
+                info = reader.info()
+            finally:
+                reader.close()
+        except StoreError:
+            info = None
+    return writer_of(path, info)
 
 
 class RunController(QObject):
@@ -39,6 +73,7 @@ class RunController(QObject):
         self.runner = EngineRunner(self)
         self.launcher = LaunchManager(self)
         self.outcome: Optional[dict[str, Any]] = None  # how the last run of this window ended
+        self.own: Optional[OwnRun] = None  # the run this window's engine thread trains
         self._resume_used = False  # --resume continues that run once; Start again begins a new one
         self.runner.prepared.connect(self._on_prepared)
         self.runner.bad_input.connect(self._on_bad_input)
@@ -64,10 +99,18 @@ class RunController(QObject):
         except ConfigError as e:
             self.error.emit("Cannot start", str(e))
             return False
+        folder = config.resume or config.run_dir
+        holder = live_writer(folder) if folder else None
+        if holder is not None:  # never a second writer: refused before anything loads or is written
+            assert folder is not None
+            self.error.emit("Cannot start: the run folder is live", held_message(folder, holder))
+            return False
         history: list[Any] = []
         if config.resume:
             self._resume_used = True
             history = self._history(config.resume)
+        self.own = OwnRun(config, config.resume or config.run_dir or None,
+                          existed=bool(config.resume or (config.run_dir and os.path.isdir(config.run_dir))))
         self.outcome = None
         source = LiveSource(self.runner.buffer, self.runner.send, self.runner.stop)
         self.publish(self.session.begin(source, engine=True, history=history))
@@ -93,7 +136,11 @@ class RunController(QObject):
         run.db once it exists."""
         try:
             config = launch_config(base, form)
-            ln = self.launcher.start(config, n, launch_dir(config, n, run_dir))
+            folder = launch_dir(config, n, run_dir)
+            holder = live_writer(folder)
+            if holder is not None:
+                raise ConfigError(held_message(folder, holder))
+            ln = self.launcher.start(config, n, folder)
         except (ConfigError, ValueError, OSError) as e:
             self.error.emit("Cannot start", str(e))
             return None
@@ -154,6 +201,8 @@ class RunController(QObject):
 
     # -- the engine thread -----------------------------------------------------------------
     def _on_prepared(self, run_dir: str) -> None:
+        if self.own is not None:
+            self.own.run_dir = run_dir
         src = self.session.source
         if isinstance(src, LiveSource):
             src.run_dir = run_dir
@@ -179,7 +228,21 @@ class RunController(QObject):
         self.publish(self.session.engine_stopped())
         if self.outcome is None:
             self.outcome = {"status": "finished", "reason": self.session.model.finish_reason}
+        self._forget_empty_run()
         self.run_done.emit(dict(self.outcome))
+
+    def _forget_empty_run(self) -> None:
+        """A run stopped (Stop, the window closed, a signal) or refused before its first step:
+        its folder holds nothing to show, so it does not stay in the run history as an empty
+        run. Removed only if it holds no metrics row and no checkpoint (app/core/runs.py),
+        never a resumed run's folder, never a folder that was there before Start."""
+        own, self.own = self.own, None
+        outcome = self.outcome or {}
+        stopped = outcome.get("reason") == "stopped" or outcome.get("status") == "bad_input"
+        if own is None or own.config.resume or not own.run_dir or not stopped or len(self.session.model.metrics):
+            return
+        if remove_if_empty(own.run_dir, keep_folder=own.existed, own_pid=os.getpid()):
+            log.info("removed %s: the run stopped before its first step", own.run_dir)
 
     # -- torchrun launches -----------------------------------------------------------------
     def _on_launch_ready(self, ln: Launch) -> None:

@@ -16,10 +16,9 @@ import numpy as np
 
 from engine.commands import Command, Stop
 from engine.events import EventBuffer, StepMetrics
-from engine import runlock
 from engine.store import RunReader, StoreError, send_command
 
-from ..core.runs import pid_alive
+from ..core.runs import writer_of
 from ..model.metrics import STEP_COLUMNS, MetricsBuffer, StepColumns
 from ..model.notes import Note
 from .rundb import LAZY_ABOVE, RunDbColumns, metric_columns, read_steps
@@ -96,26 +95,15 @@ class FolderSource:
         self.info = self.reader.info()
         self.writer: Optional[dict[str, Any]] = None  # {pid, host, started} of the live writer
         self._have: Optional[set[str]] = None  # the metrics table's columns
+        self._loader = RunDbColumns(run_dir)
         self._last_step = -1
         self._last_event = 0
         self._next_poll = 0.0
         self.running = self._is_running()
 
     def _is_running(self) -> bool:
-        held = runlock.holder(self.run_dir)
-        if held is not None:
-            self.writer = dict(held)
-            return True
-        self.writer = None
-        try:  # a lock file with a note in it: an engine that locks wrote here, and nobody holds it now
-            if os.path.getsize(runlock.lock_path(self.run_dir)) > 0:
-                return False
-        except OSError:
-            pass
-        if self.info.get("status") == "running" and pid_alive(self.info.get("pid")):
-            self.writer = {"pid": self.info.get("pid"), "host": None}
-            return True
-        return False
+        self.writer = writer_of(self.run_dir, self.info)
+        return self.writer is not None
 
     def interrupted(self) -> bool:
         """run.db says running, but no process is writing it (killed, or crashed)."""
@@ -140,8 +128,9 @@ class FolderSource:
             raise StoreError(f"{self.reader.path}: {e}") from None
         if columns is None:
             return None
-        return StepColumns(columns, loader=RunDbColumns(self.run_dir) if partial else None,
-                           counts_tokens=counts_tokens)
+        # Every row read is in run.db: the loader can read any column left out, now or later
+        # (a column a large read left out stays out while the run is followed).
+        return StepColumns(columns, loader=self._loader, counts_tokens=counts_tokens)
 
     def poll(self, force: bool = False) -> list[Any]:
         """New steps (StepColumns pieces) and notes since the last poll, in order, at most

@@ -207,6 +207,33 @@ class EngineRunner(QObject):
         if self._worker is not None:
             self._worker.request_stop()
 
+    def _trainer(self) -> Any:
+        worker = self._worker
+        if worker is None:
+            return None
+        with worker._lock:
+            return worker._trainer
+
+    def step(self) -> Optional[int]:
+        """The step the engine has reached (None before its run started)."""
+        step = getattr(self._trainer(), "step", None)
+        return step if isinstance(step, int) else None
+
+    def abandon(self, timeout: float = 3.0) -> Optional[bool]:
+        """The app is about to exit with the engine thread still inside task code (it cannot
+        be stopped, and is never terminated): mark the run interrupted and write what the run
+        store holds. True if it is all on disk, False if not, None if there is no store yet.
+        Thread-safe: the store takes writes from any thread (its flusher writes too)."""
+        store = getattr(self._trainer(), "store", None)
+        if store is None:
+            return None
+        try:
+            store.set_info(status="interrupted", finished=time.time())
+            return bool(store.commit(timeout=timeout))
+        except Exception:  # noqa: BLE001 - exiting anyway
+            log.exception("committing the run store before exiting")
+            return False
+
     def join(self, timeout_s: float = 2.0) -> bool:
         """Wait for the engine thread to end. True if it has (or none was running)."""
         thread = self._thread
