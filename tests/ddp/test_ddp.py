@@ -197,3 +197,26 @@ def test_a_loss_reading_model_config_and_a_step_level_change_under_torchrun(tmp_
     assert 2 <= k < 16 and lrs[:k] == [0.05] * k and lrs[k:] == [0.01] * (16 - k)  # within the epoch
     applied = RunReader(str(run_dir)).events(kinds={"settings_applied"})
     assert applied[0]["data"]["at"] == "step" and applied[0]["data"]["from_step"] == k + 1
+
+
+def test_rollback_and_fork_agree_on_every_rank(tmp_path):
+    """NaN on rank 1 only, twice in a row: both ranks roll back to the same checkpoint with the
+    same lr; a fork of the rolled-back run (torchrun again) reproduces the parent's steps."""
+    a = tmp_path / "a"
+    a.mkdir()
+    logs, weights = torchrun_worker(a, epochs=2, checkpoint_every=2, nonfinite="rollback", nan_by_call=1,
+                                    extra_env={"HEADROOM_TEST_NAN_AT": "1:5,1:6"})
+    assert max_diff(weights[0], weights[1]) == 0.0
+    assert [(e["step"], e["lr"], e["wsum"]) for e in logs[0]] == [(e["step"], e["lr"], e["wsum"]) for e in logs[1]]
+    reader = RunReader(str(a / "run"))
+    rolled = reader.events(kinds={"rolled_back"})
+    assert len(rolled) == 1 and rolled[0]["data"]["to_step"] == 4 and rolled[0]["data"]["new_lr"] == 0.025
+    assert {d["step"] for d in reader.discarded()} >= {5, 6}
+    parent = {m["step"]: m["loss"] for m in reader.metrics()}
+    b = tmp_path / "b"
+    b.mkdir()
+    logs_b, weights_b = torchrun_worker(b, epochs=2, fork=f"{a / 'run'}@step-8", run="fork")
+    assert max_diff(weights_b[0], weights_b[1]) == 0.0
+    fork = {m["step"]: m["loss"] for m in RunReader(str(b / "fork")).metrics()}
+    assert min(fork) == 9 and fork and all(fork[s] == parent[s] for s in fork)
+    assert max_diff(weights_b[0], weights[0]) == 0.0  # the fork ends where the parent ended

@@ -70,10 +70,11 @@ def build_task(seed: int) -> Task:
                 raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.00 GiB (injected)")
         logits = model(x)
         s = F.cross_entropy(logits.reshape(-1, VOCAB), y.reshape(-1), ignore_index=IGNORE, reduction="sum")
-        if nan_at and model.training:
-            r, step = map(int, nan_at.split(":"))
-            if r == rank and _window[0] == step:
-                s = s * float("nan")
+        if nan_at and model.training:  # "R:S" or "R:S1,R:S2"
+            for spec in nan_at.split(","):
+                r, step = map(int, spec.split(":"))
+                if r == rank and _window[0] == step:
+                    s = s * float("nan")
         return s, (y != IGNORE).sum()
 
     torch.manual_seed(seed)

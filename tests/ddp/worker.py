@@ -43,16 +43,27 @@ def main() -> None:
     if opts.get("local_count") == "1":
         # Negative control: normalise by each rank's own count, not the all-reduced one.
         D.all_reduce_sum = lambda t, ctx: t
+    extra = {}
+    if "checkpoint_every" in opts:
+        extra["checkpoint_every"] = int(opts["checkpoint_every"])
+        extra["keep_checkpoints"] = 100
+    if "nonfinite" in opts:
+        extra["nonfinite"] = opts["nonfinite"]
+    if "fork" in opts:
+        extra["fork"] = opts["fork"]
     cfg = TrainConfig(task="tests/ddp/varlen_task.py", micro_batch=int(opts.get("micro", 2)),
                       accum=int(opts.get("accum", 2)), epochs=int(opts.get("epochs", 1)), lr=0.05, clip=0.0,
-                      run_dir=os.path.join(out, "run"), device="cpu", seed=3)
+                      run_dir=os.path.join(out, opts.get("run", "run")), device="cpu", seed=3, **extra)
     trainer = Trainer(cfg, task=varlen_task.build_task(cfg.seed))
     signal.signal(signal.SIGTERM, lambda *_: trainer.request_stop())
     log = []
     original_step = trainer.step_window
 
+    calls = {"n": 0}
+
     def step(window):
-        varlen_task._window[0] = trainer.step + 1
+        calls["n"] += 1  # nan_by_call=1: NaN by the window's place in the data, not the step counter
+        varlen_task._window[0] = calls["n"] if opts.get("nan_by_call") == "1" else trainer.step + 1
         skipped_before = trainer.nonfinite_steps
         trained = original_step(window)  # on CPU a step's numbers are resolved at once
         log.append(dict(step=trainer.step, epoch=trainer.epoch, micro=trainer.settings.micro_batch,
