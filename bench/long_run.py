@@ -145,6 +145,12 @@ def held_steps(run_dir: str) -> int:
         return -1
 
 
+def held_bytes(arr) -> int:
+    """Bytes of the filled part of one of the model's growable arrays."""
+    v = arr.view()
+    return len(v) * v.itemsize
+
+
 def machine() -> str:
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     try:
@@ -212,8 +218,8 @@ def main() -> int:
     peak = status_mb("VmHWM") if peak_reset else float("nan")
     buf = win.model.metrics
     n = len(buf)
-    model_mb = buf.nbytes() / 2 ** 20
-    pyr_mb = sum(sum(lo.nbytes + hi.nbytes for lo, hi in p.levels) for p in buf._pyramids.values()) / 2 ** 20
+    model_mb = sum(held_bytes(a) for a in buf.cols.values()) / 2 ** 20
+    pyr_mb = sum(held_bytes(lo) + held_bytes(hi) for p in buf._pyramids.values() for lo, hi in p.levels) / 2 ** 20
 
     print(f"machine: {machine()}")
     print(f"run.db: {args.steps:,} steps ({'CPU' if args.cpu else 'GPU'} columns), {db_mb:.0f} MB"

@@ -38,6 +38,7 @@ STEP_COLUMNS = (
     "step", "epoch", "loss", "grad_norm", "lr", "accum", "clip", "micro_batch", "samples", "tokens",
     "clipped", "nonfinite", "throughput", "step_time", "mem_allocated", "mem_reserved", "mem_peak",
     "mem_used", "mem_total", "time",
+    "mem_params", "mem_grads", "mem_optimizer", "mem_activations",  # bytes by kind (activations: CUDA only)
 )
 _F32, _F64 = np.dtype(np.float32), np.dtype(np.float64)
 COLUMN_DTYPES: dict[str, np.dtype] = {c: _F32 for c in STEP_COLUMNS}
@@ -56,6 +57,17 @@ def _num(v: Any) -> float:
         return float(v)
     except (TypeError, ValueError, OverflowError):
         return math.nan
+
+
+def _as_floats(a: np.ndarray) -> list[float]:
+    if a.dtype != _F32:
+        return a.tolist()
+    f = a.astype(np.float64)
+    with np.errstate(invalid="ignore"):
+        frac = np.isfinite(f) & (f != np.floor(f))
+    if frac.any():
+        f[frac] = [float(str(v)) for v in a[frac]]
+    return f.tolist()
 
 
 @dataclass
@@ -421,11 +433,9 @@ class MetricsBuffer:
         return self._tokens
 
     def rows(self, columns: Optional[Iterable[str]] = None, chunk: int = 4096) -> Iterable[list[float]]:
-        """Row by row as Python floats; a float32 value as the shortest decimal that is it
-        (0.1, not 0.10000000149011612)."""
+        """Row by row as Python floats; a float32 fraction as the shortest decimal that is it
+        (0.1, not 0.10000000149011612), a whole number (bytes, counts) as itself."""
         names = list(columns or (*STEP_COLUMNS, "loss_ema"))
         arrays = [self.view(c) for c in names]
         for i0 in range(0, len(self), chunk):
-            cols = [[float(str(v)) for v in a[i0:i0 + chunk]] if a.dtype == _F32 else a[i0:i0 + chunk].tolist()
-                    for a in arrays]
-            yield from (list(r) for r in zip(*cols))
+            yield from (list(r) for r in zip(*[_as_floats(a[i0:i0 + chunk]) for a in arrays]))

@@ -21,7 +21,7 @@ import numpy as np
 
 from engine.store import RunReader, StoreError
 
-from ..model.metrics import COLUMN_DTYPES, STEP_COLUMNS, StepColumns
+from ..model.metrics import COLUMN_DTYPES, STEP_COLUMNS
 
 log = logging.getLogger("headroom.rundb")
 

@@ -110,7 +110,7 @@ def test_samples_seen_tokens_seen_and_wall_follow_the_steps():
     assert len(pieces) == 210 and pieces.view("samples_seen")[-1] == np.nansum(samples[:200]) + 10
     assert pieces.view("tokens_seen")[-1] == np.nansum(tokens[:200]) + 20
     # Plots draw them like any column.
-    idx, y = pieces.pyramid("samples_seen").decimate(0, len(pieces), 100)
+    _idx, y = pieces.pyramid("samples_seen").decimate(0, len(pieces), 100)
     assert y[-1] == pieces.view("samples_seen")[-1]
 
 
