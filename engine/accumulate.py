@@ -18,7 +18,7 @@ import torch
 
 from . import distributed as D
 from . import grads as G
-from .step import InFlight, pack
+from .step import InFlight
 from .task import check_loss_output
 
 
@@ -41,6 +41,18 @@ class WindowContext:
     stepper: Any  # step.SyncStep | step.DeferredStep
     loss_checked: bool = False
     commands_waiting: Callable[[], bool] = lambda: False  # rank 0: commands for the next step boundary
+    _totals: Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None
+
+    def totals(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One small float64 buffer for the window's loss sum and count, zeroed for each window
+        (and its two views), instead of a new tensor and two views every step. It holds two
+        numbers, never a graph: nothing of a micro-batch outlives its backward."""
+        if self._totals is None:
+            t = torch.zeros(2, device=self.device, dtype=torch.float64)
+            self._totals = (t, t[0], t[1])
+        else:
+            self._totals[0].zero_()
+        return self._totals
 
     @property
     def loss_model(self) -> Any:
@@ -65,10 +77,9 @@ def train_window(w: WindowContext, batches: Iterable[Any], n_micro: int, window_
                  micro_batch: int, stop_requested: Callable[[], bool]) -> InFlight:
     dev, ddp = w.device, w.ctx.enabled
     host_scale = 1.0 / window_samples  # keeps gradients O(1) before the exact division (fp16-friendly)
-    totals = torch.zeros(2, device=dev, dtype=torch.float64)  # the window's loss sum and count
+    totals, loss_acc, count_acc = w.totals()  # the window's loss sum and count, zeroed
     # Hot path: add_ into views of totals (one op, not the three of `totals[i] += x`), and
     # int counts added on the host, exactly, flushed before any tensor count and after the loop.
-    loss_acc, count_acc = totals[0], totals[1]
     host_count = host_total = 0
     tensor_count = False
     for i, batch in enumerate(batches):
@@ -127,4 +138,4 @@ def train_window(w: WindowContext, batches: Iterable[Any], n_micro: int, window_
     norm = torch.linalg.vector_norm(per_param)
     if clip > 0:
         G.clip_(w.params, clip, norm)
-    return w.stepper.finish(pack(totals, agree, norm, per_param))
+    return w.stepper.finish(totals, agree, norm, per_param)

@@ -45,7 +45,7 @@ class CommandInbox:
     def poll(self, step: int, epoch: int, next_epoch: int, force: bool = False) -> None:
         """Collect new commands; `next_epoch` is the epoch a setting would apply from."""
         fresh: list[Pending] = []
-        while True:
+        while self.queue.qsize():  # (no exception raised and caught on every step when empty)
             try:
                 fresh.append((self.queue.get_nowait(), None))
             except queue.Empty:
@@ -67,7 +67,7 @@ class CommandInbox:
         self._pending.extend(fresh)
         if self.ctx.enabled and force:
             self._share(step)
-        if any(isinstance(c, Stop) for c, _ in self._pending):
+        if (fresh or (self.ctx.enabled and force)) and any(isinstance(c, Stop) for c, _ in self._pending):
             self.stop.set()
 
     def _share(self, step: int) -> None:

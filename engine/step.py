@@ -1,7 +1,7 @@
 """The optimizer step after a window's last backward, in two variants behind one interface.
 
-Both get the window's numbers as one device tensor (`pack`) and return an
-`InFlight` whose `numbers()` gives the `WindowNumbers` on the host:
+Both get the window's numbers as device tensors (totals, DDP agreement, norm, per-parameter
+norms) and return an `InFlight` whose `numbers()` gives the `WindowNumbers` on the host:
 
 - `SyncStep` (CPU, or an optimizer that cannot skip on the device): reads the
   numbers to the host now, the step's one CPU-GPU sync, and steps or skips there.
@@ -59,6 +59,12 @@ def device_bad(packed: torch.Tensor, ddp: bool) -> torch.Tensor:
     return ~(torch.isfinite(norm) & torch.isfinite(packed[0]) & (packed[1] > 0))
 
 
+def _agreement(values: Optional[list[float]]) -> tuple[bool, int, bool]:
+    if values is None:
+        return False, 0, False
+    return values[AGREE_STOP] > 0, int(-values[AGREE_MICRO]), values[AGREE_COMMANDS] > 0
+
+
 def unpack(values: list[float], ddp: bool) -> WindowNumbers:
     """The inverse of pack, the one place that knows the layout."""
     loss_sum, count = values[0], values[1]
@@ -97,9 +103,13 @@ class SyncStep:
         self.optimizer, self.scaler, self.ddp = optimizer, scaler, ddp
         self.before_zero: Callable[[], None] = _nothing  # sees the gradients and state before they go
 
-    def finish(self, packed: torch.Tensor) -> InFlight:
-        # The one CPU-GPU sync point of the step: loss, count and norms to the host, then decide.
-        nums = unpack(packed.tolist(), self.ddp)
+    def finish(self, totals: torch.Tensor, agree: Optional[torch.Tensor], norm: torch.Tensor,
+               per_param: torch.Tensor) -> InFlight:
+        if totals.device.type == "cpu":  # no device to wait for: read the numbers as they are
+            nums = WindowNumbers(*totals.tolist(), norm.item(), tuple(per_param.tolist()),
+                                 *_agreement(agree.tolist() if agree is not None else None))
+        else:  # the one CPU-GPU sync point of the step: one copy of all the numbers, then decide
+            nums = unpack(pack(totals, agree, norm, per_param).tolist(), self.ddp)
         if nums.finite:
             self.optimizer.step()
             if self.scaler is not None:
@@ -124,7 +134,9 @@ class DeferredStep:
         self._pinned: dict[int, list[torch.Tensor]] = {}
         self.before_zero: Callable[[], None] = _nothing
 
-    def finish(self, packed: torch.Tensor) -> InFlight:
+    def finish(self, totals: torch.Tensor, agree: Optional[torch.Tensor], norm: torch.Tensor,
+               per_param: torch.Tensor) -> InFlight:
+        packed = pack(totals, agree, norm, per_param)
         opt = self.optimizer
         opt.found_inf = device_bad(packed, self.ddp).float()  # 0-dim, as GradScaler passes it: the fused kernel skips on the device
         opt.grad_scale = None

@@ -10,7 +10,8 @@ from typing import Optional, Protocol
 
 import torch
 
-from .events import BatchNormSmallBatch, ClipSaturation, Event, MemoryForecast, StepMetrics, VramLow
+from . import levers
+from .events import BatchNormSmallBatch, ClipSaturation, Event, MemoryForecast, MemoryLevers, StepMetrics, VramLow
 from .memory_model import MemoryModel
 from .schema import LiveSettings
 
@@ -134,9 +135,7 @@ class LeversWatcher(_Quiet):
         self.models: dict[tuple[str, bool], MemoryModel] = {}
 
     def on_step(self, m: StepMetrics, settings: LiveSettings) -> list[Event]:
-        from . import levers
-        from .events import MemoryLevers
-        if not m.mem_peak or m.mem_total is None:
+        if not m.mem_peak or m.mem_total is None:  # CPU: no peak, no table
             return []
         state = (self.precision, settings.checkpointing)
         model = self.models.setdefault(state, MemoryModel())
