@@ -488,13 +488,16 @@ def section_f(ctx: Ctx) -> None:
                  "model in DDP, so one process exercises NCCL and the DDP step"))
 
 
-SECTIONS = {"a": section_a, "b": section_b, "c": section_c, "d": section_d, "e": section_e, "f": section_f}
+from bench.gpu_memory_check import section_g  # noqa: E402 - issue 15: where the memory goes
+
+SECTIONS = {"a": section_a, "b": section_b, "c": section_c, "d": section_d, "e": section_e, "f": section_f,
+            "g": section_g}
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--small", action="store_true", help="tiny GPT, simulated cap: checks the logic (CPU is fine)")
-    ap.add_argument("--only", default="abcdef", help="sections to run, e.g. ab")
+    ap.add_argument("--only", default="abcdefg", help="sections to run, e.g. ab")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--budget", type=float, default=330.0,
                     help="seconds; sections not started by then are skipped (default 330)")
