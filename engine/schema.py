@@ -21,20 +21,23 @@ class LiveSetting:
     command: type[Command]  # the command that changes it
     payload: str  # that command's one field
     type: type
-    label: str  # what the app calls it
+    label: str  # what the app's form calls it
     flag: str  # the command-line flag
+    short: str = ""  # how alerts, plot markers and hints name it ("accum 4->8")
 
     def command_for(self, value: Any) -> Command:
         return self.command(**{self.payload: value})
 
 
+# Order matters: micro-batch and accumulation come before lr, so lr scaling sees the new batch.
 LIVE_SETTINGS: tuple[LiveSetting, ...] = (
-    LiveSetting("micro_batch", SetMicroBatch, "size", int, "Micro-batch", "--micro-batch"),
-    LiveSetting("accum", SetAccum, "steps", int, "Accumulation", "--accum"),
-    LiveSetting("lr", SetLr, "lr", float, "Learning rate", "--lr"),
-    LiveSetting("clip", SetClip, "norm", float, "Clip norm", "--clip"),
-    LiveSetting("lr_scaling", SetLrScaling, "rule", str, "lr scaling", "--lr-scaling"),
-    LiveSetting("checkpointing", SetCheckpointing, "on", bool, "Activation checkpointing", "--checkpointing"),
+    LiveSetting("micro_batch", SetMicroBatch, "size", int, "Micro-batch", "--micro-batch", "micro-batch"),
+    LiveSetting("accum", SetAccum, "steps", int, "Accumulation", "--accum", "accum"),
+    LiveSetting("lr", SetLr, "lr", float, "Learning rate", "--lr", "lr"),
+    LiveSetting("clip", SetClip, "norm", float, "Clip norm", "--clip", "clip"),
+    LiveSetting("lr_scaling", SetLrScaling, "rule", str, "lr scaling", "--lr-scaling", "lr scaling"),
+    LiveSetting("checkpointing", SetCheckpointing, "on", bool, "Activation checkpointing", "--checkpointing",
+                "checkpointing"),
 )
 
 BY_NAME: dict[str, LiveSetting] = {s.name: s for s in LIVE_SETTINGS}

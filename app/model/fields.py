@@ -1,7 +1,8 @@
 """The run settings a user can change while a run goes, and how each maps to an engine command.
 
-One table, so the form, the session and the pending-changes model agree on names, order,
-command kinds and the command field that carries the value. Qt-free.
+Derived from the engine's one declaration (engine/schema.py LIVE_SETTINGS), so the form, the
+session, the pending-changes model and the engine agree on names, order, command kinds and
+the command field that carries the value. Qt-free, torch-free.
 """
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
-from engine.commands import Command, SetAccum, SetClip, SetLr, SetLrScaling, SetMicroBatch
+from engine.commands import Command
+from engine.schema import LIVE_SETTINGS
 
 
 @dataclass(frozen=True)
@@ -26,14 +28,12 @@ class LiveField:
         return self.command(**{self.arg: self.cast(value)}, at=at)
 
 
-# A fixed order: micro-batch and accumulation go before lr, so lr scaling sees the new batch.
-FIELDS: tuple[LiveField, ...] = (
-    LiveField("micro_batch", "micro-batch", SetMicroBatch, "size", int),
-    LiveField("accum", "accum", SetAccum, "steps", int),
-    LiveField("lr", "lr", SetLr, "lr", float),
-    LiveField("clip", "clip", SetClip, "norm", float),
-    LiveField("lr_scaling", "lr scaling", SetLrScaling, "rule", str),
-)
+# The settings the Controls form edits, in the engine's order (micro-batch and accumulation
+# before lr, so lr scaling sees the new batch). Activation checkpointing is switched from the
+# memory view's "what fits" table, which sends its commands itself.
+FORM_SETTINGS = ("micro_batch", "accum", "lr", "clip", "lr_scaling")
+FIELDS: tuple[LiveField, ...] = tuple(LiveField(s.name, s.short, s.command, s.payload, s.type)
+                                      for s in LIVE_SETTINGS if s.name in FORM_SETTINGS)
 LIVE_FIELDS: tuple[str, ...] = tuple(f.name for f in FIELDS)
 BY_NAME: dict[str, LiveField] = {f.name: f for f in FIELDS}
 BY_COMMAND: dict[str, LiveField] = {f.command.kind: f for f in FIELDS}
