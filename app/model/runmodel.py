@@ -17,6 +17,7 @@ import numpy as np
 
 from engine.events import StepMetrics
 
+from .discarded import KEPT, DiscardedSteps
 from .fields import SETTING_LABELS, fmt_value
 from .metrics import MetricsBuffer, StepColumns, _num
 from .notes import Note
@@ -54,6 +55,20 @@ class Delta:
         self.info |= later.info
 
 
+@dataclass(frozen=True)
+class Rollback:
+    """The run went back to `to_step` (a rolled_back event): the steps after it were thrown away."""
+    to_step: int
+    from_step: int
+    reason: str
+    new_lr: float
+    windows_skipped: int
+
+    @property
+    def label(self) -> str:
+        return f"rolled back to step {self.to_step} ({self.reason}), lr {fmt_value(self.new_lr)}"
+
+
 def _changes(raw: Any) -> tuple:
     """settings_applied's (name, old, new) triples; anything else in a damaged row is left out."""
     if not isinstance(raw, (list, tuple)):
@@ -70,6 +85,9 @@ class RunModel:
         self.metrics = MetricsBuffer()
         self.epochs: list[tuple[int, int, float, Optional[float]]] = []  # epoch, step, train, val
         self.markers: list[Marker] = []
+        self.rollbacks: list[Rollback] = []  # rolled_back events, in order
+        self.discarded = DiscardedSteps()  # steps thrown away (rollbacks, resumes): drawn greyed
+        self.memory_levers: Optional[Note] = None  # the latest "what fits" table (memory_levers)
         self.notes: list[Note] = []
         self.info: dict[str, Any] = {}  # from run_started: run_dir, task, device, device_name, ...
         self.state = RunState.IDLE  # written by the session (its state machine), read by anyone
@@ -85,6 +103,7 @@ class RunModel:
             "run_started": self._run_started, "settings_applied": self._settings_applied,
             "oom_recovered": self._oom_recovered, "epoch_end": self._epoch_end,
             "run_finished": self._run_ended, "run_failed": self._run_ended,
+            "rolled_back": self._rolled_back, "memory_levers": self._memory_levers,
         }
 
     # -- feeding -------------------------------------------------------------------------
@@ -103,6 +122,8 @@ class RunModel:
                 self._steps(run, step_get, delta)
                 run = []
             if isinstance(item, StepColumns):
+                if len(item):
+                    self._keep_superseded(float(item.view("step")[0]), delta)
                 self._after_steps(self.metrics.extend_columns(item), delta)
                 continue
             self._note(item if isinstance(item, Note) else Note.from_event(item), delta)
@@ -111,7 +132,21 @@ class RunModel:
         return delta
 
     def _steps(self, records: list[Any], get: Callable[[Any, str], Any], delta: Delta) -> None:
+        self._keep_superseded(_num(get(records[0], "step")), delta)
         self._after_steps(self.metrics.extend_records(records, get), delta)
+
+    def _keep_superseded(self, first: float, delta: Delta) -> None:
+        """New steps from `first` on replace the ones held from there (the run went back: a
+        rollback, a resume): those move to `discarded` first, never dropped silently."""
+        m = self.metrics
+        if not len(m) or not math.isfinite(first) or first > m.last_step():
+            return
+        i = int(np.searchsorted(m.view("step"), first, side="left"))
+        back = self.rollbacks[-1] if self.rollbacks and self.rollbacks[-1].to_step == int(first) - 1 else None
+        reason = (f"rolled back from step {back.from_step} to step {back.to_step} ({back.reason})" if back
+                  else f"superseded: the run went back to step {int(first) - 1}")
+        self.discarded.add_columns({k: m.view(k)[i:] for k in KEPT if m.holds(k)}, reason)
+        delta.markers = True
 
     def _after_steps(self, n: int, delta: Delta) -> None:
         """The last n steps of the buffer are new: the step, the epoch, samples per epoch."""
@@ -163,6 +198,26 @@ class RunModel:
                    ("accum", d.get("old_accum"), d.get("new_accum")))
         self.markers.append(Marker(note.step + 0.5, "OOM: " + marker_label(changes), changes))
         delta.markers = True
+
+    def _rolled_back(self, note: Note, delta: Delta) -> None:
+        d = note.data
+
+        def whole(name: str, default: int) -> int:  # a damaged row: what the note itself says
+            v = _num(d.get(name))
+            return int(v) if math.isfinite(v) else default
+
+        self.rollbacks.append(Rollback(whole("to_step", note.step), whole("from_step", note.step),
+                                       str(d.get("reason") or "?"), _num(d.get("new_lr")),
+                                       whole("windows_skipped", 0)))
+        delta.markers = True
+
+    def _memory_levers(self, note: Note, delta: Delta) -> None:
+        self.memory_levers = note
+
+    def add_discarded(self, rows: Sequence[dict[str, Any]]) -> Delta:
+        """A run folder's discarded_metrics rows (read when it is opened)."""
+        self.discarded.add_rows(rows)
+        return Delta(markers=bool(rows))
 
     def _epoch_end(self, note: Note, delta: Delta) -> None:
         val = note.data.get("val_loss")

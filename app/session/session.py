@@ -187,10 +187,20 @@ class RunSession:
         u.absorb(self._ingest(source.poll(force=True) + source.problems(), source.step_get))
         if not self.model.info:
             self.model.info = dict(source.info)
+        u.delta.absorb(self.model.add_discarded(self._discarded(source)))
         if source.running and not self.state.is_live:
             self._set(RunState.TRAINING, u)  # a run that has not said run_started yet
         self._settle_folder(u)
         return u
+
+    @staticmethod
+    def _discarded(source: FolderSource) -> list[dict[str, Any]]:
+        """The folder's discarded_metrics rows (steps a rollback or a resume threw away)."""
+        reader = getattr(source, "reader", None)
+        try:
+            return list(reader.discarded()) if reader is not None else []
+        except SEND_ERRORS:  # StoreError: a damaged run.db shows what it can
+            return []
 
     # -- following -----------------------------------------------------------------------
     def poll(self, force: bool = False, flush: bool = False) -> Update:
@@ -367,6 +377,15 @@ class RunSession:
                 return u, err
             u.pending += self.pending.sent(name, edits[name], self.model.epoch)
         return u, ""
+
+    def send(self, command: Command) -> Update:
+        """A setting command with no field of its own in the form (activation checkpointing,
+        precision: the "what fits" table's choices). The engine's receipt, outcome or refusal
+        come back as its events (a refusal in the alerts); Update.error: it could not be sent."""
+        u = Update()
+        if self.source is not None and self.state.is_live and self.state is not RunState.STOPPING:
+            u.error = self._try_send(command)
+        return u
 
     def _send(self, command: Command) -> None:
         assert self.source is not None

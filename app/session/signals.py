@@ -20,6 +20,7 @@ class SessionSignals(QObject):
     run_started = Signal(dict)  # run_started's fields: device, world_size, config, ...
     micro_batch_found = Signal(int, int, int, int)  # micro-batch, accum, probes, peak bytes
     memory_forecast = Signal(dict)  # memory_forecast's fields
+    memory_levers = Signal(dict)  # the latest memory_levers' fields (the "what fits" table), once per update
     engine_values = Signal(dict)  # live settings the engine has now (the form follows them)
     pending_changed = Signal(list)  # names of live fields whose pending change moved on
     alerts_added = Signal(list)  # Notes for the alerts panel
@@ -39,10 +40,15 @@ class SessionSignals(QObject):
     def publish(self, u: Update, session: RunSession) -> None:
         if u.reset:
             self.model_replaced.emit(session.model)
+        levers = None
         for note in u.delta.notes:
             relay = self._relay.get(note.kind)
             if relay is not None:
                 relay(note)
+            elif note.kind == "memory_levers":
+                levers = note  # only the newest table matters
+        if levers is not None:
+            self.memory_levers.emit(dict(levers.data))
         if u.engine_values:
             self.engine_values.emit(dict(u.engine_values))
         if u.pending:
