@@ -158,6 +158,10 @@ class RunController(QObject):
         try:
             src = FolderSource(path)
         except (StoreError, ConfigError) as e:
+            holder = runlock.holder(path)
+            if holder is not None:  # a writer still setting the run up: run.db comes with its first write
+                e = ConfigError(f"{runlock.describe(path, holder)}, which has not written its run.db yet; "
+                                "open it again in a moment")
             self.error.emit("Cannot open the run folder", str(e))
             return False
         self.publish(self.session.open(src))

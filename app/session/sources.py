@@ -122,7 +122,7 @@ class FolderSource:
             if self._have is None:
                 self._have = metric_columns(db)
             cpu = str(self.info.get("device") or "").startswith("cpu")
-            columns, partial, counts_tokens = read_steps(db, self._last_step, self._have, problems=self.reader.problems,
+            columns, _partial, counts_tokens = read_steps(db, self._last_step, self._have, problems=self.reader.problems,
                                                          lazy_above=LAZY_ABOVE if self.lazy else 1 << 62, cpu=cpu)
         except sqlite3.Error as e:
             raise StoreError(f"{self.reader.path}: {e}") from None

@@ -134,6 +134,20 @@ def test_start_or_resume_of_a_live_folder_is_refused_naming_its_writer(qtbot, ma
         assert runlock.holder(str(run_dir))["pid"] == proc.pid
 
 
+def test_opening_a_folder_whose_writer_has_not_made_run_db_yet_names_it(qtbot, make_window, tmp_path):
+    run_dir = tmp_path / "setting-up"
+    run_dir.mkdir()
+    locker = subprocess.Popen([sys.executable, "-c", LOCKER, str(run_dir), str(ROOT)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert locker.stdout.readline().strip() == "locked"
+        w = make_window()
+        assert not w.open_run(str(run_dir))
+        assert len(w.dialogs) == 1 and f"pid {locker.pid}" in w.last_error[1] and "again" in w.last_error[1]
+    finally:
+        locker.kill()
+        locker.wait()
+
+
 def test_the_window_shows_its_own_run_live_without_refusing_itself(qtbot, make_window, tmp_path):
     w = make_window()
     run_dir = tmp_path / "own"
