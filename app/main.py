@@ -281,6 +281,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         sys.stderr.flush()
         os._exit(EXIT_INTERRUPTED)
 
+    force = QTimer()
+    force.setSingleShot(True)
+    force.timeout.connect(lambda: end_now(f"SIGTERM: the engine did not stop within {FORCE_AFTER_S:g} s"))
+
     def on_signal(signum: int, _frame: Any) -> None:
         signals["count"] += 1
         if signals["count"] > 1:
@@ -288,8 +292,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return
         QTimer.singleShot(0, win.close)
         if signum == signal.SIGTERM:  # a process manager: it kills what does not go; Ctrl+C waits for a second one
-            QTimer.singleShot(int(FORCE_AFTER_S * 1000),
-                              lambda: end_now(f"SIGTERM: the engine did not stop within {FORCE_AFTER_S:g} s"))
+            force.start(int(FORCE_AFTER_S * 1000))
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
@@ -299,6 +302,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     rc = app.exec()
     heartbeat.stop()
+    if not win.runner.is_busy():
+        force.stop()  # the engine ended in time: nothing left to force (a thread still busy keeps it armed)
     if win.runner.is_busy():  # never leave with the engine thread alive (and never terminate it)
         win.runner.stop()
         while not win.runner.join(1.0):
