@@ -14,25 +14,24 @@ from typing import Any, Callable, Optional
 
 from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtGui import QCloseEvent
-from PySide6.QtWidgets import (QApplication, QDockWidget, QInputDialog, QLabel, QMainWindow, QMessageBox, QScrollArea,
-                               QWidget)
+from PySide6.QtWidgets import QApplication, QDockWidget, QLabel, QMainWindow, QMessageBox, QScrollArea, QWidget
 
 from engine.paths import default_runs_root
-from engine.store import StoreError
 
 from .core import assets, logs
 from .core.preferences import Preferences
 from .model.runmodel import RunModel
 from .session.controller import RunController
 from .session.launcher import Launch
-from .session.sources import read_metrics
-from .session.launch_command import MIN_GPUS
 from .ui import actions, dialogs, export, window_prefs
 from .ui.alerts import AlertsPanel
 from .ui.controls import ControlsPanel
 from .ui.history import HistoryPanel
+from .ui.levers import LeversPanel
 from .ui.loading import LoadingPlots
 from .ui.pacing import TICK_MS
+from .ui.run_starter import RunStarter
+from .ui.run_tree_views import RunTreeViews
 from .ui.run_views import RunViews
 from .ui.statusbar import StatusBar
 from .ui.theme import THEMES, apply_stylesheet, system_theme
@@ -86,6 +85,7 @@ class MainWindow(QMainWindow):
         self.controls = ControlsPanel(self.run_actions, self.session.pending)
         self.alerts = AlertsPanel()
         self.history = HistoryPanel(default_runs_root())
+        self.levers = LeversPanel()
         self.status = StatusBar(self)
         self.setStatusBar(self.status)
         # Who writes the run shown, while it is going: "live: pid N on HOST" (this process for
@@ -102,11 +102,13 @@ class MainWindow(QMainWindow):
         self.controls_dock = self._dock("Controls", "controls", scroll, Qt.DockWidgetArea.LeftDockWidgetArea)
         self.alerts_dock = self._dock("Alerts", "alerts", self.alerts, Qt.DockWidgetArea.BottomDockWidgetArea)
         self.history_dock = self._dock("Run history", "history", self.history, Qt.DockWidgetArea.BottomDockWidgetArea)
+        self.levers_dock = self._dock("What fits", "levers", self.levers, Qt.DockWidgetArea.BottomDockWidgetArea)
         self.tabifyDockWidget(self.alerts_dock, self.history_dock)
+        self.tabifyDockWidget(self.history_dock, self.levers_dock)
         self.alerts_dock.raise_()
         self.run_menu = actions.install(self, self.run_actions, self.app_actions,
                                         [d.toggleViewAction() for d in (self.controls_dock, self.alerts_dock,
-                                                                        self.history_dock)])
+                                                                        self.history_dock, self.levers_dock)])
         ra, aa = self.run_actions, self.app_actions
         self.start_action, self.pause_action, self.resume_action = ra.start, ra.pause, ra.resume
         self.stop_action, self.apply_action = ra.stop, ra.apply
@@ -115,6 +117,11 @@ class MainWindow(QMainWindow):
         self.theme_action.setChecked(self.theme == "dark")
         self.views = RunViews(self.controller, self.controls, self.alerts, self.status, ra, aa, lambda: self._plots)
         self.pacer = self.views.pacer
+        self.starter = RunStarter(self, self.controller, self.controls, self.preferences, self.base_config,
+                                  self.show_error)
+        self.tree = RunTreeViews(self.controller, self.history, self.levers, lambda: self.plots, self.start_fork,
+                                 self.show_error, self)
+        self.plot_listeners.append(self.tree.plots_built)
         self.view_prefs = ViewPrefs(self.preferences, restore_settings)
         self.view_prefs.bind_controls(self.controls)
         self._wire()
@@ -169,7 +176,6 @@ class MainWindow(QMainWindow):
         self.alerts.step_clicked.connect(self._zoom_to_step)
         self.history.open_requested.connect(self.open_run)
         self.history.browse_requested.connect(self.choose_run_folder)
-        self.history.overlay_toggled.connect(self.set_overlay)
         ctl.error.connect(self.show_error)
         ctl.signals.state_changed.connect(lambda *_: self._sync_live())
         ctl.signals.model_replaced.connect(lambda *_: self._sync_live())
@@ -255,42 +261,23 @@ class MainWindow(QMainWindow):
     def ui_state(self) -> str:
         return self.session.view_state()
 
-    def _form_for_start(self) -> Optional[dict[str, Any]]:
-        """The form's run settings, or None (with a dialog if they are invalid) when no run can start."""
-        if self.session.busy:
-            return None
-        values, err = self.controls.values()
-        if values is None:
-            self.show_error("Cannot start", err)
-        return values
-
     def start_run(self) -> bool:
-        values = self._form_for_start()
-        if values is None or not self.controller.start(self.base_config, values):
-            return False
-        self.preferences.set_json("last_config", values)
-        return True
+        return self.starter.start()
+
+    def start_fork(self, config: dict[str, Any]) -> bool:
+        """A fork's TrainConfig fields (fork="DIR@CHECKPOINT"), through the Start path."""
+        return self.starter.fork(config)
 
     def launch_torchrun(self, n: int, run_dir: Optional[str] = None) -> bool:
         """The form's settings under torchrun with n processes."""
-        values = self._form_for_start()
-        if values is None or self.controller.launch(self.base_config, values, n, run_dir or "") is None:
-            return False
-        self.preferences.set_json("last_config", values)
-        return True
+        return self.starter.launch(n, run_dir)
 
     def check_gpus(self) -> None:
         """When the Run menu first opens: enables "Run on N GPUs..." (2 or more) or says why not."""
         self.launcher.check_gpus()
 
     def run_on_gpus_dialog(self) -> None:
-        count = self.launcher.gpu_count or 0
-        if count < MIN_GPUS:
-            return
-        n, ok = QInputDialog.getInt(self, "Run on N GPUs", f"Processes (one per GPU, {count} here):", count,
-                                    MIN_GPUS, count)
-        if ok:
-            self.launch_torchrun(n)
+        self.starter.launch_dialog()
 
     def pause_run(self) -> None:
         self.controller.pause()
@@ -309,16 +296,7 @@ class MainWindow(QMainWindow):
         return self.controller.open(path)
 
     def set_overlay(self, path: str, on: bool) -> None:
-        name = os.path.basename(os.path.normpath(path))
-        if not on:
-            self.plots.remove_overlay(name)
-            return
-        try:
-            buf = read_metrics(path)
-        except StoreError as e:
-            self.show_error("Cannot overlay the run", str(e))
-            return
-        self.plots.add_overlay(name, buf)
+        self.tree.set_overlay(path, on)
 
     # -- the session's news ------------------------------------------------------------------
     def tick(self) -> None:

@@ -1,10 +1,12 @@
 """The alerts panel: one row per occurrence (time, step, what, message), never a dialog flood."""
 from __future__ import annotations
 
+import os
 import time
 from typing import Optional, Sequence
 
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import Qt, QUrl, Signal
+from PySide6.QtGui import QDesktopServices
 from PySide6.QtWidgets import (QAbstractItemView, QHBoxLayout, QHeaderView, QLabel, QPushButton, QTableWidget,
                                QTableWidgetItem, QVBoxLayout, QWidget)
 
@@ -16,12 +18,13 @@ TITLES = {
     "nonfinite": "Non-finite", "clip_saturation": "Clip saturation", "vram_low": "GPU memory low",
     "batchnorm_small_batch": "BatchNorm, small batch", "lr_hint": "lr hint", "oom_recovered": "Out of memory",
     "command_refused": "Refused", "scaler_skip": "fp16 overflow", "run_failed": "Run failed",
-    "micro_batch_found": "Micro-batch found", "run_damaged": "Run folder damaged",
+    "micro_batch_found": "Micro-batch found", "run_damaged": "Run folder damaged", "rolled_back": "Rolled back",
+    "memory_snapshot": "Memory snapshot",
 }
 SEVERITY = {"nonfinite": "error", "run_failed": "error", "oom_recovered": "alert", "vram_low": "alert",
             "clip_saturation": "alert", "command_refused": "alert", "batchnorm_small_batch": "info",
             "lr_hint": "info", "scaler_skip": "info", "micro_batch_found": "info",
-            "run_damaged": "error"}
+            "run_damaged": "error", "rolled_back": "alert", "memory_snapshot": "alert"}
 
 
 class AlertsPanel(QWidget):
@@ -62,6 +65,7 @@ class AlertsPanel(QWidget):
         lay.addWidget(self.table, 1)
         self.total = 0
         self.by_kind: dict[str, int] = {}
+        self.snapshot_paths: list[str] = []  # memory snapshots the rows link to
 
     def add(self, notes: Sequence[Note]) -> None:
         if not notes:
@@ -81,6 +85,9 @@ class AlertsPanel(QWidget):
                 items[2].setData(Qt.ItemDataRole.UserRole, n.kind)
                 for col, it in enumerate(items):
                     t.setItem(row, col, it)
+                path = n.data.get("path") if n.kind == "memory_snapshot" else None
+                if isinstance(path, str) and path:
+                    t.setCellWidget(row, 3, self._snapshot_cell(n.message, path))
                 self.total += 1
                 self.by_kind[n.kind] = self.by_kind.get(n.kind, 0) + 1
             excess = t.rowCount() - MAX_ROWS
@@ -91,7 +98,30 @@ class AlertsPanel(QWidget):
         t.scrollToBottom()
         self._update_summary()
 
+    def _snapshot_cell(self, message: str, path: str) -> QWidget:
+        """The message, and a button that opens the snapshot's folder (the file itself opens at
+        pytorch.org/memory_viz)."""
+        cell = QWidget()
+        cell.setAutoFillBackground(True)
+        lay = QHBoxLayout(cell)
+        lay.setContentsMargins(4, 0, 4, 0)
+        text = QLabel(message)
+        text.setToolTip(path)
+        button = QPushButton("Open folder")
+        button.setObjectName("open_snapshot_folder")
+        button.setToolTip(os.path.dirname(path))
+        button.clicked.connect(lambda: self.open_folder(path))
+        lay.addWidget(text, 1)
+        lay.addWidget(button)
+        self.snapshot_paths.append(path)
+        return cell
+
+    @staticmethod
+    def open_folder(path: str) -> bool:
+        return QDesktopServices.openUrl(QUrl.fromLocalFile(os.path.dirname(os.path.abspath(path))))
+
     def clear(self) -> None:
+        self.snapshot_paths = []
         self.table.setRowCount(0)
         self.total = 0
         self.by_kind = {}

@@ -13,7 +13,8 @@ from ..model.runmodel import RunModel
 
 CSV_COLUMNS = (*STEP_COLUMNS, "loss_ema")
 INT_COLUMNS = {"step", "epoch", "accum", "micro_batch", "samples", "tokens", "clipped", "nonfinite",
-               "mem_allocated", "mem_reserved", "mem_peak", "mem_used", "mem_total"}
+               "mem_allocated", "mem_reserved", "mem_peak", "mem_used", "mem_total", "mem_params", "mem_grads",
+               "mem_optimizer", "mem_activations"}
 
 
 def _cell(name: str, v: float) -> str:

@@ -31,7 +31,6 @@ class MemoryPlot:
         self.note.setZValue(50)
         p.addItem(self.note, ignoreBounds=True)
         self.mode: Optional[str] = None
-        self.x_label = "optimizer step"  # the plots' x axis, for the norm plot when this one is empty
 
     @property
     def shown(self) -> bool:
@@ -56,11 +55,8 @@ class MemoryPlot:
         if mode == self.mode:
             return
         self.mode = mode
-        p, pal, norm = self.plots.mem, self.pal, self.plots.norm
+        p, pal = self.plots.mem, self.pal
         gpu = mode == "gpu"
-        # Without the memory plot's step axis under it, the norm plot shows its own.
-        norm.getAxis("bottom").setStyle(showValues=not gpu)
-        norm.setLabel("bottom", "" if gpu else self.x_label)
         for s in self.series:
             s.item.setVisible(gpu)
         self.fill.setVisible(gpu)

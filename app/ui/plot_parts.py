@@ -13,6 +13,7 @@ from PySide6.QtWidgets import QGraphicsItem
 
 from ..core import compat  # noqa: F401 - before any plotting (PySide6 6.12 + Python 3.11)
 from ..model.metrics import MetricsBuffer
+from .plot_x_axis import XAxisItem
 from .theme import Palette
 from .x_axis import DEFAULT_AXIS, columns
 
@@ -134,13 +135,35 @@ def style_plot(p: pg.PlotItem, y_label: str, pal: Palette) -> None:
 
 @dataclass(frozen=True)
 class PlotSet:
-    """The panel's five plots: loss on top, then gradient norm and lr, then memory and throughput."""
+    """The panel's six plots: loss on top, then gradient norm and lr, then GPU memory with
+    memory by kind under it, beside the throughput."""
     loss: pg.PlotItem
     norm: pg.PlotItem
     lr: pg.PlotItem
     mem: pg.PlotItem
     tput: pg.PlotItem
+    stack: pg.PlotItem
 
     @property
     def all(self) -> list[pg.PlotItem]:
-        return [self.loss, self.norm, self.lr, self.mem, self.tput]
+        return [self.loss, self.norm, self.lr, self.mem, self.tput, self.stack]
+
+
+def layout_plots(canvas: pg.GraphicsLayoutWidget, view_box: Callable[[], pg.ViewBox], pal: Palette) -> PlotSet:
+    """The six plots on the canvas: loss across the top; gradient norm | lr; GPU memory above
+    memory by kind | throughput beside both. Every bottom axis counts the chosen x axis; only
+    the bottom plot of each column shows its values."""
+    def plot(row: int, col: int, **span: int) -> pg.PlotItem:
+        return canvas.addPlot(row=row, col=col, axisItems={"bottom": XAxisItem()}, viewBox=view_box(), **span)
+    loss = plot(0, 0, colspan=2)
+    norm, lr = plot(1, 0), plot(1, 1)
+    mem, tput, stack = plot(2, 0), plot(2, 1, rowspan=2), plot(3, 0)
+    plots = PlotSet(loss, norm, lr, mem, tput, stack)
+    for row, stretch in enumerate((5, 3, 3, 2)):
+        canvas.ci.layout.setRowStretchFactor(row, stretch)
+    for p, label in zip(plots.all, ("loss", "norm", "lr", "GiB", "samples/s", "GiB")):
+        style_plot(p, label, pal)
+    lr.getAxis("left").enableAutoSIPrefix(False)
+    for p in (norm, lr, mem):  # same steps as the plot below them
+        p.getAxis("bottom").setStyle(showValues=False)
+    return plots

@@ -67,4 +67,4 @@ def follow(plots: PlotSet, y_series: dict[int, list[Series]], overlays: list[Ser
             _x, vy = val_item.getData()
             if vy is not None and len(vy):
                 ys.append(np.asarray(vy, float))
-        follow_y(p, ys, log=p is plots.loss and log, from_zero=p is plots.mem, refit=refit)
+        follow_y(p, ys, log=p is plots.loss and log, from_zero=p in (plots.mem, plots.stack), refit=refit)

@@ -3,6 +3,9 @@
 Every plot shares one x axis, chosen in the toolbar: optimizer step, samples seen, tokens
 seen or wall time (app/ui/x_axis.py; the other runs overlaid on the loss follow it too).
 The lr plot also shows the engine's planned lr ahead of the run, dashed (plot_plan.py).
+Under GPU memory, memory by kind (plot_mem_stack.py); on every plot, rollbacks and the steps
+they threw away (plot_rollbacks.py); in every plot's right-click menu, "Fork from here..."
+(plot_point_menu.py: the panel's `fork_requested` says the step).
 
 Each curve is drawn from the metrics buffer's numpy columns through a min/max
 pyramid (app/model/decimate.py): only the visible span, in about two points per pixel,
@@ -25,19 +28,24 @@ from typing import Callable, Optional
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtWidgets import QCheckBox, QComboBox, QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QVBoxLayout, QWidget
 
 from ..model.metrics import MetricsBuffer
 from ..model.runmodel import RunModel
 from .plot_marks import PlotMarks
+from .plot_mem_stack import MemoryStack
 from .plot_memory import MemoryPlot
 from .plot_overlays import Overlays
-from .plot_parts import PlotCanvas, PlotSet, Series, legend, style_plot
+from .plot_parts import PlotCanvas, Series, layout_plots
 from .plot_plan import PlannedLr
+from .plot_point_menu import PointMenu, PointViewBox
 from .plot_ranges import follow
-from .plot_x_axis import XAxisItem
+from .plot_readback import curve_data
+from .plot_titles import set_titles
+from .plot_toolbar import PlotToolbar
+from .plot_rollbacks import RollbackMarks
 from .theme import palette
-from .x_axis import BY_KEY, COMPARE_HINT, DEFAULT_AXIS, X_AXES, axis_or_default, columns
+from .x_axis import BY_KEY, DEFAULT_AXIS, axis_or_default, columns
 
 IDLE_NOTE = "Press Start (F5) to train, or open a run folder (Ctrl+O)"
 STARTING_NOTE = "Starting: loading torch and the task..."
@@ -48,6 +56,7 @@ class PlotPanel(QWidget):
 
     log_scale_changed = Signal(bool)
     x_axis_changed = Signal(str)  # the x axis' key (app/ui/x_axis.py), when the user or set_x_axis changes it
+    fork_requested = Signal(int)  # "Fork from here..." on a plot: the step under the point
 
     def __init__(self, theme: str = "light", parent: Optional[QWidget] = None) -> None:
         super().__init__(parent)
@@ -68,39 +77,20 @@ class PlotPanel(QWidget):
         self._log = False
         self.axis = DEFAULT_AXIS
         self.on_updated: list[Callable[[], None]] = []
+        self.point_menu = PointMenu(self.x_to_step, self)
+        self.point_menu.fork_requested.connect(self.fork_requested)
 
-        bar = QHBoxLayout()
-        bar.setContentsMargins(6, 4, 6, 0)
-        self.log_box = QCheckBox("Log scale (loss)")
-        self.log_box.setToolTip("Show the loss on a logarithmic y axis")
+        self.toolbar = PlotToolbar()
+        tb = self.toolbar
+        self.log_box, self.fit_button, self.hint, self.x_axis_box = tb.log_box, tb.fit_button, tb.hint, tb.x_axis_box
         self.log_box.toggled.connect(self.set_log_scale)
-        self.fit_button = QPushButton("Fit all")
-        self.fit_button.setToolTip("Show the whole run and follow new steps (zooming with the mouse stops following)")
         self.fit_button.clicked.connect(self.fit)
-        self.hint = QLabel("")
-        self.hint.setObjectName("hint")
-        self.x_axis_box = QComboBox()
-        self.x_axis_box.setObjectName("x_axis")
-        for a in X_AXES:
-            self.x_axis_box.addItem(a.name, a.key)
-        self.x_axis_box.setToolTip("What the x axis of every plot (and of the runs compared) counts. "
-                                   + COMPARE_HINT)
         self.x_axis_box.currentIndexChanged.connect(lambda _i: self.set_x_axis(self.x_axis_box.currentData()))
-        x_label = QLabel("X axis")
-        x_label.setBuddy(self.x_axis_box)
-        bar.addWidget(x_label)
-        bar.addWidget(self.x_axis_box)
-        bar.addSpacing(12)
-        bar.addWidget(self.log_box)
-        bar.addWidget(self.fit_button)
-        bar.addStretch(1)
-        bar.addWidget(self.hint)
-
         self.canvas = PlotCanvas()
         lay = QVBoxLayout(self)
         lay.setContentsMargins(0, 0, 0, 0)
         lay.setSpacing(2)
-        lay.addLayout(bar)
+        lay.addWidget(self.toolbar)
         lay.addWidget(self.canvas, 1)
         self._build()
 
@@ -111,21 +101,13 @@ class PlotPanel(QWidget):
         c.setBackground(pal.background)
         c.ci.setContentsMargins(4, 4, 10, 4)
         c.ci.setSpacing(8)
-        self.loss_plot = c.addPlot(row=0, col=0, colspan=2, axisItems={"bottom": XAxisItem()})
-        self.norm_plot = c.addPlot(row=1, col=0, axisItems={"bottom": XAxisItem()})
-        self.lr_plot = c.addPlot(row=1, col=1, axisItems={"bottom": XAxisItem()})
-        self.mem_plot = c.addPlot(row=2, col=0, axisItems={"bottom": XAxisItem()})
-        self.tput_plot = c.addPlot(row=2, col=1, axisItems={"bottom": XAxisItem()})
-        self.plot_set = PlotSet(self.loss_plot, self.norm_plot, self.lr_plot, self.mem_plot, self.tput_plot)
-        c.ci.layout.setRowStretchFactor(0, 5)
-        c.ci.layout.setRowStretchFactor(1, 3)
-        c.ci.layout.setRowStretchFactor(2, 3)
-        self.plots = self.plot_set.all
-        for p, label in zip(self.plots, ("loss", "norm", "lr", "GiB", "samples/s")):
-            style_plot(p, label, pal)
-        self.lr_plot.getAxis("left").enableAutoSIPrefix(False)
-        for p in (self.norm_plot, self.lr_plot):  # same steps as the plot below them
-            p.getAxis("bottom").setStyle(showValues=False)
+        self.point_menu.actions = []
+
+        self.plot_set = layout_plots(c, lambda: PointViewBox(self.point_menu), pal)
+        ps = self.plot_set
+        self.loss_plot, self.norm_plot, self.lr_plot = ps.loss, ps.norm, ps.lr
+        self.mem_plot, self.tput_plot, self.stack_plot = ps.mem, ps.tput, ps.stack
+        self.plots = ps.all
         for p in self.plots:
             # Not setXLink: pyqtgraph links plots of different widths by screen position, so the
             # half-width plots would show half the steps. Same step range on every plot instead.
@@ -149,8 +131,11 @@ class PlotPanel(QWidget):
         self.memory = MemoryPlot(self.plot_set, pal)
         self.mem_total, self.mem_used, self.headroom_fill = self.memory.total, self.memory.used, self.memory.fill
         self.mem_note = self.memory.note
+        self.stack = MemoryStack(self.plot_set, pal)
         self.marks = PlotMarks(self.plot_set, pal)
         self.marks.to_x = self.steps_to_x
+        self.rollbacks = RollbackMarks(self.plot_set, pal)
+        self.rollbacks.to_x = self.steps_to_x
         self.planned = PlannedLr(self.lr_plot, pal)
         self._overlays = Overlays(self.loss_plot, pal)
 
@@ -166,7 +151,7 @@ class PlotPanel(QWidget):
         self._y_series = {id(self.loss_plot): self.series[0:2], id(self.norm_plot): self.series[2:5],
                           id(self.lr_plot): self.series[5:6], id(self.tput_plot): self.series[6:8],
                           id(self.mem_plot): self.mem_series}
-        for s in self.series + self.mem_series:
+        for s in self.series + self.mem_series + self.stack.device:
             s.item.setClipToView(True)
         self._set_downsampling()
         self._set_titles()
@@ -183,25 +168,7 @@ class PlotPanel(QWidget):
         self._show_loss_note(IDLE_NOTE)
 
     def _set_titles(self) -> None:
-        pal, fg = self.pal, self.pal.foreground
-        m = self.model
-        extra = []
-        if m is not None and m.markers:
-            extra.append((pal.marker, "\u2506", "setting applied"))
-        if m is not None and m.metrics.nonfinite_steps:
-            extra.append((pal.nonfinite, "\u2506", "non-finite step"))
-        self.loss_plot.setTitle(legend("Loss", [(pal.loss, "\u2501", "per step"), (pal.ema, "\u2501", "EMA"),
-                                                (pal.val, "\u25cf", "validation (per epoch)")] + extra
-                                       + self._overlays.legend(), fg))
-        self.norm_plot.setTitle(legend("Gradient norm, before clipping",
-                                       [(pal.norm, "\u2501", "norm"), (pal.clip, "\u2505", "clip"),
-                                        (pal.clipped, "\u25cf", "clipped")], fg))
-        lr_extra = [(pal.lr, "\u2501", "per step"), (pal.lr, "\u2505", "planned")] if self.planned.plan is not None else []
-        if self.planned.changes:
-            lr_extra.append((pal.marker, "\u25b2", "peak changed"))
-        self.lr_plot.setTitle(legend("Learning rate", lr_extra, fg))
-        self.tput_plot.setTitle(legend("Throughput", [(pal.throughput_raw, "\u2501", "per step"),
-                                                      (pal.throughput, "\u2501", "EMA")], fg))
+        set_titles(self.plot_set, self.pal, self.model, self.planned, self._overlays, self.rollbacks)
 
     # -- notes in the plot area ------------------------------------------------------------
     def _place_notes(self) -> None:
@@ -220,13 +187,25 @@ class PlotPanel(QWidget):
     def set_model(self, model: Optional[RunModel]) -> None:
         self.model = model
         self._version = -1
-        self._epoch_count = -1
-        self.marks.reset()
-        self.planned.reset()
-        for s in self.series + self.mem_series:
-            s.key = ()
+        self._reset_marks()
         self.follow = True
         self.refresh(force=True)
+
+    def _reset_marks(self) -> None:
+        """Draw every curve and mark again at the next refresh (a new model, axis or offsets)."""
+        self.marks.reset()
+        self.rollbacks.reset()
+        self.planned.reset()
+        self._epoch_count = -1
+        self.stack.key = ()
+        for s in self.series + self.mem_series + self.stack.device + self._overlays.series():
+            s.key = ()
+
+    def axis_offsets_changed(self) -> None:
+        """A run's x offsets were set (a fork: app/ui/x_axis.py XColumns.set_offsets): redraw all."""
+        self._reset_marks()
+        self.follow = True
+        self.refresh(force=True, refit=True)
 
     def set_live(self, live: bool) -> None:
         if live != self.live:
@@ -245,10 +224,7 @@ class PlotPanel(QWidget):
         self.axis = key
         self._show_x_labels()
         self._set_downsampling()
-        self.marks.reset()
-        self._epoch_count = -1
-        for s in self.series + self.mem_series + self._overlays.series():
-            s.key = ()
+        self._reset_marks()
         self.follow = True
         self.refresh(force=True, refit=True)
         self.x_axis_changed.emit(key)
@@ -258,25 +234,32 @@ class PlotPanel(QWidget):
         would drop points where they are dense, so there only the min/max pyramid thins them
         (it already hands over at most ~2 points per pixel of the visible span)."""
         even = self.axis == "step"
-        for s in self.series + self.mem_series + self._overlays.series():
+        for s in self.series + self.mem_series + self.stack.device + self._overlays.series():
             s.item.setDownsampling(auto=even, method="peak")
 
     def _show_x_labels(self) -> None:
         label = BY_KEY[self.axis].label
         for p in self.plots:
             p.getAxis("bottom").set_key(self.axis)
-        for p in (self.loss_plot, self.mem_plot, self.tput_plot):
+        for p in (self.loss_plot, self.stack_plot, self.tput_plot):
             p.setLabel("bottom", label)
-        self.mem_plot.showAxis("bottom", self.memory.shown)  # setLabel shows it; no GPU, no axis
-        self.memory.x_label = label
-        if not self.memory.shown:
-            self.norm_plot.setLabel("bottom", label)
 
     def steps_to_x(self, steps: np.ndarray) -> np.ndarray:
         """Step positions (12.5: between steps 12 and 13) on the current x axis."""
         if self.model is None:
             return np.asarray(steps, dtype=np.float64)
         return columns(self.model.metrics).at_steps(self.axis, steps)
+
+    def x_to_step(self, x: float) -> Optional[int]:
+        """The step drawn nearest x on the current axis (None: no steps)."""
+        if self.model is None or not len(self.model.metrics) or not math.isfinite(x):
+            return None
+        buf = self.model.metrics
+        xs, steps = columns(buf).values(self.axis), buf.view("step")
+        i = int(np.clip(np.searchsorted(xs, x), 1, len(xs) - 1)) if len(xs) > 1 else 0
+        if i and abs(xs[i - 1] - x) <= abs(xs[i] - x):
+            i -= 1
+        return int(steps[i])
 
     def zoom_to_step(self, step: int) -> None:
         """Show the steps around `step` (an alert clicked), whatever the x axis."""
@@ -339,7 +322,7 @@ class PlotPanel(QWidget):
         range_key = (x0, x1, width, self.follow)
         if not force and not self.stale and buf.version == self._version and range_key == self._range_key \
                 and len(model.epochs) == self._epoch_count and not self.marks.stale(model) \
-                and not self.planned.stale(model):
+                and not self.planned.stale(model) and not self.rollbacks.stale(model):
             return False
         self._updating = True
         t_start = time.perf_counter()
@@ -359,11 +342,13 @@ class PlotPanel(QWidget):
             self._overlays.update(x0, x1, width, axis)
             if all_plots or self._turn == 1:
                 self.memory.update(model, buf, x0, x1, width, axis)
+                self.stack.update(model, buf, x0, x1, width, axis)
             self._update_epochs(model)
             legend_had = (self.planned.plan is not None, len(self.planned.changes))
             if all_plots or self._turn == 0 or self.planned.stale(model):  # with the lr plot's turn
                 self.planned.update(model, axis)
             marks_changed = self.marks.update(model, self.memory.shown)
+            marks_changed = self.rollbacks.update(model, self.memory.shown) or marks_changed
             if marks_changed or legend_had != (self.planned.plan is not None, len(self.planned.changes)):
                 self._set_titles()
             unit = "tokens/s" if buf.counts_tokens() else "samples/s"
@@ -371,7 +356,8 @@ class PlotPanel(QWidget):
                 self._tput_unit = unit
                 self.tput_plot.setLabel("left", unit)
             if self.follow:
-                follow(self.plot_set, self._y_series, self._overlays.series(), self.val_item, self._log,
+                follow(self.plot_set, {**self._y_series, id(self.stack_plot): self.stack.series()},
+                       self._overlays.series(), self.val_item, self._log,
                        self.memory.shown, refit or force, {id(self.lr_plot): [self.planned.y_shown]})
             if len(buf) > 0 or self._overlays.entries:
                 self._show_loss_note("")
@@ -409,6 +395,10 @@ class PlotPanel(QWidget):
         return self.marks.nonfinite_lines
 
     @property
+    def rollback_lines(self) -> list[tuple[pg.PlotItem, pg.InfiniteLine]]:
+        return self.rollbacks.lines
+
+    @property
     def overlays(self) -> dict[str, tuple[MetricsBuffer, pg.PlotDataItem, Series]]:
         return self._overlays.entries
 
@@ -431,16 +421,8 @@ class PlotPanel(QWidget):
 
     # -- reading back --------------------------------------------------------------------
     def curve_data(self, name: str) -> tuple[np.ndarray, np.ndarray]:
-        """What a curve currently shows (x, y), for tests and export."""
-        item = {"loss": self.loss_raw, "loss_ema": self.loss_ema, "val": self.val_item, "grad_norm": self.norm_item,
-                "clip": self.clip_item, "clipped": self.clipped_item, "lr": self.lr_item,
-                "lr_planned": self.planned.item, "lr_peak_changes": self.planned.peaks,
-                "throughput": self.tput_item, "mem_used": self.mem_used, "mem_total": self.mem_total}[name]
-        x, y = (item.xData, item.yData) if name.startswith("lr_p") else item.getData()  # the plan: all of it
-        x, y = np.asarray(x if x is not None else []), np.asarray(y if y is not None else [])
-        if name == "clipped":  # drawn as zero-length segments: each point twice
-            x, y = x[::2], y[::2]
-        return x, y
+        """What a curve currently shows (x, y), for tests and export (names: plot_readback.py)."""
+        return curve_data(self, name)
 
     def gpu_mode(self) -> Optional[str]:
         return self.memory.mode

@@ -33,6 +33,9 @@ class Palette:
     nonfinite: str
     overlay: tuple[str, ...]
     note: str
+    mem_kinds: tuple[str, str, str, str]  # params, grads, optimizer state, activations (stacked)
+    rollback: str
+    discarded: str  # steps a rollback threw away, greyed
 
 
 LIGHT = Palette(
@@ -41,6 +44,7 @@ LIGHT = Palette(
     lr="#0f766e", throughput="#0891b2", throughput_raw="#a5dbe8", mem_used="#2563eb", mem_reserved="#7c3aed", mem_peak="#db2777",
     mem_total="#dc2626", headroom=(34, 197, 94, 45), marker="#b45309", nonfinite="#dc2626",
     overlay=("#16a34a", "#9333ea", "#ca8a04", "#0d9488", "#e11d48", "#4f46e5"), note="#64748b",
+    mem_kinds=("#3b82f6", "#8b5cf6", "#f59e0b", "#10b981"), rollback="#be123c", discarded="#a8a8a8",
 )
 DARK = Palette(
     background="#111318", foreground="#cbd5e1", grid_alpha=0.22,
@@ -48,6 +52,7 @@ DARK = Palette(
     lr="#2dd4bf", throughput="#22d3ee", throughput_raw="#1f5663", mem_used="#60a5fa", mem_reserved="#c084fc", mem_peak="#f472b6",
     mem_total="#f87171", headroom=(74, 222, 128, 40), marker="#fbbf24", nonfinite="#f87171",
     overlay=("#4ade80", "#c084fc", "#facc15", "#2dd4bf", "#fb7185", "#818cf8"), note="#94a3b8",
+    mem_kinds=("#60a5fa", "#a78bfa", "#fbbf24", "#34d399"), rollback="#fb7185", discarded="#5b6170",
 )
 
 

@@ -9,6 +9,8 @@ running sums of the per-step `samples` and `tokens` columns and the `time` colum
 since the run's first row are the buffer's own derived columns (app/model/metrics.py:
 samples_seen, tokens_seen, wall, kept up to date as rows arrive); here they are mapped to
 the axes, and to the places that are steps (clipped steps, markers, the plan ahead).
+A fork's rows continue its parent's samples, tokens and time: `set_offsets` shifts its axes
+by what came before its first row (app/ui/lineage.py), so the branches line up.
 Qt-free.
 """
 from __future__ import annotations
@@ -59,6 +61,15 @@ class XColumns:
         self._buf = weakref.ref(buf)
         self._clipped = {k: GrowableArray(64) for k in AXIS_COLUMNS}
         self._clipped_last: dict[str, float] = {}  # the last clipped step mapped, per axis
+        self.offsets: dict[str, float] = {}  # axis key -> what came before the first row (a fork)
+        self._shifted: dict[str, GrowableArray] = {}  # the axis column plus its offset, kept up to date
+
+    def set_offsets(self, offsets: dict[str, float]) -> None:
+        """Samples, tokens and seconds before this run's first row, by axis key (a fork's parents')."""
+        self.offsets = {k: float(v) for k, v in offsets.items() if k in AXIS_COLUMNS and v}
+        self._shifted.clear()
+        for arr in self._clipped.values():
+            arr.clear()
 
     def _buffer(self) -> MetricsBuffer:
         buf = self._buf()
@@ -68,7 +79,20 @@ class XColumns:
     # -- reading -------------------------------------------------------------------------
     def values(self, key: str) -> np.ndarray:
         """Every row's x on axis `key` (a zero-copy view; the step column itself for steps)."""
-        return self._buffer().view(AXIS_COLUMNS.get(key, "step"))
+        v = self._buffer().view(AXIS_COLUMNS.get(key, "step"))
+        off = self.offsets.get(key)
+        if not off:
+            return v
+        arr = self._shifted.get(key)
+        if arr is None:
+            arr = self._shifted[key] = GrowableArray(max(16, len(v)))
+        m = len(arr)
+        if m > len(v) or (m and arr.view()[m - 1] != v[m - 1] + off):  # the buffer was cut or refilled
+            arr.clear()
+            m = 0
+        if m < len(v):
+            arr.extend(v[m:] + off)
+        return arr.view()
 
     def clipped(self, key: str) -> np.ndarray:
         """The clipped steps' x on axis `key` (the buffer's clipped_x holds their steps); new

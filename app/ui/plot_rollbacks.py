@@ -1,0 +1,95 @@
+"""Rollbacks on the plots: a labelled line on every plot where the run went back to a
+checkpoint (each rolled_back event, like the settings markers), and the steps it threw away
+drawn greyed on the loss and gradient-norm plots (the model's `discarded` steps: from the
+run folder's discarded_metrics when it is opened, or kept as they were replaced during a
+live run), so nothing a run trained is hidden without a trace."""
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtCore import Qt
+
+from ..model.runmodel import RunModel
+from .plot_parts import PlotSet
+from .theme import Palette
+
+
+class RollbackMarks:
+    def __init__(self, plots: PlotSet, pal: Palette) -> None:
+        self.plots, self.pal = plots, pal
+        self.lines: list[tuple[pg.PlotItem, pg.InfiniteLine]] = []
+        pen = pg.mkPen(pal.discarded, width=1.5)
+        self.loss = plots.loss.plot(pen=pen)
+        self.norm = plots.norm.plot(pen=pg.mkPen(pal.discarded, width=1))
+        for item in (self.loss, self.norm):
+            item.setZValue(-5)  # under the kept run's curves
+        self.to_x: Callable[[np.ndarray], np.ndarray] = lambda steps: np.asarray(steps, dtype=np.float64)
+        self._key: tuple = ()
+
+    def reset(self) -> None:
+        self._key = ()
+
+    def stale(self, model: RunModel) -> bool:
+        return not self._key or self._key[:2] != (len(model.rollbacks), model.discarded.version)
+
+    def legend(self, model: RunModel) -> tuple[bool, bool]:
+        """(rollbacks shown, discarded steps shown), for the loss plot's legend."""
+        return bool(model.rollbacks), len(model.discarded) > 0
+
+    def update(self, model: RunModel, memory_shown: bool) -> bool:
+        """Redraw what changed. True if the loss plot's legend changes."""
+        state = (len(model.rollbacks), model.discarded.version, memory_shown, model.metrics.last_step())
+        if state == self._key:
+            return False
+        before = self._key
+        self._key = state
+        if state[:3] != before[:3]:
+            self._draw_lines(model, memory_shown)
+        elif self.lines:  # new steps: on a non-step axis the places move with them
+            xs = self.to_x(np.array([r.to_step + 0.5 for r in model.rollbacks], dtype=np.float64))
+            per = len(self.lines) // max(1, len(model.rollbacks))
+            for i, x in enumerate(xs):
+                for _p, line in self.lines[i * per:(i + 1) * per]:
+                    line.setValue(float(x))
+        if len(model.discarded) or not before or before[1] != state[1]:
+            self._draw_discarded(model)
+        return not before or before[:2] != state[:2]
+
+    def _draw_lines(self, model: RunModel, memory_shown: bool) -> None:
+        for plot, line in self.lines:
+            plot.removeItem(line)
+        self.lines.clear()
+        pen = pg.mkPen(self.pal.rollback, width=2, style=Qt.PenStyle.DashDotLine)
+        xs = self.to_x(np.array([r.to_step + 0.5 for r in model.rollbacks], dtype=np.float64))
+        for i, (r, x) in enumerate(zip(model.rollbacks, xs)):
+            for p in self.plots.all:
+                if p is self.plots.mem and not memory_shown:
+                    continue
+                label = (f"\u21b6 rolled back to {r.to_step} ({r.reason})" if p is self.plots.loss
+                         else f"\u21b6 {r.to_step}")
+                line = pg.InfiniteLine(pos=float(x), angle=90, pen=pen, label=label,
+                                       labelOpts={"position": 0.22 + 0.1 * (i % 2), "color": self.pal.rollback,
+                                                  "anchors": [(0, 0.5), (0, 0.5)],
+                                                  "fill": pg.mkBrush(self.pal.background + "d8")})
+                line.setZValue(21)
+                p.addItem(line, ignoreBounds=True)
+                self.lines.append((p, line))
+
+    def _draw_discarded(self, model: RunModel) -> None:
+        d = model.discarded
+        for item, name in ((self.loss, "loss"), (self.norm, "grad_norm")):
+            steps, y = d.joined(name)
+            if not len(steps):
+                item.setData([], [])
+                continue
+            x = np.full(len(steps), np.nan)
+            ok = np.isfinite(steps)
+            x[ok] = self.to_x(steps[ok])
+            item.setData(x, y, connect="finite")
+
+    def discarded_data(self, name: str = "loss") -> tuple[np.ndarray, np.ndarray]:
+        item = self.loss if name == "loss" else self.norm
+        x, y = item.getData()
+        return np.asarray(x if x is not None else []), np.asarray(y if y is not None else [])

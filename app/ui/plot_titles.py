@@ -1,0 +1,38 @@
+"""The plots' titles, each with its legend inline; what a legend lists follows what is drawn
+(setting markers, non-finite steps, rollbacks, discarded steps, the planned lr, overlays)."""
+from __future__ import annotations
+
+from typing import Optional
+
+from ..model.runmodel import RunModel
+from .plot_overlays import Overlays
+from .plot_parts import PlotSet, legend
+from .plot_plan import PlannedLr
+from .plot_rollbacks import RollbackMarks
+from .theme import Palette
+
+
+def set_titles(plots: PlotSet, pal: Palette, model: Optional[RunModel], planned: PlannedLr, overlays: Overlays,
+               rollbacks: RollbackMarks) -> None:
+    fg = pal.foreground
+    extra = []
+    if model is not None and model.markers:
+        extra.append((pal.marker, "\u2506", "setting applied"))
+    if model is not None and model.metrics.nonfinite_steps:
+        extra.append((pal.nonfinite, "\u2506", "non-finite step"))
+    rolled, discarded = rollbacks.legend(model) if model is not None else (False, False)
+    if rolled:
+        extra.append((pal.rollback, "\u21b6", "rollback"))
+    if discarded:
+        extra.append((pal.discarded, "\u2501", "discarded steps"))
+    plots.loss.setTitle(legend("Loss", [(pal.loss, "\u2501", "per step"), (pal.ema, "\u2501", "EMA"),
+                                        (pal.val, "\u25cf", "validation (per epoch)")] + extra + overlays.legend(), fg))
+    plots.norm.setTitle(legend("Gradient norm, before clipping",
+                               [(pal.norm, "\u2501", "norm"), (pal.clip, "\u2505", "clip"),
+                                (pal.clipped, "\u25cf", "clipped")], fg))
+    lr_extra = [(pal.lr, "\u2501", "per step"), (pal.lr, "\u2505", "planned")] if planned.plan is not None else []
+    if planned.changes:
+        lr_extra.append((pal.marker, "\u25b2", "peak changed"))
+    plots.lr.setTitle(legend("Learning rate", lr_extra, fg))
+    plots.tput.setTitle(legend("Throughput", [(pal.throughput_raw, "\u2501", "per step"),
+                                              (pal.throughput, "\u2501", "EMA")], fg))

@@ -1,0 +1,193 @@
+"""The run tree in the app (issue 13), on real engine runs:
+
+- "Fork from here..." on a plot point opens the fork dialog at the nearest checkpoint at or
+  before that step, prefilled from the run; the fork starts through the Start path and its
+  run.db has the parent link, with the changed settings from its first row;
+- the run history shows the fork under its parent with what it changed, lists a run's
+  checkpoints (a fork from one of them), and compares a run with its family, each branch
+  drawn from its fork point on the samples axis;
+- a run made with --nonfinite rollback shows a marker on every plot at each rollback and the
+  steps it threw away greyed, opened from its folder and followed live.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from engine.store import RunReader
+
+from app_helpers import ROOT, run_to_end, start, wait_until
+
+# The task of tests/engine/test_run_tree.py: NaN windows on purpose (steps bad_from..bad_until-1).
+DIVERGING = textwrap.dedent("""
+    import torch
+    import torch.nn.functional as F
+    from engine import Task
+
+    def build_task(seed, bad_from=0, bad_until=0):
+        state = {"calls": 0}
+        def loss(model, batch):
+            x, y = batch
+            out = F.cross_entropy(model(x), y, reduction="sum")
+            if model.training:
+                state["calls"] += 1
+                step = (state["calls"] + 1) // 2  # two micro-batches a window
+                if bad_from <= step < bad_until:
+                    out = out * float("nan")
+            return out, len(y)
+        torch.manual_seed(seed)
+        g = torch.Generator().manual_seed(1)
+        x = torch.randn(256, 6, generator=g)
+        y = (x[:, 0] + x[:, 1] > 0).long()
+        model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 2))
+        return Task(model=model, train_data=torch.utils.data.TensorDataset(x, y), loss=loss)
+""")
+ROLLBACK_ARGS = dict(epochs=1, micro_batch=8, accum=2, lr=0.01, task_args={"bad_from": 7, "bad_until": 10})
+
+
+def _parent_run(qtbot, w, run_dir: str) -> None:
+    """12 steps of mlp (128 samples each) with a step checkpoint every 4 steps."""
+    w.base_config["checkpoint_every"] = 4
+    start(w, epochs=1, max_steps=12, run_dir=run_dir)
+    assert run_to_end(qtbot, w)["status"] == "finished"
+
+
+def _x_of_step(w, step: int) -> float:
+    return float(w.plots.steps_to_x(np.array([step], dtype=np.float64))[0])
+
+
+def test_fork_from_a_plot_point_records_its_parent_and_change(qtbot, make_window, tmp_path):
+    w = make_window()
+    parent = str(tmp_path / "parent")
+    _parent_run(qtbot, w, parent)
+    assert sorted(os.listdir(os.path.join(parent, "checkpoints"))) == ["last.pt", "step-4.pt", "step-8.pt"]
+    # Right-click the loss plot at step 10: the menu names the step, the dialog the checkpoint.
+    menu = w.plots.point_menu
+    assert menu.remember(_x_of_step(w, 10)) == 10
+    action = menu.actions[0]
+    assert action.text() == "Fork from step 10..." and action.isEnabled()
+    action.trigger()
+    dlg = w.tree.forks.dialog
+    assert dlg is not None and dlg.isVisible()
+    assert "step-8" in dlg.where.text() and "nearest checkpoint at or before step 10" in dlg.where.text()
+    assert dlg.prefill["lr"] == pytest.approx(1e-3) and dlg.prefill["accum"] == 2 and dlg.prefill["max_steps"] == 12
+    assert dlg.widgets["accum"].value() == 2 and dlg.widgets["micro_batch"].value() == 64
+    assert dlg.edits() == {} and "No change" in dlg.summary.text()
+    dlg.set_field("lr", 5e-4)
+    dlg.set_field("accum", 4)
+    dlg.set_field("max_steps", 14)
+    assert dlg.edits() == {"lr": 5e-4, "accum": 4, "max_steps": 14}
+    assert "lr 0.0005" in dlg.summary.text() and "accum 4" in dlg.summary.text()
+    dlg.ok_button.click()
+    assert w.last_error is None, w.last_error
+    assert w.tree.forks.started["fork"] == f"{parent}@step-8"
+    assert run_to_end(qtbot, w)["status"] == "finished"
+
+    child = w.model.info["run_dir"]
+    assert os.path.dirname(child) == str(tmp_path / "runs") and child != parent  # a new folder
+    reader = RunReader(child)
+    info, rows = reader.info(), reader.metrics()
+    reader.close()
+    assert info["parent"] == {"run_dir": parent, "checkpoint": "step-8", "step": 8,
+                              "changed": {"lr": 5e-4, "accum": 4, "max_steps": 14}}
+    assert rows[0]["step"] == 9 and rows[-1]["step"] == 14  # the parent's step counter goes on
+    assert all(r["accum"] == 4 and r["lr"] == pytest.approx(5e-4) for r in rows)  # from its first row
+    assert w.controls.accum.value() == 4  # the form shows what the fork trains with
+
+    # On the samples axis the fork goes on from the parent's 8 x 128 samples at step 8.
+    w.plots.set_x_axis("samples")
+    x, _y = w.plots.curve_data("loss")
+    assert x[0] == 8 * 128 + 4 * 64 and x[-1] == 8 * 128 + 6 * 4 * 64
+
+
+def test_history_shows_the_tree_lists_checkpoints_and_compares_a_family(qtbot, make_window, tmp_path):
+    w = make_window()
+    parent = str(tmp_path / "parent")
+    _parent_run(qtbot, w, parent)
+    w.history.refresh()
+    w.history.select(parent)
+    names = [c.name for c in w.history.checkpoints_shown()]
+    assert names == ["last", "step-8", "step-4"]  # newest first: last.pt at step 12, where the run stopped
+    assert w.history.checkpoints_shown()[0].label == "last (step 12)"
+    # Fork from a checkpoint picked in the list.
+    w.history.checkpoint_list.setCurrentRow(names.index("step-4"))
+    w.history.fork_button.click()
+    dlg = w.tree.forks.dialog
+    assert "step-4" in dlg.where.text() and "nearest" not in dlg.where.text()
+    dlg.set_field("clip", 0.25)
+    dlg.ok_button.click()
+    run_to_end(qtbot, w)
+    child = w.model.info["run_dir"]
+    assert RunReader(child).info()["parent"]["changed"] == {"clip": 0.25}
+
+    w.history.refresh()
+    top = w.history.item_for(parent)
+    kid = w.history.item_for(child)
+    assert top is not None and kid is not None and kid.parent() is top  # child under its parent
+    assert top.parent() is None and top.text(2) == ""
+    assert kid.text(2) == "@step-4: clip 0.25"
+
+    # Compare with family: the child shown, its parent overlaid, each from where it starts.
+    w.plots.set_x_axis("samples")
+    w.history.select(child)
+    w.history.family_button.click()
+    assert w.history.checked == {parent}
+    buf, item, _s = w.plots.overlays["parent"]
+    assert item.xData[0] == 128 and item.xData[-1] == 12 * 128
+    x, _y = w.plots.curve_data("loss")
+    assert x[0] == 5 * 128  # the fork's first step, right after the parent's step 4
+
+
+def _cli(*args: str) -> None:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    r = subprocess.run([sys.executable, "-m", "engine", "--device", "cpu", *args], env=env, capture_output=True,
+                       text=True, timeout=180, cwd=str(ROOT))
+    assert r.returncode == 0, r.stderr
+
+
+def _assert_rollback_shown(w) -> None:
+    p = w.plots
+    assert w.model.rollbacks and w.model.rollbacks[0].to_step == 6 and w.model.rollbacks[0].reason == "nonfinite"
+    on = {id(plot) for plot, _line in p.rollback_lines}
+    for plot in (p.loss_plot, p.norm_plot, p.lr_plot, p.tput_plot, p.stack_plot):
+        assert id(plot) in on  # a marker on every plot (the memory plot says "no GPU" here)
+    assert all(abs(line.value() - 6.5) < 1e-9 for _plot, line in p.rollback_lines[:5])
+    label = next(line.label.toPlainText() for plot, line in p.rollback_lines if plot is p.loss_plot)
+    assert "rolled back to 6" in label and "nonfinite" in label
+    x, y = p.curve_data("discarded_loss")
+    steps = set(x[np.isfinite(x)].astype(int))
+    assert {7, 8} <= steps  # the windows thrown away, greyed, never hidden
+    kept = p.curve_data("loss")[0]
+    assert list(kept) == sorted(set(kept)) and 7 in kept  # the kept branch trained steps 7.. again
+    assert "rollback" in p.loss_plot.titleLabel.text and "discarded steps" in p.loss_plot.titleLabel.text
+    assert "rolled_back" in w.alerts.kinds()
+
+
+def test_rollback_markers_and_discarded_steps_for_a_run_opened_and_live(qtbot, make_window, tmp_path):
+    task = tmp_path / "diverging.py"
+    task.write_text(DIVERGING)
+    folder = str(tmp_path / "roll")
+    _cli("--task", str(task), "--epochs", "1", "--micro-batch", "8", "--accum", "2", "--checkpoint-every", "2",
+         "--task-arg", "bad_from=7", "--task-arg", "bad_until=10", "--nonfinite", "rollback", "--lr", "0.01",
+         "--run-dir", folder)
+    w = make_window()
+    assert w.open_run(folder)
+    _assert_rollback_shown(w)
+    reader = RunReader(folder)
+    discarded = {int(d["step"]) for d in reader.discarded()}
+    reader.close()
+    x, _y = w.plots.curve_data("discarded_loss")
+    assert set(x[np.isfinite(x)].astype(int)) == discarded  # exactly what run.db kept apart
+
+    # The same run trained in the window: the rows it replaces move to the greyed curve.
+    w.base_config.update(checkpoint_every=2, nonfinite="rollback")
+    start(w, task=str(task), run_dir=str(tmp_path / "live"), **ROLLBACK_ARGS)
+    wait_until(qtbot, lambda: not w.runner.is_busy(), 120, "the run to end")
+    run_to_end(qtbot, w)
+    _assert_rollback_shown(w)
+    assert "rolled back from step 8 to step 6" in w.model.discarded.segments[0].reason
