@@ -4,9 +4,10 @@ Reading is one SELECT, a chunk of rows at a time, each chunk turned into numpy a
 copied into arrays allocated once (count(*) first), in each column's own dtype
 (app/model/metrics.py). A value that is not a number (text in a REAL column, a blob) is
 NaN. sqlite3 costs about 0.3 us a row plus 0.1-0.15 us a value, so a large read (a long run
-opened) fetches only what the plots and the status bar show (EAGER_COLUMNS; the memory
-columns only if the run has them), the two flag columns through a query for the rows
-where they are set, and leaves the others (accum, micro_batch, tokens, step_time,
+opened) fetches only what the plots and the status bar show (EAGER_COLUMNS, and on a GPU
+run MEMORY_COLUMNS), of those only the ones that vary (a column holding one value, or NULL,
+all along is found by one scan and filled), the two flag columns through a query for the
+rows where they are set, and leaves the others (accum, micro_batch, tokens, step_time,
 mem_allocated) to `RunDbColumns`, which reads one when something first asks for it (a CSV
 export, the tokens x axis, the ETA of a run followed live). Qt-free.
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 import logging
 import math
 import sqlite3
+from dataclasses import dataclass
 from typing import Any, Iterable, Optional, Sequence
 
 import numpy as np
@@ -27,8 +29,9 @@ log = logging.getLogger("headroom.rundb")
 
 CHUNK = 16384  # rows per fetchmany: a few MB of Python objects at a time
 LAZY_ABOVE = 20_000  # a read of more rows than this fetches EAGER_COLUMNS only
-EAGER_COLUMNS = ("step", "epoch", "loss", "grad_norm", "clip", "lr", "samples", "throughput", "time")
-MEMORY_COLUMNS = ("mem_used", "mem_total", "mem_reserved", "mem_peak")  # the memory plot's curves
+EAGER_COLUMNS = ("step", "epoch", "loss", "grad_norm", "clip", "lr", "samples", "throughput", "time",
+                 "mem_params", "mem_grads", "mem_optimizer")  # memory by kind: CPU runs record these too
+MEMORY_COLUMNS = ("mem_used", "mem_total", "mem_reserved", "mem_peak", "mem_activations")  # GPU: the memory plots
 FLAG_COLUMNS = ("clipped", "nonfinite")  # mostly 0: read where set
 
 
@@ -118,27 +121,62 @@ def _fetch(db: sqlite3.Connection, names: Sequence[str], sql: str, args: tuple, 
     return pos, arrays
 
 
-def _has_memory(db: sqlite3.Connection, where: str, after_step: int, columns: Sequence[str]) -> bool:
-    """Some row after after_step holds a GPU memory figure (stops at the first one)."""
-    if not columns:
-        return False
-    cond = " OR ".join(f'"{c}" IS NOT NULL' for c in columns)
-    return db.execute(f"SELECT 1 FROM metrics {where} AND ({cond}) LIMIT 1", (after_step,)).fetchone() is not None
+def _same(a: Any, b: Any) -> bool:
+    return a == b or (a is None and b is None)
+
+
+def _constants(db: sqlite3.Connection, where: str, after_step: int, names: Sequence[str], first: int,
+               last: int) -> dict[str, Optional[float]]:
+    """The columns among `names` that hold one value (or NULL) in every row after after_step,
+    found without reading them row by row: a few rows spread over the run say which might;
+    one scan that stops at the first row where any of those differs confirms them (or drops
+    the ones that differ there, and looks again from that row)."""
+    if not names:
+        return {}
+    probe = sorted({int(v) for v in np.linspace(first, last, 33)})
+    cols = ", ".join(f'"{c}"' for c in names)
+    rows = db.execute(f"SELECT {cols} FROM metrics WHERE step IN ({','.join('?' * len(probe))})", probe).fetchall()
+    if not rows:
+        return {}
+    ref = rows[0]
+    cand = {c: ref[j] for j, c in enumerate(names)
+            if (ref[j] is None or isinstance(ref[j], (int, float))) and all(_same(r[j], ref[j]) for r in rows)}
+    start = after_step
+    while cand:
+        keys = list(cand)
+        differs = ", ".join(f'"{c}" IS NOT ?' for c in keys)
+        cond = " OR ".join(f'"{c}" IS NOT ?' for c in keys)
+        values = [cand[c] for c in keys]
+        row = db.execute(f"SELECT step, {differs} FROM metrics {where} AND ({cond}) ORDER BY step LIMIT 1",
+                         [*values, start, *values]).fetchone()
+        if row is None:
+            return {c: (None if v is None else float(v)) for c, v in cand.items()}
+        for c, d in zip(keys, row[1:]):
+            if d:
+                del cand[c]
+        start = int(row[0]) - 1  # the others held up to here: look on from this row
+    return {}
+
+
+@dataclass
+class StepsRead:
+    columns: dict[str, np.ndarray]  # the steps read, by column
+    partial: bool  # a large read: only EAGER_COLUMNS, MEMORY_COLUMNS and the flags
+    counts_tokens: Optional[bool] = None  # a partial read: whether the loss counts tokens (tokens left out)
+    nulls: frozenset = frozenset()  # columns left out because no row read holds a value in them
+    last_step: int = -1
 
 
 def read_steps(db: sqlite3.Connection, after_step: int = -1, have: Optional[Iterable[str]] = None,
-               chunk: int = CHUNK, problems: Optional[list[str]] = None, lazy_above: int = LAZY_ABOVE,
-               cpu: bool = False) -> tuple[Optional[dict[str, np.ndarray]], bool, Optional[bool]]:
-    """(columns, partial, counts_tokens): the steps after `after_step` as {column: array}
-    (None if there are none); whether the read was partial; for a partial read, whether the
-    loss counts tokens (`tokens` is one of the columns left out). A partial read (a large one)
-    holds EAGER_COLUMNS, the memory curves where the run has them and the flags; the caller
-    hands the rest to a RunDbColumns. `cpu`: the run says it
-    trained on the CPU (no memory columns to look for). Raises sqlite3.Error for a file that
-    cannot be read (busy, not a database)."""
+               chunk: int = CHUNK, problems: Optional[list[str]] = None,
+               lazy_above: int = LAZY_ABOVE) -> Optional[StepsRead]:
+    """The steps after `after_step` (None if there are none). A partial read (a large one)
+    holds EAGER_COLUMNS, MEMORY_COLUMNS and the flags, but not the ones that are NULL in
+    every row (`nulls`); the caller hands the rest to a RunDbColumns. Raises sqlite3.Error for
+    a file that cannot be read (busy, not a database)."""
     have = set(have) if have is not None else metric_columns(db)
     if "step" not in have:
-        return None, False, None
+        return None
     where = _step_filter(db)
     began = False
     if not db.in_transaction:
@@ -146,20 +184,23 @@ def read_steps(db: sqlite3.Connection, after_step: int = -1, have: Optional[Iter
         began = True
     try:
         n: Optional[int]
+        first = last = 0
         try:
-            n = int(db.execute(f"SELECT count(*) FROM metrics {where}", (after_step,)).fetchone()[0] or 0)
+            n, first, last = db.execute(f"SELECT count(*), min(step), max(step) FROM metrics {where}",
+                                        (after_step,)).fetchone()
+            n = int(n or 0)
             if n == 0:
-                return None, False, None
+                return None
         except sqlite3.DatabaseError as e:
             if isinstance(e, sqlite3.OperationalError) and "malformed" not in str(e):
                 raise
             n = None  # a damaged table: read what can be read
         partial = n is not None and n > lazy_above
+        known: dict[str, Optional[float]] = {}
         if partial:
-            names = [c for c in EAGER_COLUMNS if c in have]
-            memory = [c for c in MEMORY_COLUMNS if c in have]
-            if not cpu and _has_memory(db, where, after_step, memory):
-                names += memory
+            names = [c for c in EAGER_COLUMNS + MEMORY_COLUMNS if c in have]
+            known = _constants(db, where, after_step, names[1:], int(first), int(last))
+            names = [c for c in names if c not in known]
         else:
             names = [c for c in STEP_COLUMNS if c in have]
         if names[0] != "step":
@@ -169,9 +210,14 @@ def read_steps(db: sqlite3.Connection, after_step: int = -1, have: Optional[Iter
         pos, arrays = _fetch(db, names, f"SELECT {select} FROM metrics {where} ORDER BY step", (after_step,),
                              n, chunk, problems)
         out = {c: (a if pos == len(a) else a[:pos].copy()) for c, a in zip(names, arrays)}
+        nulls = frozenset(c for c, v in known.items() if v is None)  # no GPU, say: read as NaN when asked
+        for c, v in known.items():
+            if v is not None:
+                out[c] = np.full(pos, v, dtype=COLUMN_DTYPES.get(c, np.float64))
         counts_tokens: Optional[bool] = None
         if partial and pos:
-            out.update(_flags(db, where, after_step, have, out["step"], chunk))
+            out.update(_flags(db, where, after_step, have, out["step"], chunk,
+                              problems if problems is not None else []))
             if "tokens" in have:
                 counts_tokens = db.execute(
                     f"SELECT 1 FROM metrics {where} AND tokens IS NOT samples AND tokens IS NOT NULL "
@@ -186,12 +232,12 @@ def read_steps(db: sqlite3.Connection, after_step: int = -1, have: Optional[Iter
                 except sqlite3.Error:
                     pass
     if pos == 0:
-        return None, False, None
-    return out, partial, counts_tokens
+        return None
+    return StepsRead(out, partial, counts_tokens, nulls if partial else frozenset(), int(out["step"][-1]))
 
 
 def _flags(db: sqlite3.Connection, where: str, after_step: int, have: set[str], steps: np.ndarray,
-           chunk: int) -> dict[str, np.ndarray]:
+           chunk: int, problems: list[str]) -> dict[str, np.ndarray]:
     """clipped and nonfinite as whole columns, from the rows where either is set (0 elsewhere,
     NULL included)."""
     flags = [c for c in FLAG_COLUMNS if c in have]
@@ -201,7 +247,7 @@ def _flags(db: sqlite3.Connection, where: str, after_step: int, have: set[str], 
     cond = " OR ".join(f'("{c}" IS NOT 0 AND "{c}" IS NOT NULL)' for c in flags)
     cols = ", ".join(f'"{c}"' for c in flags)
     sql = f"SELECT step, {cols} FROM metrics {where} AND ({cond}) ORDER BY step"
-    pos, arrays = _fetch(db, ["step", *flags], sql, (after_step,), None, chunk, None)
+    pos, arrays = _fetch(db, ["step", *flags], sql, (after_step,), None, chunk, problems)
     if pos:
         at = np.searchsorted(steps, arrays[0][:pos])
         ok = (at < len(steps)) & (steps[np.minimum(at, len(steps) - 1)] == arrays[0][:pos])
@@ -218,11 +264,20 @@ class RunDbColumns:
 
     def __init__(self, run_dir: str) -> None:
         self.run_dir = run_dir
+        self.null_through: dict[str, int] = {}  # column -> NULL in every row up to this step
+
+    def knows_null(self, name: str, since: int, through: int) -> None:
+        """A read found `name` NULL in every row after `since` up to `through`: those steps are
+        not asked for (a run without a GPU opened: its memory columns are NaN at no cost)."""
+        if since < 0 or self.null_through.get(name, -2) >= since:
+            self.null_through[name] = max(through, self.null_through.get(name, through))
 
     def _read(self, sql: str, args: tuple, names: Sequence[str]) -> tuple[int, list[np.ndarray]]:
         reader = RunReader(self.run_dir)
         try:
-            db = getattr(reader, "_db")
+            db = reader._db
+            if names[-1] not in metric_columns(db):  # an older engine did not record it
+                return 0, [np.empty(0, dtype=np.int64), np.empty(0)]
             return _fetch(db, names, sql, args, None, CHUNK, list(reader.problems))
         finally:
             reader.close()
@@ -230,28 +285,22 @@ class RunDbColumns:
     def column(self, name: str, steps: np.ndarray) -> np.ndarray:
         """`name` at each of `steps` (NaN where run.db has no such row or value)."""
         out = np.full(len(steps), math.nan, dtype=COLUMN_DTYPES.get(name, np.float64))
-        if not len(steps):
+        lo = int(np.searchsorted(steps, self.null_through[name], side="right")) if name in self.null_through else 0
+        ask = steps[lo:]
+        if not len(ask):
             return out
         try:
-            reader = RunReader(self.run_dir)
-            try:
-                present = name in metric_columns(getattr(reader, "_db"))
-            finally:
-                reader.close()
-            if not present:  # an older engine did not record it
-                return out
             pos, (db_steps, values) = self._read(
                 f'SELECT step, "{name}" FROM metrics WHERE step >= ? AND step <= ? ORDER BY step',
-                (int(steps[0]), int(steps[-1])), ("step", name))
+                (int(ask[0]), int(ask[-1])), ("step", name))
         except (StoreError, sqlite3.Error, OSError) as e:
             log.warning("%s: cannot read column %s: %s", self.run_dir, name, e)
             return out
-        db_steps, values = db_steps[:pos], values[:pos]
         if pos:
-            at = np.searchsorted(db_steps, steps)
-            at_c = np.minimum(at, pos - 1)
-            ok = db_steps[at_c] == steps
-            out[ok] = values[at_c[ok]]
+            db_steps, values = db_steps[:pos], values[:pos]
+            at = np.minimum(np.searchsorted(db_steps, ask), pos - 1)
+            ok = db_steps[at] == ask
+            out[lo:][ok] = values[at[ok]]
         return out
 
     def value(self, name: str, step: int) -> float:

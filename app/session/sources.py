@@ -121,16 +121,17 @@ class FolderSource:
         try:
             if self._have is None:
                 self._have = metric_columns(db)
-            cpu = str(self.info.get("device") or "").startswith("cpu")
-            columns, _partial, counts_tokens = read_steps(db, self._last_step, self._have, problems=self.reader.problems,
-                                                         lazy_above=LAZY_ABOVE if self.lazy else 1 << 62, cpu=cpu)
+            read = read_steps(db, self._last_step, self._have, problems=self.reader.problems,
+                              lazy_above=LAZY_ABOVE if self.lazy else 1 << 62)
         except sqlite3.Error as e:
             raise StoreError(f"{self.reader.path}: {e}") from None
-        if columns is None:
+        if read is None:
             return None
+        for name in read.nulls:
+            self._loader.knows_null(name, self._last_step, read.last_step)
         # Every row read is in run.db: the loader can read any column left out, now or later
         # (a column a large read left out stays out while the run is followed).
-        return StepColumns(columns, loader=self._loader, counts_tokens=counts_tokens)
+        return StepColumns(read.columns, loader=self._loader, counts_tokens=read.counts_tokens)
 
     def poll(self, force: bool = False) -> list[Any]:
         """New steps (StepColumns pieces) and notes since the last poll, in order, at most

@@ -48,10 +48,11 @@ def test_a_long_run_opens_quickly_into_a_compact_model(qtbot, make_window, tmp_p
     grown = rss_bytes() - before
     m = w.model.metrics
     assert len(m) == n and w.model.step == n
-    # Every step is kept, in the plots' columns: under 200 bytes a step in all (the model, its
-    # pyramids, the plots' own copies), where float64 for every column took ~380.
-    assert grown < 200 * n, f"{grown / n:.0f} bytes per step"
-    assert m.nbytes() < 125 * n
+    # Every step is kept, in the plots' columns: under 260 bytes a step in all (the model, its
+    # pyramids, the plots' own arrays; 400 MB for a million steps over a ~140 MB window), where
+    # one dict per row and float64 for every column took ~1100; the columns under 150 (were 184).
+    assert grown < 260 * n, f"{grown / n:.0f} bytes per step"
+    assert m.nbytes() < 150 * n, f"{m.nbytes() / n:.0f} bytes per step in the columns"
     assert took < 5.0, took  # bench/long_run.py: a million steps in under 5 s
     # The view draws a few thousand points of the million, and every extreme among them.
     x, y = w.plots.curve_data("loss")
@@ -143,6 +144,10 @@ def test_a_large_read_holds_what_the_plots_draw_and_reads_the_rest_when_asked(tm
     assert len(m) == 200
     assert not m.holds("accum") and not m.holds("step_time") and m.holds("loss") and m.holds("time")
     assert m.counts_tokens()  # told by the reader, tokens not read
+    # No GPU: the memory columns are NULL in every row; one scan said so, none is read or held.
+    assert not m.has_gpu_memory() and not m.holds("mem_total") and not m.holds("mem_activations")
+    assert src._loader.null_through["mem_total"] == 200
+    assert np.all(np.isnan(m.view("mem_activations"))) and len(m.view("mem_activations")) == 200
     assert m.nonfinite_steps == [77] and list(m.clipped_x.view()) == [s for s in range(1, 201) if s % 5 == 0]
     assert model.step_values(0) == {"lr": 1e-3, "clip": 1.0, "micro_batch": 16, "accum": 2}
     assert not m.holds("accum")  # one row asked for, the column still not read
