@@ -1,11 +1,12 @@
-"""Rollbacks on the plots: a labelled line on every plot where the run went back to a
-checkpoint (each rolled_back event, like the settings markers), and the steps it threw away
-drawn greyed on the loss and gradient-norm plots (the model's `discarded` steps: from the
-run folder's discarded_metrics when it is opened, or kept as they were replaced during a
-live run), so nothing a run trained is hidden without a trace."""
+"""Where a run's history branches, on the plots: a labelled line on every plot where the run
+went back to a checkpoint (each rolled_back event, like the settings markers), the steps it
+threw away drawn greyed on the loss and gradient-norm plots (the model's `discarded` steps:
+from the run folder's discarded_metrics when it is opened, or kept as they were replaced
+during a live run), so nothing a run trained is hidden without a trace; and, for a fork,
+a line at its fork point naming the run and checkpoint it came from."""
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Optional
 
 import numpy as np
 import pyqtgraph as pg
@@ -26,7 +27,14 @@ class RollbackMarks:
         for item in (self.loss, self.norm):
             item.setZValue(-5)  # under the kept run's curves
         self.to_x: Callable[[np.ndarray], np.ndarray] = lambda steps: np.asarray(steps, dtype=np.float64)
+        self.fork: Optional[tuple[int, str]] = None  # (the parent's step, where from) of a fork shown
+        self.fork_lines: list[tuple[pg.PlotItem, pg.InfiniteLine]] = []
         self._key: tuple = ()
+
+    def set_fork(self, step: Optional[int], label: str = "") -> None:
+        """The run shown is a fork of a checkpoint at `step` (None: it is not)."""
+        self.fork = None if step is None else (int(step), label)
+        self._key = ()
 
     def reset(self) -> None:
         self._key = ()
@@ -40,12 +48,12 @@ class RollbackMarks:
 
     def update(self, model: RunModel, memory_shown: bool) -> bool:
         """Redraw what changed. True if the loss plot's legend changes."""
-        state = (len(model.rollbacks), model.discarded.version, memory_shown, model.metrics.last_step())
+        state = (len(model.rollbacks), model.discarded.version, memory_shown, model.metrics.last_step(), self.fork)
         if state == self._key:
             return False
         before = self._key
         self._key = state
-        if state[:3] != before[:3]:
+        if state[:3] != before[:3] or state[4:] != before[4:]:
             self._draw_lines(model, memory_shown)
         elif self.lines:  # new steps: on a non-step axis the places move with them
             xs = self.to_x(np.array([r.to_step + 0.5 for r in model.rollbacks], dtype=np.float64))
@@ -58,9 +66,25 @@ class RollbackMarks:
         return not before or before[:2] != state[:2]
 
     def _draw_lines(self, model: RunModel, memory_shown: bool) -> None:
-        for plot, line in self.lines:
+        for plot, line in self.lines + self.fork_lines:
             plot.removeItem(line)
         self.lines.clear()
+        self.fork_lines.clear()
+        if self.fork is not None:
+            step, where = self.fork
+            x = float(self.to_x(np.array([step + 0.5]))[0])
+            for p in self.plots.all:
+                if p is self.plots.mem and not memory_shown:
+                    continue
+                line = pg.InfiniteLine(pos=x, angle=90, pen=pg.mkPen(self.pal.foreground, width=1.5,
+                                                                     style=Qt.PenStyle.DotLine),
+                                       label=f"\u2387 fork of {where}" if p is self.plots.loss else None,
+                                       labelOpts={"position": 0.08, "color": self.pal.foreground,
+                                                  "anchors": [(0, 0.5), (0, 0.5)],
+                                                  "fill": pg.mkBrush(self.pal.background + "d8")})
+                line.setZValue(19)
+                p.addItem(line, ignoreBounds=True)
+                self.fork_lines.append((p, line))
         pen = pg.mkPen(self.pal.rollback, width=2, style=Qt.PenStyle.DashDotLine)
         xs = self.to_x(np.array([r.to_step + 0.5 for r in model.rollbacks], dtype=np.float64))
         for i, (r, x) in enumerate(zip(model.rollbacks, xs)):

@@ -25,7 +25,10 @@ def set_titles(plots: PlotSet, pal: Palette, model: Optional[RunModel], planned:
         extra.append((pal.rollback, "\u21b6", "rollback"))
     if discarded:
         extra.append((pal.discarded, "\u2501", "discarded steps"))
-    plots.loss.setTitle(legend("Loss", [(pal.loss, "\u2501", "per step"), (pal.ema, "\u2501", "EMA"),
+    name = ""
+    if model is not None and overlays.entries and model.info.get("run_dir"):  # which curves are this run's
+        name = " \u00b7 " + str(model.info["run_dir"]).rstrip("/").rsplit("/", 1)[-1]
+    plots.loss.setTitle(legend("Loss" + name, [(pal.loss, "\u2501", "per step"), (pal.ema, "\u2501", "EMA"),
                                         (pal.val, "\u25cf", "validation (per epoch)")] + extra + overlays.legend(), fg))
     plots.norm.setTitle(legend("Gradient norm, before clipping",
                                [(pal.norm, "\u2501", "norm"), (pal.clip, "\u2505", "clip"),

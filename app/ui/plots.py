@@ -185,6 +185,8 @@ class PlotPanel(QWidget):
 
     # -- data ----------------------------------------------------------------------------
     def set_model(self, model: Optional[RunModel]) -> None:
+        if model is not self.model:
+            self.rollbacks.set_fork(None)  # the new run says whether it is a fork (RunTreeViews)
         self.model = model
         self._version = -1
         self._reset_marks()
@@ -429,11 +431,12 @@ class PlotPanel(QWidget):
 
     def set_theme(self, theme: str) -> None:
         """Rebuild the plots in the other palette (keeps the model and the overlays)."""
-        overlays = self._overlays.buffers()
+        overlays, fork = self._overlays.buffers(), self.rollbacks.fork
         self.theme, self.pal = theme, palette(theme)
         self.canvas.clear()
         self._tput_unit = ""
         self._build()
+        self.rollbacks.fork = fork
         for n, b in overlays:
             self.add_overlay(n, b)
         if self._log:

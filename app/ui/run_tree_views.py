@@ -69,12 +69,16 @@ class RunTreeViews(QObject):
     def align_shown(self, run_dir: str) -> None:
         """The run shown is a fork: its samples, tokens and time go on from its parents'."""
         offsets = lineage.axis_offsets(run_dir) if run_dir else {}
+        parent = lineage.Parent.from_info(lineage.read_info(run_dir)) if run_dir else None
         cols = columns(self.session.model.metrics)
+        panel = self._plots()
+        panel.rollbacks.set_fork(*((parent.step, f"{run_name(parent.run_dir)} @{parent.checkpoint}")
+                                   if parent is not None else (None,)))
         if offsets != cols.offsets:
             cols.set_offsets(offsets)
-            panel = self._plots()
-            if panel is not None:
-                panel.axis_offsets_changed()
+            panel.axis_offsets_changed()
+        else:
+            panel.refresh(force=True)
 
     def set_overlay(self, path: str, on: bool) -> None:
         panel = self._plots()

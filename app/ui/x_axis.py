@@ -117,7 +117,11 @@ class XColumns:
         buf = self._buffer()
         if key == "step" or not len(buf):
             return steps
-        return np.interp(steps, buf.view("step"), self.values(key))
+        # Before the first row: the axis' origin one step earlier (a fork's point is its parent's last step).
+        first = float(buf.view("step")[0])
+        origin = self.offsets.get(key, 0.0)
+        return np.interp(steps, np.concatenate(([first - 1.0], buf.view("step"))),
+                         np.concatenate(([origin], self.values(key))))
 
     def samples_to_x(self, key: str, samples: np.ndarray) -> Optional[np.ndarray]:
         """Points given in samples seen on axis `key`: through the rows trained so far, then ahead

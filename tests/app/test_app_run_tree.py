@@ -99,10 +99,15 @@ def test_fork_from_a_plot_point_records_its_parent_and_change(qtbot, make_window
     assert all(r["accum"] == 4 and r["lr"] == pytest.approx(5e-4) for r in rows)  # from its first row
     assert w.controls.accum.value() == 4  # the form shows what the fork trains with
 
-    # On the samples axis the fork goes on from the parent's 8 x 128 samples at step 8.
+    # On the samples axis the fork goes on from the parent's 8 x 128 samples at step 8, where a
+    # line on every plot says where it came from.
     w.plots.set_x_axis("samples")
     x, _y = w.plots.curve_data("loss")
     assert x[0] == 8 * 128 + 4 * 64 and x[-1] == 8 * 128 + 6 * 4 * 64
+    lines = w.plots.rollbacks.fork_lines
+    assert {id(p) for p, _l in lines} >= {id(w.plots.loss_plot), id(w.plots.stack_plot)}
+    label = next(line.label.toPlainText() for p, line in lines if p is w.plots.loss_plot)
+    assert "fork of parent @step-8" in label and 8 * 128 < lines[0][1].value() < x[0]
 
 
 def test_history_shows_the_tree_lists_checkpoints_and_compares_a_family(qtbot, make_window, tmp_path):
