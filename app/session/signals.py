@@ -20,7 +20,7 @@ class SessionSignals(QObject):
     run_started = Signal(dict)  # run_started's fields: device, world_size, config, ...
     micro_batch_found = Signal(int, int, int, int)  # micro-batch, accum, probes, peak bytes
     memory_forecast = Signal(dict)  # memory_forecast's fields
-    memory_levers = Signal(dict)  # the latest memory_levers' fields (the "what fits" table), once per update
+    memory_levers = Signal(dict)  # the latest memory_levers' fields and step (the "what fits" table), once per update
     engine_values = Signal(dict)  # live settings the engine has now (the form follows them)
     pending_changed = Signal(list)  # names of live fields whose pending change moved on
     alerts_added = Signal(list)  # Notes for the alerts panel
@@ -48,7 +48,7 @@ class SessionSignals(QObject):
             elif note.kind == "memory_levers":
                 levers = note  # only the newest table matters
         if levers is not None:
-            self.memory_levers.emit(dict(levers.data))
+            self.memory_levers.emit({**levers.data, "step": levers.step})
         if u.engine_values:
             self.engine_values.emit(dict(u.engine_values))
         if u.pending:

@@ -29,6 +29,8 @@ class RollbackMarks:
         self.to_x: Callable[[np.ndarray], np.ndarray] = lambda steps: np.asarray(steps, dtype=np.float64)
         self.fork: Optional[tuple[int, str]] = None  # (the parent's step, where from) of a fork shown
         self.fork_lines: list[tuple[pg.PlotItem, pg.InfiniteLine]] = []
+        # Each stretch thrown away, shaded grey where it was (its loss may be NaN: nothing to draw).
+        self.bands: list[tuple[pg.PlotItem, pg.LinearRegionItem]] = []
         self._key: tuple = ()
 
     def set_fork(self, step: Optional[int], label: str = "") -> None:
@@ -94,14 +96,34 @@ class RollbackMarks:
                 label = (f"\u21b6 rolled back to {r.to_step} ({r.reason})" if p is self.plots.loss
                          else f"\u21b6 {r.to_step}")
                 line = pg.InfiniteLine(pos=float(x), angle=90, pen=pen, label=label,
-                                       labelOpts={"position": 0.22 + 0.1 * (i % 2), "color": self.pal.rollback,
+                                       labelOpts={"position": 0.55 + 0.12 * (i % 2), "color": self.pal.rollback,
                                                   "anchors": [(0, 0.5), (0, 0.5)],
                                                   "fill": pg.mkBrush(self.pal.background + "d8")})
                 line.setZValue(21)
                 p.addItem(line, ignoreBounds=True)
                 self.lines.append((p, line))
 
+    def _draw_bands(self, model: RunModel) -> None:
+        for plot, band in self.bands:
+            plot.removeItem(band)
+        self.bands.clear()
+        segs = model.discarded.segments
+        if not segs:
+            return
+        edges = self.to_x(np.array([[s.first_step - 0.5, s.last_step + 0.5] for s in segs], dtype=np.float64).ravel())
+        fill = pg.mkColor(self.pal.discarded)
+        fill.setAlpha(60)
+        for i, s in enumerate(segs):
+            for p in (self.plots.loss, self.plots.norm):
+                band = pg.LinearRegionItem(values=(float(edges[2 * i]), float(edges[2 * i + 1])), movable=False,
+                                           brush=pg.mkBrush(fill), pen=pg.mkPen(None))
+                band.setZValue(-10)
+                band.setToolTip(f"steps {s.first_step}-{s.last_step} discarded: {s.reason}")
+                p.addItem(band, ignoreBounds=True)
+                self.bands.append((p, band))
+
     def _draw_discarded(self, model: RunModel) -> None:
+        self._draw_bands(model)
         d = model.discarded
         for item, name in ((self.loss, "loss"), (self.norm, "grad_norm")):
             steps, y = d.joined(name)

@@ -24,7 +24,7 @@ def set_titles(plots: PlotSet, pal: Palette, model: Optional[RunModel], planned:
     if rolled:
         extra.append((pal.rollback, "\u21b6", "rollback"))
     if discarded:
-        extra.append((pal.discarded, "\u2501", "discarded steps"))
+        extra.append((pal.discarded, "\u2588", "discarded steps"))
     name = ""
     if model is not None and overlays.entries and model.info.get("run_dir"):  # which curves are this run's
         name = " \u00b7 " + str(model.info["run_dir"]).rstrip("/").rsplit("/", 1)[-1]

@@ -111,7 +111,7 @@ class RunTreeViews(QObject):
     def _on_model_replaced(self, model: Any) -> None:
         self.levers.clear()
         if model.memory_levers is not None:
-            self.levers.set_levers(dict(model.memory_levers.data))
+            self.levers.set_levers({**model.memory_levers.data, "step": model.memory_levers.step})
 
     def send_levers(self, commands: list[Command], at: str) -> None:
         """The table's choice: micro-batch and accumulation as an Apply of the form would send

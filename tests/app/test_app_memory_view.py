@@ -122,7 +122,7 @@ def test_cuda_run_db_memory_stack_levers_and_snapshot(qtbot, make_window, tmp_pa
             assert item.font().italic() == (cell.source == "extrapolated")
             assert item.text().startswith("\u2248") == (cell.source == "extrapolated")
             assert item.font().bold() == cell.current
-    assert "7.00 GiB usable of 8.00 GiB" in lv.summary.text()
+    assert "7.00 GiB usable of 8.00 GiB" in lv.summary.text() and "at step 10" in lv.summary.text()
     assert not lv.step_button.isEnabled()  # a finished run takes no commands
 
     # The out-of-memory snapshot: an alert with its path and a way to its folder.

@@ -167,6 +167,8 @@ def _assert_rollback_shown(w) -> None:
     x, y = p.curve_data("discarded_loss")
     steps = set(x[np.isfinite(x)].astype(int))
     assert {7, 8} <= steps  # the windows thrown away, greyed, never hidden
+    bands = [band.getRegion() for plot, band in p.rollbacks.bands if plot is p.loss_plot]
+    assert bands and bands[0][0] == 6.5 and bands[0][1] >= 8.5  # shaded even where their loss is NaN
     kept = p.curve_data("loss")[0]
     assert list(kept) == sorted(set(kept)) and 7 in kept  # the kept branch trained steps 7.. again
     assert "rollback" in p.loss_plot.titleLabel.text and "discarded steps" in p.loss_plot.titleLabel.text
