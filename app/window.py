@@ -172,6 +172,7 @@ class MainWindow(QMainWindow):
         aa.theme.toggled.connect(lambda on: self.set_theme("dark" if on else "light"))
         self.run_menu.aboutToShow.connect(self.check_gpus)
         self.controls.task_file_wanted.connect(self.choose_task_file)
+        self.controls.live.what_fits.clicked.connect(lambda: (self.levers_dock.show(), self.levers_dock.raise_()))
         self.alerts.count_changed.connect(self._alerts_count)
         self.alerts.step_clicked.connect(self._zoom_to_step)
         self.history.open_requested.connect(self.open_run)

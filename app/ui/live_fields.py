@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from PySide6.QtCore import Signal
+from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QAction
-from PySide6.QtWidgets import QCheckBox, QComboBox, QGroupBox, QLabel, QWidget
+from PySide6.QtWidgets import QCheckBox, QComboBox, QGroupBox, QHBoxLayout, QLabel, QPushButton, QWidget
 
 from engine.commands import APPLY_AT
 from engine.config import LR_SCALINGS
@@ -99,7 +99,15 @@ class LiveFields(QGroupBox):
         form.addRow("Effective batch", self.effective)
         form.addRow("", self.find_micro_batch)
         form.addRow("", self.finder_status)
-        form.addRow("Memory", self.fits)
+        self.what_fits = QPushButton("What fits...")
+        self.what_fits.setObjectName("what_fits_button")
+        self.what_fits.setToolTip("The micro-batch x precision x checkpointing table: predicted peaks, what fits, "
+                                  "and a cell to apply")
+        memory = QHBoxLayout()
+        memory.setContentsMargins(0, 0, 0, 0)
+        memory.addWidget(self.fits, 1)
+        memory.addWidget(self.what_fits, 0, Qt.AlignmentFlag.AlignTop)
+        form.addRow("Memory", memory)
         for label, name in (("Learning rate", "lr"), ("lr scaling", "lr_scaling"), ("Clip norm", "clip")):
             form.addRow(label, self.fields[name])
             form.addRow("", self.status[name])

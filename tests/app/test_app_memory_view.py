@@ -111,8 +111,11 @@ def test_cuda_run_db_memory_stack_levers_and_snapshot(qtbot, make_window, tmp_pa
     assert np.all(total == 8.0) and p.stack.headroom.isVisible()
     assert "device total" in p.stack_plot.titleLabel.text and "activations" in p.stack_plot.titleLabel.text
 
-    # What fits: the event's 16 cells in a grid, the extrapolated ones marked, the run's own bold.
+    # What fits (a tab beside the alerts; "What fits..." by the memory readout raises it): the
+    # event's 16 cells in a grid, the extrapolated ones marked, the run's own bold.
     lv = w.levers
+    w.controls.live.what_fits.click()
+    assert lv.isVisible()
     assert len(lv.cells) == 16 and lv.table.rowCount() == 4 and lv.table.columnCount() == 4
     now = [c for c in lv.cells if c.current]
     assert len(now) == 1 and (now[0].micro_batch, now[0].precision, now[0].checkpointing) == (64, "fp32", False)
