@@ -43,6 +43,17 @@ class WindowContext:
     commands_waiting: Callable[[], bool] = lambda: False  # rank 0: commands for the next step boundary
     _totals: Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None
 
+    _seed: Optional[tuple[tuple[float, torch.dtype, torch.device], torch.Tensor]] = None
+
+    def seed(self, value: float, like: torch.Tensor) -> torch.Tensor:
+        """The backward's starting gradient, 1 / window samples, as a 0-dim tensor like the loss,
+        kept while value, dtype and device stay (compared on the host: reading the tensor
+        back would be a GPU sync per micro-batch)."""
+        key = (value, like.dtype, like.device)
+        if self._seed is None or self._seed[0] != key:
+            self._seed = (key, torch.full((), value, dtype=like.dtype, device=like.device))
+        return self._seed[1]
+
     def totals(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """One small float64 buffer for the window's loss sum and count, zeroed for each window
         (and its two views), instead of a new tensor and two views every step. It holds two
@@ -94,10 +105,10 @@ def train_window(w: WindowContext, batches: Iterable[Any], n_micro: int, window_
                 check_loss_output(w.task_name, out)
                 w.loss_checked = True
             loss_sum, count = out
-            scaled = loss_sum * host_scale
             if w.scaler is not None:
-                scaled = w.scaler.scale(scaled)
-            scaled.backward()
+                w.scaler.scale(loss_sum * host_scale).backward()
+            else:  # d(loss_sum x s) = s x d(loss_sum): s as the backward's seed, no extra op
+                loss_sum.backward(gradient=w.seed(host_scale, loss_sum))
         loss_acc.add_(loss_sum.detach())
         if isinstance(count, int):
             host_count += count
@@ -108,7 +119,7 @@ def train_window(w: WindowContext, batches: Iterable[Any], n_micro: int, window_
                 count_acc.add_(host_count)
                 host_count = 0
             count_acc.add_(count)
-        del batch, out, loss_sum, scaled  # this micro-batch's graph and activations go now
+        del batch, out, loss_sum  # this micro-batch's graph and activations go now
     if host_count:
         count_acc.add_(host_count)
 
