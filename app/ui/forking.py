@@ -9,6 +9,8 @@ from typing import Any, Callable, Optional
 from PySide6.QtCore import QObject
 from PySide6.QtWidgets import QWidget
 
+from engine.config import TrainConfig
+
 from . import lineage
 from .fork_dialog import FIELDS, ForkDialog
 
@@ -48,7 +50,8 @@ class ForkFlow(QObject):
         info = lineage.read_info(run_dir)
         config = info.get("config") if isinstance(info.get("config"), dict) else {}
         at = ckpt.step if ckpt.step is not None else (asked or 0)
-        prefill = {key: config.get(key) for key, _label in FIELDS}
+        defaults = TrainConfig().to_dict()  # a key an older run did not record: the engine's default
+        prefill = {key: config.get(key, defaults.get(key)) for key, _label in FIELDS}
         prefill.update(lineage.settings_at(run_dir, at, config))
         if self.dialog is not None:
             self.dialog.close()

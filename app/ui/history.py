@@ -7,6 +7,7 @@ family (ancestors, siblings, forks) at once. Beside the tree, the selected run's
 each a place to fork from."""
 from __future__ import annotations
 
+import os
 import time
 from typing import Optional
 
@@ -160,7 +161,7 @@ class HistoryPanel(QWidget):
             p = node.parent
             change = lineage.fork_text(p)
             if p.run_dir not in names:
-                change = f"fork of {p.run_dir.rstrip('/').rsplit('/', 1)[-1]} {change}"
+                change = f"fork of {os.path.basename(os.path.normpath(p.run_dir))} {change}"
         item = QTreeWidgetItem(["", r.name, change, r.task, r.status, when])
         item.setFlags(item.flags() | Qt.ItemFlag.ItemIsUserCheckable)
         item.setCheckState(0, Qt.CheckState.Checked if r.path in self.checked else Qt.CheckState.Unchecked)
@@ -237,7 +238,7 @@ class HistoryPanel(QWidget):
             self._sync_fork_button()
             return
         cps = lineage.checkpoints(path)
-        name = path.rstrip("/").rsplit("/", 1)[-1]
+        name = os.path.basename(os.path.normpath(path))
         self.checkpoint_label.setText(f"Checkpoints of {name}" if cps else f"{name}: no checkpoints")
         for c in reversed(cps):  # newest first
             li = QListWidgetItem(c.label)

@@ -2,6 +2,7 @@
 (setting markers, non-finite steps, rollbacks, discarded steps, the planned lr, overlays)."""
 from __future__ import annotations
 
+import os
 from typing import Optional
 
 from ..model.runmodel import RunModel
@@ -27,7 +28,7 @@ def set_titles(plots: PlotSet, pal: Palette, model: Optional[RunModel], planned:
         extra.append((pal.discarded, "\u2588", "discarded steps"))
     name = ""
     if model is not None and overlays.entries and model.info.get("run_dir"):  # which curves are this run's
-        name = " \u00b7 " + str(model.info["run_dir"]).rstrip("/").rsplit("/", 1)[-1]
+        name = " \u00b7 " + os.path.basename(os.path.normpath(str(model.info["run_dir"])))
     plots.loss.setTitle(legend("Loss" + name, [(pal.loss, "\u2501", "per step"), (pal.ema, "\u2501", "EMA"),
                                         (pal.val, "\u25cf", "validation (per epoch)")] + extra + overlays.legend(), fg))
     plots.norm.setTitle(legend("Gradient norm, before clipping",

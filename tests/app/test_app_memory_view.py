@@ -15,7 +15,6 @@ import os
 import time
 
 import numpy as np
-import pytest
 
 from engine.commands import SetAccum, SetMicroBatch, SetPrecision
 from engine.events import MemoryLevers, MemorySnapshot, RunFinished, RunStarted, StepMetrics

@@ -198,3 +198,56 @@ def test_rollback_markers_and_discarded_steps_for_a_run_opened_and_live(qtbot, m
     run_to_end(qtbot, w)
     _assert_rollback_shown(w)
     assert "rolled back from step 8 to step 6" in w.model.discarded.segments[0].reason
+
+
+def test_lineage_reads_checkpoints_settings_and_offsets_from_run_folders(tmp_path):
+    """Qt-free: which checkpoint a step forks from, the settings a run had at a step (its config
+    and the events that changed them), and where a fork's axes begin (its parents' counts)."""
+    from engine.events import CheckpointSaved, EpochEnd, OomRecovered, RolledBack, SettingsApplied, StepMetrics
+    from engine.store import RunStore
+
+    from app.ui import lineage
+
+    run = tmp_path / "run"
+    os.makedirs(run / "checkpoints")
+    for name in ("step-4.pt", "epoch-1.pt", "last.pt", "step-12.pt", ".tmp-x.pt", "notes.txt"):
+        (run / "checkpoints" / name).write_bytes(b"")
+    store = RunStore(str(run))
+    cfg = {"task": "mlp", "micro_batch": 64, "accum": 2, "lr": 1e-3, "clip": 1.0, "lr_scaling": "none"}
+    store.set_info(config=cfg)
+    for s in range(1, 13):
+        store.record(StepMetrics(s, 1 + (s > 8), loss=1.0, grad_norm=1.0, clipped=False, lr=1e-3, accum=2, clip=1.0,
+                                 micro_batch=64, samples=100 + s, tokens=1000, step_time=0.1, throughput=1.0,
+                                 nonfinite=False, scaler_skipped=False))
+    store.record(EpochEnd(8, 1, train_loss=1.0, val_loss=None, seconds=1.0))
+    store.record(SettingsApplied(5, 1, changes=(("accum", 2, 4), ("lr", 1e-3, 2e-3)), at="step", from_step=6))
+    store.record(OomRecovered(9, 2, old_micro_batch=64, old_accum=4, new_micro_batch=32, new_accum=8))
+    store.record(RolledBack(10, 2, from_step=11, to_step=10, reason="spike", new_lr=1e-3, windows_skipped=1))
+    store.record(CheckpointSaved(12, 2, path=str(run / "checkpoints" / "last.pt")))
+    store.close()
+
+    cps = lineage.checkpoints(str(run))
+    assert [(c.name, c.step) for c in cps] == [("step-4", 4), ("epoch-1", 8), ("step-12", 12), ("last", 12)]
+    assert lineage.nearest(cps, 3) is None and lineage.nearest(cps, 7).name == "step-4"
+    assert lineage.nearest(cps, 12).name == "step-12"  # a numbered file (it never changes) before last.pt
+    assert cps[1].spec(str(run)) == f"{run}@epoch-1" and cps[1].label == "epoch-1 (step 8)"
+    assert lineage.settings_at(str(run), 5, cfg) == {"micro_batch": 64, "accum": 2, "lr": 1e-3, "clip": 1.0,
+                                                     "lr_scaling": "none"}
+    assert lineage.settings_at(str(run), 8, cfg)["accum"] == 4 and lineage.settings_at(str(run), 8, cfg)["lr"] == 2e-3
+    late = lineage.settings_at(str(run), 12, cfg)
+    assert (late["micro_batch"], late["accum"], late["lr"]) == (32, 8, 1e-3)
+
+    form = lineage.fork_config({**cfg, "run_dir": "x", "resume": None, "fork": "y@last", "find_micro_batch": True},
+                               {"lr": 5e-4}, cps[0].spec(str(run)))
+    assert form == {**cfg, "lr": 5e-4, "fork": f"{run}@step-4"}
+
+    child = tmp_path / "child"
+    os.makedirs(child)
+    store = RunStore(str(child))
+    store.set_info(config=cfg, parent={"run_dir": str(run), "checkpoint": "step-4", "step": 4, "changed": {"lr": 5e-4}})
+    store.close()
+    offsets = lineage.axis_offsets(str(child))  # the parent's first 4 steps
+    assert offsets["samples"] == 101 + 102 + 103 + 104 and offsets["tokens"] == 4000 and offsets["time"] >= 0
+    nodes = lineage.build_tree([str(run), str(child)])
+    assert nodes[str(run)].children == [str(child)] and lineage.family(str(child), nodes) == [str(run)]
+    assert lineage.fork_text(nodes[str(child)].parent) == "@step-4: lr 0.0005"
