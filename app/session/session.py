@@ -215,6 +215,9 @@ class RunSession:
             cut = receipt_cut(items)
             items, self._backlog = items[:cut], items[cut:]
         u = self._ingest(items, src.step_get)
+        if isinstance(src, FolderSource) and any(n.kind == "rolled_back" for n in u.delta.notes):
+            self.model.discarded.clear()  # what the other process threw away is in its run.db: show that
+            u.delta.absorb(self.model.add_discarded(self._discarded(src)))
         self._settle_folder(u)
         return u
 

@@ -140,12 +140,20 @@ class FolderSource:
         if not force and now < self._next_poll:
             return []
         self._next_poll = now + self.POLL_S
+        before = self._last_step
         try:
-            steps = self._read_steps()
+            # Events first: a rollback among them went back past rows read before, and the rows
+            # read after them are the new ones from there on (a rollback after this read shows
+            # in the next poll's events).
             events = self.reader.events(after_id=self._last_event)
+            back = self._rolled_back_to(events, before)
+            if back is not None:
+                self._last_step = back
+            steps = self._read_steps()
             if events or steps is not None:
                 self.info = self.reader.info()
         except StoreError:
+            self._last_step = before
             return []
         self.running = self._is_running()
         step_col = steps.view("step") if steps is not None else np.empty(0, dtype=np.int64)
@@ -166,6 +174,14 @@ class FolderSource:
         if steps is not None and i < len(step_col):
             out.append(steps.piece(i, len(step_col)))
         return out
+
+    @staticmethod
+    def _rolled_back_to(events: list[dict[str, Any]], last_read: int) -> Optional[int]:
+        """The earliest step a rolled_back event among these went back to, if before the last row read."""
+        tos = [e["data"].get("to_step") for e in events
+               if e.get("kind") == "rolled_back" and isinstance(e.get("data"), dict)]
+        tos = [t for t in tos if isinstance(t, int) and not isinstance(t, bool) and t < last_read]
+        return min(tos) if tos else None
 
     def problems(self) -> list[Note]:
         """What this folder lacks or could not be read, as alert rows (shown once, on opening)."""

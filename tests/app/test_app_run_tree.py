@@ -187,9 +187,11 @@ def test_rollback_markers_and_discarded_steps_for_a_run_opened_and_live(qtbot, m
     _assert_rollback_shown(w)
     reader = RunReader(folder)
     discarded = {int(d["step"]) for d in reader.discarded()}
+    kept = [r["step"] for r in reader.metrics()]
     reader.close()
     x, _y = w.plots.curve_data("discarded_loss")
     assert set(x[np.isfinite(x)].astype(int)) == discarded  # exactly what run.db kept apart
+    assert list(w.model.metrics.view("step")) == kept  # and every row it kept
 
     # The same run trained in the window: the rows it replaces move to the greyed curve.
     w.base_config.update(checkpoint_every=2, nonfinite="rollback")
@@ -251,3 +253,43 @@ def test_lineage_reads_checkpoints_settings_and_offsets_from_run_folders(tmp_pat
     nodes = lineage.build_tree([str(run), str(child)])
     assert nodes[str(run)].children == [str(child)] and lineage.family(str(child), nodes) == [str(run)]
     assert lineage.fork_text(nodes[str(child)].parent) == "@step-4: lr 0.0005"
+
+
+def _rows(store, steps, loss: float) -> None:
+    from engine.events import StepMetrics
+    for st in steps:
+        store.record(StepMetrics(st, 1, loss=loss, grad_norm=0.5, clipped=False, lr=1e-3, accum=2, clip=1.0,
+                                 micro_batch=8, samples=16, tokens=16, step_time=0.01, throughput=1.0,
+                                 nonfinite=False, scaler_skipped=False))
+
+
+def test_a_run_followed_while_another_process_rolls_back_reads_the_new_rows(qtbot, make_window, tmp_path):
+    """The window follows a run folder that another process writes; that process rolls back past
+    rows the window has read and writes those steps again: the window reads them again (the ones
+    they replace go grey, as run.db's discarded_metrics has them), never keeping stale rows."""
+    from engine.events import RolledBack
+    from engine.store import RunStore
+    folder = tmp_path / "followed"
+    os.makedirs(folder / "checkpoints")
+    store = RunStore(str(folder))
+    store.set_info(config={"task": "mlp"}, task="mlp", device="cpu", status="running")
+    _rows(store, range(1, 9), loss=2.0)
+    store.close()
+    w = make_window()
+    assert w.open_run(str(folder))
+    assert list(w.model.metrics.view("step")) == list(range(1, 9))
+    store = RunStore(str(folder))  # the other process goes back to step 6 and trains 7.. again
+    store.discard_after(6, "rolled back from step 8 to step 6 (nonfinite)")
+    store.record(RolledBack(6, 1, from_step=8, to_step=6, reason="nonfinite", new_lr=5e-4, windows_skipped=2))
+    _rows(store, range(7, 11), loss=1.0)
+    store.close()
+    w.controller.publish(w.session.poll(force=True))
+    m = w.model.metrics
+    assert list(m.view("step")) == list(range(1, 11))
+    assert list(m.view("loss")[6:]) == [1.0] * 4  # the new rows, not the stale ones
+    steps, losses = w.model.discarded.joined("loss")
+    assert list(steps) == [7, 8] and list(losses) == [2.0, 2.0]  # as discarded_metrics has them
+    w.plots.refresh(force=True)
+    x, y = w.plots.curve_data("discarded_loss")
+    assert list(x) == [7, 8] and list(y) == [2.0, 2.0]
+    assert w.plots.rollback_lines and "rolled_back" in w.alerts.kinds()
