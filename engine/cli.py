@@ -247,8 +247,10 @@ def config_from_args(ns: argparse.Namespace) -> TrainConfig:
             raise ConfigError(f"--{source} {folder}: {e}") from None
         if not isinstance(saved, dict):
             saved = {}
-        for key in ("run_dir", "resume", "fork", "find_micro_batch"):
+        for key in ("run_dir", "resume", "fork", "find_micro_batch", "fork_changes"):
             saved.pop(key, None)
+        if source == "fork":  # what the user set for this fork, even to the value the parent started with
+            given["fork_changes"] = tuple(k for k in given if k not in ("fork", "run_dir"))
         if source == "resume":
             saved.pop("max_steps", None)  # the limit that stopped the run is not one for its continuation
         base = {**saved, **given}

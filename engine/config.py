@@ -56,6 +56,7 @@ class TrainConfig:
     checkpointing: bool = False  # activation checkpointing (a live setting: set_checkpointing)
     memory_snapshot: str = "off"  # off | on-oom: allocator history, dumped at every out-of-memory error
     fork: Optional[str] = None  # DIR[@last|@epoch-N|@step-S]: a new run from that checkpoint
+    fork_changes: tuple = ()  # the fields the user set for the fork (else: those that differ from the parent's)
     checkpoint_every: Optional[int] = None  # optimizer steps between step checkpoints (step-S.pt)
     keep_checkpoints: int = 3  # step checkpoints kept (epoch checkpoints are all kept)
     spike_factor: Optional[float] = None  # a window loss above F x the loss EMA is a spike (rollback)
@@ -89,12 +90,17 @@ class TrainConfig:
         return self
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        d = asdict(self)
+        d["fork_changes"] = list(self.fork_changes)
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "TrainConfig":
         names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in names})
+        kw = {k: v for k, v in d.items() if k in names}
+        if "fork_changes" in kw:
+            kw["fork_changes"] = tuple(kw["fork_changes"] or ())
+        return cls(**kw)
 
     def with_(self, **changes: Any) -> "TrainConfig":
         return replace(self, **changes)

@@ -21,7 +21,8 @@ from .config import ConfigError, TrainConfig
 
 _WHICH = re.compile(r"last|epoch-\d{1,18}|step-\d{1,18}")
 # Config keys that say where a run is, not how it trains: never "changed" by a fork.
-NOT_SETTINGS = ("run_dir", "resume", "fork", "find_micro_batch", "effective_batch", "memory_margin")
+NOT_SETTINGS = ("run_dir", "resume", "fork", "fork_changes", "find_micro_batch", "effective_batch",
+                "memory_margin")
 
 
 @dataclass
@@ -85,7 +86,13 @@ def fork_origin(spec: str, config: TrainConfig, model: torch.nn.Module) -> Origi
     if why:
         raise ConfigError(f"--fork {spec}: checkpoint {which} does not fit the task: {why}")
     parent_config = state.get("config") or {}
-    changed = {k: v for k, v in config.to_dict().items()
-               if k not in NOT_SETTINGS and k in parent_config and parent_config[k] != v}
+    mine = config.to_dict()
+    if config.fork_changes:  # the flags given, against what the parent had at the checkpoint
+        at_checkpoint = {**parent_config, **(state.get("settings") or {})}
+        changed = {k: mine[k] for k in config.fork_changes
+                   if k in mine and k not in NOT_SETTINGS and at_checkpoint.get(k, mine[k]) != mine[k]}
+    else:  # a fork built in code: what differs from the parent's config
+        changed = {k: v for k, v in mine.items()
+                   if k not in NOT_SETTINGS and k in parent_config and parent_config[k] != v}
     parent = dict(run_dir=os.path.abspath(parent_dir), checkpoint=which, step=int(state["step"]), changed=changed)
     return Origin(state=state, path=path, parent=parent)

@@ -246,6 +246,7 @@ def fork_config(parent_config: dict[str, Any], edits: dict[str, Any], spec: str)
     cfg = {k: v for k, v in parent_config.items() if k not in DROPPED}
     cfg.update(edits)
     cfg["fork"] = spec
+    cfg["fork_changes"] = tuple(edits)  # a change even when set back to the parent's start value
     return cfg
 
 

@@ -241,7 +241,7 @@ def test_lineage_reads_checkpoints_settings_and_offsets_from_run_folders(tmp_pat
 
     form = lineage.fork_config({**cfg, "run_dir": "x", "resume": None, "fork": "y@last", "find_micro_batch": True},
                                {"lr": 5e-4}, cps[0].spec(str(run)))
-    assert form == {**cfg, "lr": 5e-4, "fork": f"{run}@step-4"}
+    assert form == {**cfg, "lr": 5e-4, "fork": f"{run}@step-4", "fork_changes": ("lr",)}  # the edit, recorded
 
     child = tmp_path / "child"
     os.makedirs(child)

@@ -183,3 +183,29 @@ def test_rollback_gives_up_after_repeated_rollbacks(tmp_path, task):
     reader = RunReader(str(run))
     assert len(reader.events(kinds={"rolled_back"})) == 3
     assert os.path.exists(run / "checkpoints" / "last.pt")
+
+
+def test_a_fork_setting_a_value_back_to_the_parents_start_value_is_a_change(tmp_path, task):
+    """The parent starts at accum 2, is switched to 4 during epoch 1 (through run.db, as the app
+    does); a fork of a later checkpoint given --accum 2 trains at 2, and records it."""
+    from engine.commands import SetAccum
+    from engine.config import TrainConfig
+    from engine.trainer import Trainer
+    from engine.task_loader import load_task
+    parent = tmp_path / "parent"
+
+    def sink(e):
+        if e.kind == "step" and e.step == 2:
+            trainer.send(SetAccum(4, at="step"))
+    trainer = Trainer(TrainConfig(task=task, epochs=1, micro_batch=8, accum=2, checkpoint_every=4, device="cpu",
+                                  run_dir=str(parent)), task=load_task(task), sink=sink)
+    trainer.run()
+    assert ckpt.load(str(parent / "checkpoints" / "step-8.pt"))["settings"]["accum"] == 4
+    same = tmp_path / "same"
+    assert cli("--fork", f"{parent}@step-8", "--run-dir", str(same)).returncode == 0
+    assert {m["accum"] for m in RunReader(str(same)).metrics()} == {4}  # no flag: the checkpoint's 4
+    back = tmp_path / "back"
+    r = cli("--fork", f"{parent}@step-8", "--accum", "2", "--run-dir", str(back))
+    assert r.returncode == 0, r.stderr
+    assert {m["accum"] for m in RunReader(str(back)).metrics()} == {2}
+    assert RunReader(str(back)).info()["parent"]["changed"] == {"accum": 2}
