@@ -53,7 +53,7 @@ import torch
 
 from ..commands import Command, SetAccum, SetClip, SetLr
 from ..events import ScalerSkip
-from .loop import HeadroomRun, IntegrationError, StepSkipped, batch_size, clean, set_lr
+from .loop import HeadroomRun, IntegrationError, StepSkipped, batch_size, clean, end_reason, set_lr
 
 __all__ = ["HeadroomCallback"]
 
@@ -407,13 +407,7 @@ class HeadroomCallback(Callback):
             if run is None or run.finished:
                 return
             self._write_rows()
-            if self._stopping:
-                reason = "stopped"
-            elif trainer.max_steps and trainer.max_steps > 0 and trainer.global_step >= trainer.max_steps:
-                reason = "max_steps"
-            else:
-                reason = "completed"
-            run.finish(reason)
+            run.finish(end_reason(self._stopping, trainer.max_steps, trainer.global_step))
         finally:
             self._unwrap()
 

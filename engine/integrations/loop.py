@@ -494,3 +494,13 @@ def headroom_run(run_dir: Optional[str] = None, *, task: str = "loop", config: O
     Leaving the block finishes the run (run_finished, status finished); an exception fails
     it (run_failed, status failed) and propagates."""
     return HeadroomRun(run_dir, task=task, config=config, device=device, **kwargs)
+
+
+def end_reason(stopping: bool, max_steps: Optional[int], step: int) -> str:
+    """Why a framework's training ended, as run_finished says it: a stop asked from the app,
+    the framework's own step limit, or the end of its epochs."""
+    if stopping:
+        return "stopped"
+    if max_steps and max_steps > 0 and step >= max_steps:
+        return "max_steps"
+    return "completed"

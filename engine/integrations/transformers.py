@@ -51,7 +51,7 @@ import torch
 
 from ..commands import Command, SetClip, SetLr
 from ..events import ScalerSkip
-from .loop import HeadroomRun, IntegrationError, batch_size, clean, set_lr
+from .loop import HeadroomRun, IntegrationError, batch_size, clean, end_reason, set_lr
 
 __all__ = ["HeadroomCallback"]
 
@@ -415,12 +415,6 @@ class HeadroomCallback(TrainerCallback):
             if run is None or run.finished:
                 return
             self._flush_epoch(None)
-            if self._stopping:
-                reason = "stopped"
-            elif args.max_steps and args.max_steps > 0 and state.global_step >= args.max_steps:
-                reason = "max_steps"
-            else:
-                reason = "completed"
-            run.finish(reason)
+            run.finish(end_reason(self._stopping, args.max_steps, state.global_step))
         finally:
             self._unwrap()
