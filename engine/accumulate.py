@@ -2,7 +2,8 @@
 normalise exactly, norm, clip, then hand over to the step variant (step.py).
 
 Each micro-batch backpropagates loss_sum / (samples in the whole window), a host
-number every rank knows; after the last one the gradients are multiplied once by
+number every rank knows; after the last one (under torchrun, once the gradients are
+summed over ranks: grad_sync.py) the gradients are multiplied once by
 samples / count, so they equal the gradient of
     (sum of the window's loss_sums) / (the window's total count)
 for any mix of lengths and a short last window. Nothing but the gradients and two
@@ -18,6 +19,7 @@ import torch
 
 from . import distributed as D
 from . import grads as G
+from .grad_sync import GradSync
 from .step import InFlight
 from .task import check_loss_output
 
@@ -41,6 +43,7 @@ class WindowContext:
     stepper: Any  # step.SyncStep | step.DeferredStep
     loss_checked: bool = False
     commands_waiting: Callable[[], bool] = lambda: False  # rank 0: commands for the next step boundary
+    grad_sync: Optional[GradSync] = None  # under torchrun: the gradient sum over ranks
     _totals: Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None
 
     _seed: Optional[tuple[tuple[float, torch.dtype, torch.device], torch.Tensor]] = None
@@ -84,7 +87,7 @@ class DDPModelView:
         return getattr(self.__dict__["_ddp"].module, name)
 
 
-def train_window(w: WindowContext, batches: Iterable[Any], n_micro: int, window_samples: int, clip: float,
+def train_window(w: WindowContext, batches: Iterable[Any], window_samples: int, clip: float,
                  micro_batch: int, stop_requested: Callable[[], bool]) -> InFlight:
     dev, ddp = w.device, w.ctx.enabled
     host_scale = 1.0 / window_samples  # keeps gradients O(1) before the exact division (fp16-friendly)
@@ -93,12 +96,13 @@ def train_window(w: WindowContext, batches: Iterable[Any], n_micro: int, window_
     # int counts added on the host, exactly, flushed before any tensor count and after the loop.
     host_count = host_total = 0
     tensor_count = False
-    for i, batch in enumerate(batches):
+    for batch in batches:
         if not ddp and stop_requested():
             raise StopRequested()
-        # DDP: only the last micro-batch's backward all-reduces the gradients.
-        sync = w.net.no_sync() if (ddp and i < n_micro - 1) else contextlib.nullcontext()
-        with sync:
+        # DDP: every micro-batch is local (no_sync), the last one too: no collective is in
+        # flight during any backward, so an out-of-memory error anywhere in the window is
+        # this rank's alone to redo (grad_sync.py). The gradients are summed once, below.
+        with (w.net.no_sync() if ddp else contextlib.nullcontext()):
             with w.autocast():
                 out = w.loss(w.loss_model, batch)
             if not w.loss_checked:
@@ -125,28 +129,32 @@ def train_window(w: WindowContext, batches: Iterable[Any], n_micro: int, window_
 
     agree = None
     if ddp:
-        # Two tiny all-reduces, read with the step's numbers: the window's loss sum and count
-        # over all ranks, and (max) whether any rank was asked to stop, the smallest
-        # micro-batch any rank fell back to after an out-of-memory error, and whether rank 0
-        # holds commands for the next step boundary (so every rank joins their broadcast).
-        D.all_reduce_sum(totals, w.ctx)
+        assert w.grad_sync is not None
         flags = [1.0 if stop_requested() else 0.0, -float(micro_batch), 1.0 if w.commands_waiting() else 0.0]
-        agree = D.all_reduce_max(torch.tensor(flags, device=dev, dtype=torch.float64), w.ctx)
+        flags_t = torch.tensor(flags, device=dev, dtype=torch.float64)
+        w.grad_sync.prepare()  # allocates what the sum needs: nothing allocates between collectives
+        # Every rank is here with its whole window done. Two tiny all-reduces, read with the
+        # step's numbers: the window's loss sum and count over all ranks, and (max) whether
+        # any rank was asked to stop, the smallest micro-batch any rank fell back to after an
+        # out-of-memory error, and whether rank 0 holds commands for the next step boundary
+        # (so every rank joins their broadcast). Then the gradients, summed.
+        D.all_reduce_sum(totals, w.ctx)
+        agree = D.all_reduce_max(flags_t, w.ctx)
+        w.grad_sync.reduce()
     if w.scaler is not None:
         w.scaler.unscale_(w.optimizer)  # once per window, before the norm and the clip
     grads = [p.grad for p in w.params if p.grad is not None]
-    # DDP averaged over ranks (/world) and every rank scaled by 1/window_samples: undo both
-    # and divide by the window's global count, one fused multiply per dtype. When every count
-    # was a host int (one process), the factor is a host number, and exactly 1 (count ==
-    # samples, a classifier) needs no multiply at all.
+    # Every rank scaled by 1/window_samples (the window's samples over all ranks) and the sum
+    # over ranks added them up: multiply by window_samples / the window's global count, one
+    # fused multiply per dtype. When every count was a host int (one process), the factor is
+    # a host number, and exactly 1 (count == samples, a classifier) needs no multiply at all.
     if ddp or tensor_count:
-        G.scale_(grads, (window_samples * w.ctx.world) / totals[1])
+        G.scale_(grads, window_samples / totals[1])
     elif host_total != window_samples:
         G.scale_by_(grads, window_samples / host_total if host_total else float("inf"))
     # Per-parameter norms (to name non-finite parameters without another sync) and the
-    # total norm before clipping, as clip_grad_norm_ computes it.
+    # total norm before clipping, as clip_grad_norm_ computes it. The step variant clips:
+    # with the norm on the host (SyncStep) a window under the clip norm costs no pass at all.
     per_param = G.per_param_norms(grads, dev)
     norm = torch.linalg.vector_norm(per_param)
-    if clip > 0:
-        G.clip_(w.params, clip, norm)
-    return w.stepper.finish(totals, agree, norm, per_param)
+    return w.stepper.finish(totals, agree, norm, per_param, clip, grads)

@@ -5,6 +5,9 @@ launches whatever the number of parameters.
 """
 from __future__ import annotations
 
+import math
+import struct
+
 import torch
 
 
@@ -46,7 +49,55 @@ def per_param_norms(grads: list[torch.Tensor], device: torch.device) -> torch.Te
     return torch.cat([torch.stack(torch._foreach_norm(group)).to(wide) for group in groups.values()])
 
 
-def clip_(params: list[torch.nn.Parameter], max_norm: float, total_norm: torch.Tensor) -> None:
-    """Clip to max_norm given the total norm already computed. A NaN norm would smear NaN
-    over every gradient; such a window is skipped anyway, so clip with 0 instead."""
-    torch.nn.utils.clip_grads_with_norm_(params, max_norm, torch.nan_to_num(total_norm, nan=0.0), foreach=True)
+def clip_(grads: list[torch.Tensor], max_norm: float, total_norm: torch.Tensor) -> None:
+    """Clip to max_norm given the total norm already computed, on the device (no sync), as
+    clip_grads_with_norm_ does. A NaN norm would smear NaN over every gradient; such a
+    window is skipped anyway, so clip with 0 instead."""
+    coef = torch.clamp(max_norm / (torch.nan_to_num(total_norm, nan=0.0) + 1e-6), max=1.0)
+    for group in by_dtype(grads).values():
+        torch._foreach_mul_(group, coef)  # the coefficient in the norm's dtype, as torch clips
+
+def clip_by_host_norm_(grads: list[torch.Tensor], max_norm: float, total_norm: torch.Tensor,
+                       host_norm: float) -> None:
+    """clip_ with the norm also on the host (the synchronous step): the float32 coefficient
+    is computed on the host exactly as clip_ computes it on the device, so the gradients end
+    bit-identical, and a window under the clip norm (coefficient 1) costs no pass at all."""
+    if total_norm.dtype != torch.float32:
+        clip_(grads, max_norm, total_norm)
+        return
+    coef = _f32_clip_coef(max_norm, host_norm)
+    if coef < 1.0:
+        scale_by_(grads, coef)
+
+
+
+def clip_params_by_host_norm_(params: list[torch.Tensor], max_norm: float, total_norm: torch.Tensor,
+                              host_norm: float) -> None:
+    """torch.nn.utils.clip_grads_with_norm_(params, max_norm, total_norm), bit for bit, when
+    the norm is also on the host (the integrations read it anyway): for a finite float32 norm
+    the coefficient is host arithmetic and a gradient under the clip norm is not touched;
+    anything else (a NaN or inf norm, another dtype) goes to torch's own function."""
+    if total_norm.dtype == torch.float32 and math.isfinite(host_norm) and math.isfinite(max_norm):
+        coef = _f32_clip_coef(max_norm, host_norm)
+        if coef < 1.0:
+            scale_by_([p.grad for p in params if p.grad is not None], coef)
+        return
+    torch.nn.utils.clip_grads_with_norm_(params, max_norm, total_norm)
+
+_F32 = struct.Struct("f")
+
+
+def _f32(x: float) -> float:
+    """x rounded to float32 (the host's float64 arithmetic of two float32 values, rounded
+    once, is float32's correctly rounded +, *, /)."""
+    try:
+        return _F32.unpack(_F32.pack(x))[0]
+    except OverflowError:
+        return math.copysign(math.inf, x)
+
+
+def _f32_clip_coef(max_norm: float, norm: float) -> float:
+    """clamp(max_norm / (norm + 1e-6), max=1) in float32 as torch evaluates it: a scalar over
+    a tensor is the tensor's reciprocal times the scalar."""
+    reciprocal = _f32(1.0 / _f32(norm + _f32(1e-6)))
+    return min(1.0, _f32(reciprocal * _f32(max_norm)))

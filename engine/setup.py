@@ -23,6 +23,7 @@ from .accumulate import WindowContext
 from .config import ConfigError, TrainConfig
 from .devices import default_optimizer, resolve_device, to_device
 from .feeder import Feeder, auto_workers
+from .grad_sync import GradSync
 from .checkpointing import CheckpointSwitch, find_switch, why_no_switch
 from .mem_breakdown import WindowMemory
 from .mem_snapshot import SnapshotRecorder
@@ -155,7 +156,8 @@ def _build(config: TrainConfig, task: Optional[Task], ctx: D.DistContext, claime
                                planned_samples(cfg, len(task.train_data), ctx.world))
     window = WindowContext(net=net, loss=task.loss, task_name=task.name, params=params, optimizer=optimizer,
                            scaler=scaler, autocast=autocast, device=device, ctx=ctx, stepper=stepper,
-                           loss_checked=loss_checked)
+                           loss_checked=loss_checked,
+                           grad_sync=GradSync(params, list(model.buffers())) if ctx.enabled else None)
     return RunParts(config=cfg, ctx=ctx, device=device, task=task, model=model, collate=collate, autocast=autocast,
                     optimizer=optimizer, scaler=scaler, window=window, policy=policy, probe=MemoryProbe(device),
                     run_dir=run_dir, origin=origin, lock=lock, progress=Progress(),

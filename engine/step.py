@@ -1,10 +1,11 @@
 """The optimizer step after a window's last backward, in two variants behind one interface.
 
 Both get the window's numbers as device tensors (totals, DDP agreement, norm, per-parameter
-norms) and return an `InFlight` whose `numbers()` gives the `WindowNumbers` on the host:
+norms), clip the gradients and step, and return an `InFlight` whose `numbers()` gives the `WindowNumbers` on the host:
 
 - `SyncStep` (CPU, or an optimizer that cannot skip on the device): reads the
-  numbers to the host now, the step's one CPU-GPU sync, and steps or skips there.
+  numbers to the host now, the step's one CPU-GPU sync, and clips, steps or skips
+  there: with the norm a host number, a window under the clip norm is not touched.
 - `DeferredStep` (CUDA with a fused optimizer): no sync at all. The fused
   optimizer skips a bad window on the device through `found_inf` (weights and
   state bit-identical), and the numbers go to pinned memory, read one step later
@@ -17,6 +18,8 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 import torch
+
+from . import grads as G
 
 # Host numbers of the DDP agreement, when a job has several ranks (see accumulate.py).
 AGREE_STOP, AGREE_MICRO, AGREE_COMMANDS, AGREE_N = 0, 1, 2, 3
@@ -104,13 +107,15 @@ class SyncStep:
         self.before_zero: Callable[[], None] = _nothing  # sees the gradients and state before they go
 
     def finish(self, totals: torch.Tensor, agree: Optional[torch.Tensor], norm: torch.Tensor,
-               per_param: torch.Tensor) -> InFlight:
+               per_param: torch.Tensor, clip: float, grads: list[torch.Tensor]) -> InFlight:
         if totals.device.type == "cpu":  # no device to wait for: read the numbers as they are
             nums = WindowNumbers(*totals.tolist(), norm.item(), tuple(per_param.tolist()),
                                  *_agreement(agree.tolist() if agree is not None else None))
         else:  # the one CPU-GPU sync point of the step: one copy of all the numbers, then decide
             nums = unpack(pack(totals, agree, norm, per_param).tolist(), self.ddp)
         if nums.finite:
+            if clip > 0:
+                G.clip_by_host_norm_(grads, clip, norm, nums.norm)
             self.optimizer.step()
             if self.scaler is not None:
                 self.scaler.update()
@@ -135,7 +140,9 @@ class DeferredStep:
         self.before_zero: Callable[[], None] = _nothing
 
     def finish(self, totals: torch.Tensor, agree: Optional[torch.Tensor], norm: torch.Tensor,
-               per_param: torch.Tensor) -> InFlight:
+               per_param: torch.Tensor, clip: float, grads: list[torch.Tensor]) -> InFlight:
+        if clip > 0:
+            G.clip_(grads, clip, norm)  # on the device: the norm is not on the host yet
         packed = pack(totals, agree, norm, per_param)
         opt = self.optimizer
         opt.found_inf = device_bad(packed, self.ddp).float()  # 0-dim, as GradScaler passes it: the fused kernel skips on the device

@@ -292,7 +292,7 @@ class Trainer(TrainerViews):
         parts = self.prepare()
         batches = parts.feeder.take(self._feed_index, micro)  # one at a time: none outlives its backward
         s = self.settings
-        return train_window(parts.window, batches, len(micro), window_samples, s.clip, s.micro_batch,
+        return train_window(parts.window, batches, window_samples, s.clip, s.micro_batch,
                             self._stop.is_set)
 
     def _snapshot_oom(self, parts: RunParts) -> None:

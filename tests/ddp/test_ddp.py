@@ -67,6 +67,7 @@ def test_two_ranks_2x2_equal_one_process_8x1_and_one_allreduce_per_step(tmp_path
     for log in logs:
         assert [e["step"] for e in log] == list(range(1, 9))
         assert [e["allreduces"] for e in log] == [e["step"] for e in log]  # exactly one gradient all-reduce per step
+        assert all(e["ddp_allreduces"] == 0 for e in log)  # none by DDP's reducer: every backward is local
     # The samples are variable-length: the update really depends on the global count.
     rows = RunReader(str(tmp_path / "run")).metrics()
     assert len({r["tokens"] for r in rows}) > 1
@@ -93,6 +94,22 @@ def test_oom_on_one_rank_is_recovered_on_both(tmp_path, reference):
     logs, weights = torchrun_worker(tmp_path, timeout=120, extra_env={"HEADROOM_TEST_OOM_AT": "1:3"})
     for log in logs:
         assert log[0]["micro"] == 2 and all(e["micro"] == 1 and e["accum"] == 4 for e in log[1:])
+    assert max_diff(weights[0], weights[1]) == 0.0
+    assert max_diff(weights[0], reference) < 1e-6  # the redone window is exact
+    events = RunReader(str(tmp_path / "run")).events(kinds={"oom_recovered"})
+    assert len(events) == 1 and events[0]["data"]["new_micro_batch"] == 1
+
+
+def test_oom_in_the_last_backward_on_one_rank_is_recovered_on_both(tmp_path, reference):
+    """Rank 1 runs out of memory in the backward of its last micro-batch of window 2 (its 4th
+    loss call), where DDP would have all-reduced the gradients. Every micro-batch runs under
+    no_sync and the gradients are summed after the window, so no collective is in flight:
+    rank 1 redoes the window, rank 0 waits for it, both adopt micro-batch 1, and the result is
+    exact."""
+    logs, weights = torchrun_worker(tmp_path, timeout=150, extra_env={"HEADROOM_TEST_BACKWARD_OOM_AT": "1:4"})
+    for log in logs:
+        assert log[0]["micro"] == 2 and all(e["micro"] == 1 and e["accum"] == 4 for e in log[1:])
+        assert [e["step"] for e in log] == list(range(1, 9))
     assert max_diff(weights[0], weights[1]) == 0.0
     assert max_diff(weights[0], reference) < 1e-6  # the redone window is exact
     events = RunReader(str(tmp_path / "run")).events(kinds={"oom_recovered"})

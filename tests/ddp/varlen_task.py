@@ -3,6 +3,7 @@
 Behaviour switches come from environment variables so the same file serves every case:
   HEADROOM_TEST_NAN_AT=R:S   rank R returns a NaN loss on its share of window S (1-based)
   HEADROOM_TEST_OOM_AT=R:C   rank R raises out-of-memory on its C-th loss call if the micro-batch > 1
+  HEADROOM_TEST_BACKWARD_OOM_AT=R:C   the same, raised in the backward of that call's loss
   HEADROOM_TEST_SLOW=SEC     sleep SEC in every loss call (to give a test time to act)
   HEADROOM_TEST_PIDS=DIR     write DIR/rank-R.pid
 """
@@ -56,6 +57,7 @@ def build_task(seed: int) -> Task:
             f.write(str(os.getpid()))
     nan_at = os.environ.get("HEADROOM_TEST_NAN_AT")
     oom_at = os.environ.get("HEADROOM_TEST_OOM_AT")
+    backward_oom_at = os.environ.get("HEADROOM_TEST_BACKWARD_OOM_AT")
     slow = float(os.environ.get("HEADROOM_TEST_SLOW", "0"))
     calls = {"n": 0}
 
@@ -70,6 +72,10 @@ def build_task(seed: int) -> Task:
                 raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.00 GiB (injected)")
         logits = model(x)
         s = F.cross_entropy(logits.reshape(-1, VOCAB), y.reshape(-1), ignore_index=IGNORE, reduction="sum")
+        if backward_oom_at:
+            r, c = map(int, backward_oom_at.split(":"))
+            if r == rank and calls["n"] == c and len(x) > 1:
+                s = _OomInBackward.apply(s)
         if nan_at and model.training:  # "R:S" or "R:S1,R:S2"
             for spec in nan_at.split(","):
                 r, step = map(int, spec.split(":"))
@@ -81,6 +87,19 @@ def build_task(seed: int) -> Task:
     return Task(model=TinyLM(), train_data=make_samples(), loss=loss, collate=collate,
                 optimizer=lambda p, lr: torch.optim.SGD(p, lr=lr),
                 sample_length=lambda s: len(s) - 1, name="varlen")
+
+
+class _OomInBackward(torch.autograd.Function):
+    """Identity forward; its backward runs out of memory (as a real backward would, half-way
+    through: the gradients of the layers after it are already computed)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (injected in backward)")
 
 
 _window = [0]  # set by the worker: the window (optimizer step, 1-based) being trained

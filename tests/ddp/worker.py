@@ -26,20 +26,33 @@ def main() -> None:
     out = sys.argv[1]
     opts = dict(a.split("=", 1) for a in sys.argv[2:])
     rank = int(os.environ["RANK"])
-    allreduces = {"n": 0}
+    allreduces = {"n": 0, "ddp": 0}
     if opts.get("count_hook") == "1":
+        # Count the gradient all-reduces the engine issues (engine/grad_sync.py), and any that
+        # DDP's own reducer would issue (its comm hook): DDP must issue none.
         from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+        import engine.grad_sync as GS
         original_init = DistributedDataParallel.__init__
+        original_all_reduce = GS.dist.all_reduce
 
         def counting_hook(state, bucket):
-            allreduces["n"] += 1
+            allreduces["ddp"] += 1
             return allreduce_hook(state, bucket)
 
         def init(self, *a, **k):
             original_init(self, *a, **k)
             self.register_comm_hook(None, counting_hook)
 
+        class CountingDist:
+            def __getattr__(self, name):
+                return getattr(dist, name)
+
+            def all_reduce(self, *a, **k):
+                allreduces["n"] += 1
+                return original_all_reduce(*a, **k)
+
         DistributedDataParallel.__init__ = init
+        GS.dist = CountingDist()
     if opts.get("local_count") == "1":
         # Negative control: normalise by each rank's own count, not the all-reduced one.
         D.all_reduce_sum = lambda t, ctx: t
@@ -68,6 +81,7 @@ def main() -> None:
         trained = original_step(window)  # on CPU a step's numbers are resolved at once
         log.append(dict(step=trainer.step, epoch=trainer.epoch, micro=trainer.settings.micro_batch,
                         accum=trainer.settings.accum, lr=trainer.settings.lr, allreduces=allreduces["n"],
+                        ddp_allreduces=allreduces["ddp"],
                         nonfinite=trainer.nonfinite_steps > skipped_before if trained else None,
                         wsum=float(sum(p.detach().double().sum() for p in trainer.model.parameters()))))
         return trained

@@ -57,3 +57,50 @@ def test_clip_saturation_event(tmp_path):
     (ev,) = run.of("clip_saturation")
     assert ev.step == 50 and ev.fraction == 1.0 and ev.clip == 1e-6
     assert [e["step"] for e in RunReader(run.run_dir).events(kinds=["clip_saturation"])] == [50]
+
+
+def test_host_clip_is_bit_identical_to_the_device_clip():
+    """The synchronous step clips with a coefficient computed on the host (grads.clip_by_host_norm_);
+    the deferred step with one computed on the device (grads.clip_). For float32 norms they must
+    give the same bits, at the clip boundary too; a plain float64 coefficient does not (the
+    negative control: the emulated float32 rounding is what makes them agree)."""
+    from engine import grads as G
+    gen = torch.Generator().manual_seed(0)
+    grads = [torch.randn(257, generator=gen), torch.randn(3, 5, generator=gen)]
+    cases = [(c, n) for c in (1.0, 0.5, 3.0, 1e-3) for n in (c * 0.5, c * 4.0, c, c - 1e-6, c + 1e-6,
+                                                               c * (1 + 2**-23), c * (1 - 2**-23))]
+    cases += [(float(torch.rand(1, generator=gen)) * 5, float(torch.rand(1, generator=gen)) * 5) for _ in range(300)]
+    naive_differs = 0
+    for clip, n in cases:
+        norm = torch.tensor(n, dtype=torch.float32)
+        device, host, naive = ([g.clone() for g in grads] for _ in range(3))
+        G.clip_(device, clip, norm)
+        G.clip_by_host_norm_(host, clip, norm, norm.item())
+        for a, b in zip(device, host):
+            assert torch.equal(a, b), (clip, n)
+        coef = clip / (norm.item() + 1e-6)
+        if coef < 1:
+            G.scale_by_(naive, coef)
+        naive_differs += any(not torch.equal(a, b) for a, b in zip(device, naive))
+    assert naive_differs > 0  # float64 arithmetic is not float32's: the emulation matters
+
+
+def test_host_clip_of_parameters_is_bit_identical_to_torch():
+    """The integrations clip with grads.clip_params_by_host_norm_ in place of torch's
+    clip_grads_with_norm_: the same bits, for finite norms on either side of the clip norm and
+    for a NaN or inf norm (handed to torch)."""
+    from engine import grads as G
+    gen = torch.Generator().manual_seed(1)
+    shapes = [(64, 33), (33,), (7, 3, 2)]
+    cases = [(1.0, 0.3), (1.0, 4.0), (1.0, 1.0), (0.25, 0.2500001), (2.0, float("nan")), (2.0, float("inf"))]
+    cases += [(float(torch.rand(1, generator=gen)) * 3, float(torch.rand(1, generator=gen)) * 3) for _ in range(100)]
+    for clip, n in cases:
+        grads = [torch.randn(s, generator=gen) for s in shapes]
+        mine, theirs = ([torch.nn.Parameter(torch.zeros(s)) for s in shapes] for _ in range(2))
+        for a, b, g in zip(mine, theirs, grads):
+            a.grad, b.grad = g.clone(), g.clone()
+        norm = torch.tensor(n, dtype=torch.float32)
+        torch.nn.utils.clip_grads_with_norm_(theirs, clip, norm)
+        G.clip_params_by_host_norm_(mine, clip, norm, norm.item())
+        for a, b in zip(mine, theirs):
+            assert torch.equal(a.grad, b.grad) or (a.grad.isnan().all() and b.grad.isnan().all()), (clip, n)
