@@ -20,6 +20,8 @@ import torch
 from . import distributed as D
 from . import grads as G
 from .grad_sync import GradSync
+from .oom import is_oom
+from .outcome import StepNotRedoable
 from .step import InFlight
 from .task import check_loss_output
 
@@ -141,6 +143,29 @@ def train_window(w: WindowContext, batches: Iterable[Any], window_samples: int, 
         D.all_reduce_sum(totals, w.ctx)
         agree = D.all_reduce_max(flags_t, w.ctx)
         w.grad_sync.reduce()
+        # From here on the other ranks step and move on: an out-of-memory error on this rank
+        # cannot be redone here alone (see _step), so it stops the run.
+    return _step(w, totals, agree, window_samples, clip, tensor_count, host_total)
+
+
+def _step(w: WindowContext, totals: torch.Tensor, agree: Optional[torch.Tensor], window_samples: int,
+          clip: float, tensor_count: bool, host_total: int) -> InFlight:
+    """The window's gradients to the update: exact normalisation, norm, clip, step."""
+    try:
+        return _normalise_and_step(w, totals, agree, window_samples, clip, tensor_count, host_total)
+    except BaseException as e:
+        if not (w.ctx.enabled and is_oom(e)):
+            raise
+        detail = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+        raise StepNotRedoable(
+            f"out of memory on rank {w.ctx.rank} in the optimizer step, after the gradients were summed over "
+            f"all {w.ctx.world} ranks: under torchrun that window cannot be redone by one rank alone, so the run "
+            f"stops (the last checkpoint is kept; continue with --resume) ({detail})") from None
+
+
+def _normalise_and_step(w: WindowContext, totals: torch.Tensor, agree: Optional[torch.Tensor], window_samples: int,
+                        clip: float, tensor_count: bool, host_total: int) -> InFlight:
+    ddp, dev = w.ctx.enabled, w.device
     if w.scaler is not None:
         w.scaler.unscale_(w.optimizer)  # once per window, before the norm and the clip
     grads = [p.grad for p in w.params if p.grad is not None]

@@ -6,6 +6,8 @@ import math
 
 import torch
 
+from .outcome import TrainingError
+
 _OOM_MESSAGES = ("out of memory", "cuda error: out of memory", "cudnn_status_alloc_failed",
                  "cublas_status_alloc_failed", "failed to allocate memory", "can't allocate memory",
                  "defaultcpuallocator: not enough memory")
@@ -13,6 +15,8 @@ _OOM_MESSAGES = ("out of memory", "cuda error: out of memory", "cudnn_status_all
 
 def is_oom(e: BaseException) -> bool:
     """By type (torch.OutOfMemoryError) and by message, as Lightning and Accelerate do."""
+    if isinstance(e, TrainingError):  # our own verdict on one (OutOfMemoryStop): not to be retried
+        return False
     if isinstance(e, torch.OutOfMemoryError):
         return True
     if isinstance(e, (RuntimeError, MemoryError)):

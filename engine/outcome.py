@@ -17,6 +17,13 @@ class OutOfMemoryStop(TrainingError):
     pass
 
 
+class StepNotRedoable(OutOfMemoryStop):
+    """Under torchrun, out of memory after the window's gradients were summed over ranks (in
+    the optimizer step): the other ranks have moved on, so this rank cannot redo the window
+    alone. The run stops; this rank's weights may be half-stepped, so its state is not saved
+    (the last checkpoint is kept)."""
+
+
 @dataclass
 class RunResult:
     run_dir: str

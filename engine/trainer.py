@@ -46,7 +46,8 @@ from .step import InFlight, WindowNumbers
 from .store import RunStore
 from .task import Task
 from .trainer_views import TrainerViews
-from .outcome import NonFiniteStop, OutOfMemoryStop, RunResult, TrainingError  # noqa: F401 - public here too
+from .outcome import (NonFiniteStop, OutOfMemoryStop, RunResult, StepNotRedoable,  # noqa: F401 - public here too
+                      TrainingError)
 from .watchers import (BatchNormWatcher, ClipSaturationWatcher, LeversWatcher, MemoryForecastWatcher,
                        VramLowWatcher, Watcher)
 
@@ -401,7 +402,7 @@ class Trainer(TrainerViews):
     def _fail(self, e: BaseException) -> None:
         msg = failure_message(e, self.ctx, (TrainingError,))
         try:
-            if self.step > 0:
+            if self.step > 0 and not isinstance(e, StepNotRedoable):  # that rank's state is half-stepped
                 self._save_checkpoint()
         except Exception as save_error:  # the disk may be the problem: say so, keep the old checkpoint
             msg += f" (checkpoint not written: {save_error})"

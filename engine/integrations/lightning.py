@@ -53,6 +53,7 @@ import torch
 
 from ..commands import Command, SetAccum, SetClip, SetLr
 from ..events import ScalerSkip
+from ..grads import clip_params_by_host_norm_
 from .loop import HeadroomRun, IntegrationError, StepSkipped, batch_size, clean, end_reason, set_lr
 
 __all__ = ["HeadroomCallback"]
@@ -157,7 +158,8 @@ class HeadroomCallback(Callback):
         clip-by-norm follows (the base precision plugin's, the module's default
         configure_gradient_clipping), it clips with the norm just measured instead of
         computing it again: torch's clip_grad_norm_ is get_total_norm followed by
-        clip_grads_with_norm_, so the result is the same and the norm is computed once."""
+        clip_grads_with_norm_, so the result is the same and the norm is computed once (and
+        read to the host once; the clip coefficient is then host arithmetic, the same bits)."""
         hook = pl_module.on_before_optimizer_step
         cb = self
 
@@ -179,7 +181,8 @@ class HeadroomCallback(Callback):
                 measured, cb._measured = cb._measured, None
                 if measured is None or measured[0] is not optimizer:
                     return clip_fn(optimizer, clip_val)
-                torch.nn.utils.clip_grads_with_norm_(measured[1], clip_val, measured[2])
+                # torch's clip_grads_with_norm_ bit for bit, its coefficient from the host norm
+                clip_params_by_host_norm_(measured[1], float(clip_val), measured[2], measured[3])
 
             plugin.clip_grad_by_norm = clip_grad_by_norm
             self._plugin = plugin
@@ -209,8 +212,8 @@ class HeadroomCallback(Callback):
         params = [p for g in optimizer.param_groups for p in g["params"]]  # what Lightning clips
         grads = [p.grad for p in params if p.grad is not None]
         norm = torch.nn.utils.get_total_norm(grads) if grads else None
-        self._measured = (optimizer, params, norm) if self._plugin is not None and grads else None
         norm_f = float(norm) if norm is not None else None
+        self._measured = (optimizer, params, norm, norm_f) if self._plugin is not None and grads else None
         bad: tuple[str, ...] = ()
         if norm_f is not None and not math.isfinite(norm_f):  # named before clipping spreads the NaN
             bad = tuple(n for n, p in pl_module.named_parameters()

@@ -51,6 +51,7 @@ import torch
 
 from ..commands import Command, SetClip, SetLr
 from ..events import ScalerSkip
+from ..grads import clip_params_by_host_norm_
 from .loop import HeadroomRun, IntegrationError, batch_size, clean, end_reason, set_lr
 
 __all__ = ["HeadroomCallback"]
@@ -181,10 +182,26 @@ class HeadroomCallback(TrainerCallback):
         trainer.training_step = training_step  # an instance attribute: the class's method is untouched
         acc = trainer.accelerator
         clip_fn = acc.clip_grad_norm_
+        kind = getattr(acc.distributed_type, "value", acc.distributed_type)
+        plain = kind not in ("FSDP", "DEEPSPEED", "XLA") and hasattr(torch.nn.utils, "get_total_norm")
 
-        def clip_grad_norm_(parameters: Any, max_norm: Any, *a: Any, **kw: Any) -> Any:
-            norm = clip_fn(parameters, max_norm, *a, **kw)
-            cb._norm = norm
+        def clip_grad_norm_(parameters: Any, max_norm: Any, norm_type: Any = 2, *a: Any, **kw: Any) -> Any:
+            """Accelerate's clip_grad_norm_, which on one device or under DDP is torch's
+            (get_total_norm, then clip_grads_with_norm_): the same here, bit for bit, with the
+            norm read to the host once (the row needs it) and the clip coefficient computed
+            there. FSDP, DeepSpeed, XLA, DTensor gradients, another norm: Accelerate's own."""
+            params = list(parameters)
+            grads = [p.grad for p in params if p.grad is not None]
+            if not (plain and grads and norm_type == 2 and not a and not kw
+                    and all(type(g) is torch.Tensor for g in grads)):
+                norm = clip_fn(params, max_norm, norm_type, *a, **kw)
+                cb._norm, cb._norm_f = norm, None
+                return norm
+            acc.unscale_gradients()  # fp16: what Accelerate does first (nothing without a scaler)
+            norm = torch.nn.utils.get_total_norm(grads)
+            norm_f = float(norm)
+            clip_params_by_host_norm_(params, float(max_norm), norm, norm_f)
+            cb._norm, cb._norm_f = norm, norm_f
             return norm
 
         acc.clip_grad_norm_ = clip_grad_norm_
@@ -214,6 +231,7 @@ class HeadroomCallback(TrainerCallback):
         self._mb: list[tuple[Any, Any]] = []  # (loss, inputs) of each micro-batch of the window
         self._nib: Any = None
         self._norm: Any = None
+        self._norm_f: Optional[float] = None  # the norm on the host, when the clip read it
         self._cur: Optional[list] = None  # the window's numbers, from on_pre_optimizer_step
 
     def _window_start(self, nib: Any) -> None:
@@ -254,7 +272,7 @@ class HeadroomCallback(TrainerCallback):
         run, t = self.run, self._trainer
         if run is None or t is None or not self._mb:
             return
-        norm = self._norm
+        norm, norm_f = self._norm, self._norm_f
         if norm is None:  # no clip_grad_norm_ call seen (an older Trainer without clipping): measure it
             grads = [p.grad for p in t.model.parameters() if p.grad is not None]
             norm = torch.nn.utils.get_total_norm(grads) if grads else None
@@ -266,7 +284,8 @@ class HeadroomCallback(TrainerCallback):
                 size, c = count(inputs)
                 sizes.append(size)
                 counts.append(c)
-        norm_f = float(norm) if norm is not None else None
+        if norm_f is None:
+            norm_f = float(norm) if norm is not None else None
         bad: tuple[str, ...] = ()
         if norm_f is not None and not math.isfinite(norm_f):  # a NaN loss shows here too, through backward
             bad = tuple(n for n, p in t.model.named_parameters()

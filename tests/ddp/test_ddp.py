@@ -116,6 +116,29 @@ def test_oom_in_the_last_backward_on_one_rank_is_recovered_on_both(tmp_path, ref
     assert len(events) == 1 and events[0]["data"]["new_micro_batch"] == 1
 
 
+def test_oom_in_the_optimizer_step_of_one_rank_stops_every_rank(tmp_path):
+    """Rank 1 runs out of memory in its third optimizer step, after the gradients were summed:
+    rank 0 has stepped and moved on, so rank 1 cannot redo the window (it would pair its
+    collectives with rank 0's next window, same shapes, silently). It stops with one error line
+    saying why, rank 0 stops too, promptly, and run.db and the checkpoint hold step 3 (rank 0's,
+    whole). Before the fix rank 1 redid the window, its collectives no longer paired with
+    rank 0's and the job hung until the process group's 120 s timeout."""
+    run_dir = tmp_path / "run"
+    args = TORCHRUN + ["-m", "engine", "--task", "tests/ddp/varlen_task.py", "--epochs", "2", "--micro-batch", "2",
+                       "--accum", "2", "--device", "cpu", "--run-dir", str(run_dir)]
+    t0 = time.time()
+    r = subprocess.run(args, cwd=ROOT, env=env(HEADROOM_TEST_STEP_OOM_AT="1:3"), capture_output=True, text=True,
+                       timeout=150)
+    assert time.time() - t0 < 120
+    assert r.returncode != 0
+    assert "error: out of memory on rank 1 in the optimizer step" in r.stderr
+    db = sqlite3.connect(str(run_dir / "run.db"))
+    assert [s for (s,) in db.execute("SELECT step FROM metrics ORDER BY step")] == [1, 2, 3]
+    assert db.execute("SELECT count(*) FROM events WHERE kind = 'run_failed'").fetchone() == (1,)
+    state = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=False)
+    assert state["step"] == 3
+
+
 def test_command_in_run_db_applies_on_both_ranks_at_the_same_boundary(tmp_path):
     out = tmp_path
     args = TORCHRUN + [os.path.join(ROOT, "tests", "ddp", "worker.py"), str(out), "epochs=4"]

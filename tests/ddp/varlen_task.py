@@ -4,6 +4,7 @@ Behaviour switches come from environment variables so the same file serves every
   HEADROOM_TEST_NAN_AT=R:S   rank R returns a NaN loss on its share of window S (1-based)
   HEADROOM_TEST_OOM_AT=R:C   rank R raises out-of-memory on its C-th loss call if the micro-batch > 1
   HEADROOM_TEST_BACKWARD_OOM_AT=R:C   the same, raised in the backward of that call's loss
+  HEADROOM_TEST_STEP_OOM_AT=R:S   rank R's optimizer raises out-of-memory in its S-th step
   HEADROOM_TEST_SLOW=SEC     sleep SEC in every loss call (to give a test time to act)
   HEADROOM_TEST_PIDS=DIR     write DIR/rank-R.pid
 """
@@ -83,9 +84,22 @@ def build_task(seed: int) -> Task:
                     s = s * float("nan")
         return s, (y != IGNORE).sum()
 
+    step_oom_at = os.environ.get("HEADROOM_TEST_STEP_OOM_AT")
+
+    class SGD(torch.optim.SGD):
+        steps = 0
+
+        def step(self, closure=None):  # type: ignore[override]
+            SGD.steps += 1
+            if step_oom_at:
+                r, s = map(int, step_oom_at.split(":"))
+                if r == rank and SGD.steps == s:
+                    raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 64.00 MiB (injected in step)")
+            return super().step(closure)
+
     torch.manual_seed(seed)
     return Task(model=TinyLM(), train_data=make_samples(), loss=loss, collate=collate,
-                optimizer=lambda p, lr: torch.optim.SGD(p, lr=lr),
+                optimizer=lambda p, lr: SGD(p, lr=lr),
                 sample_length=lambda s: len(s) - 1, name="varlen")
 
 
