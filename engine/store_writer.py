@@ -101,7 +101,14 @@ class StoreWriter:
             self.report(f"run.db has taken no rows for a long time: {self.MAX_BUFFERED} rows are waiting "
                         "in memory; newer steps are not kept")
             return
-        self.push(("m", row))
+        with self._cond:  # push(), for one metrics row
+            if self._closed:
+                raise StoreError(f"{self.path}: the store is closed")
+            if not self._ops:
+                self._since = time.monotonic()
+            self._ops.append(("m", row))
+            self._queued += 1
+            self._metric_rows += 1
         if time.monotonic() - self._last_commit >= self.commit_interval:
             self.try_write()
 
