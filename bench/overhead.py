@@ -12,7 +12,7 @@ AdamW, lr 1e-3). Engine step = from leaving the sink to entering it again; bare
 step = one BareLoop.step(). Alternating step by step, both see the same machine
 (load from other processes, caches, clock), which interleaved whole runs do not.
 The first steps of each run are dropped; the figure is the median step of each side
-over all runs, and the ratio engine / bare. Targets: mlp <= 1.10, charlm <= 1.05.
+over all runs, and the ratio engine / bare. Targets: mlp <= 1.05, charlm <= 1.03.
 
 --aa      also times two bare loops against each other: the method's noise floor
 --breakdown  times, alone, each piece the engine runs per step that the bare loop does not
