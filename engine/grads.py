@@ -57,32 +57,35 @@ def clip_(grads: list[torch.Tensor], max_norm: float, total_norm: torch.Tensor) 
     for group in by_dtype(grads).values():
         torch._foreach_mul_(group, coef)  # the coefficient in the norm's dtype, as torch clips
 
+
 def clip_by_host_norm_(grads: list[torch.Tensor], max_norm: float, total_norm: torch.Tensor,
                        host_norm: float) -> None:
-    """clip_ with the norm also on the host (the synchronous step): the float32 coefficient
-    is computed on the host exactly as clip_ computes it on the device, so the gradients end
-    bit-identical, and a window under the clip norm (coefficient 1) costs no pass at all."""
+    """clip_ with the norm also on the host (the synchronous step, whose norm is finite): the
+    float32 coefficient is computed on the host exactly as clip_ computes it on the device, so
+    the gradients end bit-identical, and under the clip norm they are not touched at all."""
     if total_norm.dtype != torch.float32:
         clip_(grads, max_norm, total_norm)
         return
-    coef = _f32_clip_coef(max_norm, host_norm)
-    if coef < 1.0:
-        scale_by_(grads, coef)
-
+    _clip_by_f32_coef(grads, max_norm, host_norm)
 
 
 def clip_params_by_host_norm_(params: list[torch.Tensor], max_norm: float, total_norm: torch.Tensor,
                               host_norm: float) -> None:
     """torch.nn.utils.clip_grads_with_norm_(params, max_norm, total_norm), bit for bit, when
     the norm is also on the host (the integrations read it anyway): for a finite float32 norm
-    the coefficient is host arithmetic and a gradient under the clip norm is not touched;
-    anything else (a NaN or inf norm, another dtype) goes to torch's own function."""
+    the coefficient is host arithmetic, as in clip_by_host_norm_; anything else (a NaN or inf
+    norm, another dtype) goes to torch's own function."""
     if total_norm.dtype == torch.float32 and math.isfinite(host_norm) and math.isfinite(max_norm):
-        coef = _f32_clip_coef(max_norm, host_norm)
-        if coef < 1.0:
-            scale_by_([p.grad for p in params if p.grad is not None], coef)
+        _clip_by_f32_coef([p.grad for p in params if p.grad is not None], max_norm, host_norm)
         return
     torch.nn.utils.clip_grads_with_norm_(params, max_norm, total_norm)
+
+
+def _clip_by_f32_coef(grads: list[torch.Tensor], max_norm: float, norm: float) -> None:
+    coef = _f32_clip_coef(max_norm, norm)
+    if coef < 1.0:
+        scale_by_(grads, coef)
+
 
 _F32 = struct.Struct("f")
 

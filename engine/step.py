@@ -1,7 +1,8 @@
 """The optimizer step after a window's last backward, in two variants behind one interface.
 
 Both get the window's numbers as device tensors (totals, DDP agreement, norm, per-parameter
-norms), clip the gradients and step, and return an `InFlight` whose `numbers()` gives the `WindowNumbers` on the host:
+norms), clip the gradients and step, and return an `InFlight` whose `numbers()` gives the
+`WindowNumbers` on the host:
 
 - `SyncStep` (CPU, or an optimizer that cannot skip on the device): reads the
   numbers to the host now, the step's one CPU-GPU sync, and clips, steps or skips
