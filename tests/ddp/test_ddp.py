@@ -116,6 +116,19 @@ def test_oom_in_the_last_backward_on_one_rank_is_recovered_on_both(tmp_path, ref
     assert len(events) == 1 and events[0]["data"]["new_micro_batch"] == 1
 
 
+def test_batch_norm_statistics_are_rank_0s_on_every_rank(tmp_path):
+    """Every backward is local, so DDP's own buffer broadcast (before a synchronised forward)
+    never runs: the gradient sum broadcasts the buffers from rank 0 instead, and both ranks end
+    with the same running statistics. Negative control: without that broadcast they differ."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    _, weights = torchrun_worker(tmp_path / "a", extra_env={"HEADROOM_TEST_BATCH_NORM": "1"})
+    assert "norm.running_mean" in weights[0]
+    assert max_diff(weights[0], weights[1]) == 0.0
+    _, apart = torchrun_worker(tmp_path / "b", no_buffer_sync=1, extra_env={"HEADROOM_TEST_BATCH_NORM": "1"})
+    assert float((apart[0]["norm.running_mean"] - apart[1]["norm.running_mean"]).abs().max()) > 1e-4
+
+
 def test_oom_in_the_optimizer_step_of_one_rank_stops_every_rank(tmp_path):
     """Rank 1 runs out of memory in its third optimizer step, after the gradients were summed:
     rank 0 has stepped and moved on, so rank 1 cannot redo the window (it would pair its

@@ -6,6 +6,7 @@ Behaviour switches come from environment variables so the same file serves every
   HEADROOM_TEST_BACKWARD_OOM_AT=R:C   the same, raised in the backward of that call's loss
   HEADROOM_TEST_STEP_OOM_AT=R:S   rank R's optimizer raises out-of-memory in its S-th step
   HEADROOM_TEST_SLOW=SEC     sleep SEC in every loss call (to give a test time to act)
+  HEADROOM_TEST_BATCH_NORM=1 the model has a BatchNorm (buffers each rank updates from its own data)
   HEADROOM_TEST_PIDS=DIR     write DIR/rank-R.pid
 """
 from __future__ import annotations
@@ -22,14 +23,17 @@ VOCAB, IGNORE = 32, -100
 
 
 class TinyLM(torch.nn.Module):
-    def __init__(self) -> None:
+    def __init__(self, batch_norm: bool = False) -> None:
         super().__init__()
         self.emb = torch.nn.Embedding(VOCAB, 16)
         self.mix = torch.nn.Linear(16, 16)
         self.head = torch.nn.Linear(16, VOCAB)
+        self.norm = torch.nn.BatchNorm1d(16) if batch_norm else None  # buffers: running statistics
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.emb(x)
+        if self.norm is not None:
+            h = self.norm(h.transpose(1, 2)).transpose(1, 2)
         h = h + torch.tanh(self.mix(torch.cumsum(h, dim=1) / torch.arange(1, x.shape[1] + 1).view(1, -1, 1)))
         return self.head(h)
 
@@ -98,7 +102,7 @@ def build_task(seed: int) -> Task:
             return super().step(closure)
 
     torch.manual_seed(seed)
-    return Task(model=TinyLM(), train_data=make_samples(), loss=loss, collate=collate,
+    return Task(model=TinyLM(os.environ.get("HEADROOM_TEST_BATCH_NORM") == "1"), train_data=make_samples(), loss=loss, collate=collate,
                 optimizer=lambda p, lr: SGD(p, lr=lr),
                 sample_length=lambda s: len(s) - 1, name="varlen")
 

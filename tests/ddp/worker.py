@@ -53,6 +53,16 @@ def main() -> None:
 
         DistributedDataParallel.__init__ = init
         GS.dist = CountingDist()
+    if opts.get("no_buffer_sync") == "1":
+        # Negative control: the gradient sum without the buffers' broadcast from rank 0.
+        import engine.grad_sync as GS
+        original_prepare = GS.GradSync.prepare
+
+        def prepare(self):
+            self.buffers = []
+            return original_prepare(self)
+
+        GS.GradSync.prepare = prepare
     if opts.get("local_count") == "1":
         # Negative control: normalise by each rank's own count, not the all-reduced one.
         D.all_reduce_sum = lambda t, ctx: t
