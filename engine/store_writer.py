@@ -83,6 +83,9 @@ class StoreWriter:
     def push(self, *ops: tuple) -> int:
         """Queue `ops` in order; returns the sequence number of the last (on disk once
         `written` reaches it)."""
+        return self._enqueue(ops, sum(1 for op in ops if op[0] == "m"))
+
+    def _enqueue(self, ops: tuple, metric_rows: int) -> int:
         with self._cond:
             if self._closed:
                 raise StoreError(f"{self.path}: the store is closed")
@@ -90,7 +93,7 @@ class StoreWriter:
                 self._since = time.monotonic()
             self._ops.extend(ops)
             self._queued += len(ops)
-            self._metric_rows += sum(1 for op in ops if op[0] == "m")
+            self._metric_rows += metric_rows
             return self._queued
 
     def push_metrics(self, row: tuple) -> None:
@@ -101,14 +104,7 @@ class StoreWriter:
             self.report(f"run.db has taken no rows for a long time: {self.MAX_BUFFERED} rows are waiting "
                         "in memory; newer steps are not kept")
             return
-        with self._cond:  # push(), for one metrics row
-            if self._closed:
-                raise StoreError(f"{self.path}: the store is closed")
-            if not self._ops:
-                self._since = time.monotonic()
-            self._ops.append(("m", row))
-            self._queued += 1
-            self._metric_rows += 1
+        self._enqueue((("m", row),), 1)  # push() without counting the metrics rows
         if time.monotonic() - self._last_commit >= self.commit_interval:
             self.try_write()
 
