@@ -70,6 +70,17 @@ class WindowContext:
             self._totals[0].zero_()
         return self._totals
 
+    def release_ddp(self) -> None:
+        """Drop the DDP wrapper once the process group is destroyed: the wrapper's reducer holds
+        the group, and with it gloo's worker threads, for as long as the wrapper lives. Released
+        here, they end while the interpreter is alive; left to the interpreter's exit (a script
+        that keeps the Trainer), a worker thread that frees a tensor needs the GIL of an
+        interpreter being torn down and the process aborts ("terminate called without an
+        active exception")."""
+        if isinstance(self.net, torch.nn.parallel.DistributedDataParallel):
+            self.net = self.net.module
+            self.grad_sync = None
+
     @property
     def loss_model(self) -> Any:
         """What the task's loss is given: the model itself, or under DDP a view that runs the

@@ -7,6 +7,7 @@ Torch-free: the app imports this at start-up.
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar, Optional
@@ -358,24 +359,31 @@ class EventBuffer:
     """Thread-safe hand-off from the training thread to a reader (the GUI's timer).
 
     `put` is called on the training thread; `drain` on the reader's. No signal per
-    event: the reader polls at its own rate and takes everything at once.
+    event: the reader polls at its own rate and takes everything at once. Each event is
+    stamped with the wall time it was put (`drain_stamped`): a reader that drains many at
+    once (a busy GUI, a fast run) still knows when each happened.
     """
 
     def __init__(self) -> None:
-        self._items: deque[Event] = deque()
+        self._items: deque[tuple[float, Event]] = deque()
         self._lock = threading.Lock()
 
     def put(self, event: Event) -> None:
+        stamped = (time.time(), event)
         with self._lock:
-            self._items.append(event)
+            self._items.append(stamped)
 
     __call__ = put
 
-    def drain(self) -> list[Event]:
+    def drain_stamped(self) -> list[tuple[float, Event]]:
+        """Everything put since the last drain, as (wall time put, event), in order."""
         with self._lock:
             items = list(self._items)
             self._items.clear()
         return items
+
+    def drain(self) -> list[Event]:
+        return [e for _, e in self.drain_stamped()]
 
     def __len__(self) -> int:
         return len(self._items)

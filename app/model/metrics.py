@@ -296,7 +296,7 @@ class MetricsBuffer:
         columns["step"] = np.asarray(steps, dtype=np.float64)
         if isinstance(records[0], dict):
             columns["time"] = np.array([_num(r.get("time")) for r in records], dtype=np.float64)
-        else:  # a live event: stamped when the GUI drains it (run.db has the engine's own time)
+        else:  # StepMetrics handed in directly carry no time: now (LiveSource gives rows with the emit time)
             columns["time"] = np.full(len(records), time.time())
         return self.extend_columns(columns)
 

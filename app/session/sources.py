@@ -43,7 +43,7 @@ class LiveSource:
     """The run this window started: events drained from the worker's EventBuffer."""
 
     live = True
-    step_get: Callable[[Any, str], Any] = staticmethod(getattr)
+    step_get: Callable[[Any, str], Any] = staticmethod(dict.get)  # steps come as rows, like run.db's
 
     def __init__(self, buffer: EventBuffer, send: Callable[[Command], None],
                  stop: Optional[Callable[[], None]] = None) -> None:
@@ -54,11 +54,11 @@ class LiveSource:
         self.writer = {"pid": os.getpid(), "host": socket.gethostname()}  # this process writes it
 
     def poll(self, force: bool = False) -> list[Any]:
-        items = self.buffer.drain()
-        if not items:
-            return items
-        now = time.time()
-        return [e if isinstance(e, StepMetrics) else Note.from_event(e, now) for e in items]
+        """Steps as rows with the time the engine emitted them (run.db's rows carry the time
+        they were recorded), notes with theirs: a drain of many steps at once (a busy GUI, a
+        fast run) keeps each step's own time for the wall-time axis."""
+        return [dict(vars(e), time=t) if isinstance(e, StepMetrics) else Note.from_event(e, t)
+                for t, e in self.buffer.drain_stamped()]
 
     def send(self, command: Command) -> None:
         self._send(command)

@@ -357,7 +357,8 @@ def test_closing_while_the_task_loads_leaves_no_empty_run_in_the_history(qtbot, 
     from app.core.runs import list_runs
     runs = tmp_path / "runs"  # HEADROOM_RUNS (the isolated fixture): where the engine names new folders
     w = make_window()
-    start(w, task=slow_task(tmp_path, 3.0))  # no --run-dir: a new folder under the runs folder
+    # Loading takes well over the wait plus the close's JOIN_S (2 s), however loaded the machine.
+    start(w, task=slow_task(tmp_path, 6.0))  # no --run-dir: a new folder under the runs folder
     qtbot.wait(300)
     assert not w.close()  # hidden until the thread ends
     with qtbot.waitSignal(w.closed, timeout=60_000):

@@ -193,3 +193,29 @@ def test_no_commands_without_a_live_run():
     assert not s.pause().state and not s.resume().state
     idle = RunSession()
     assert not idle.stop().state and idle.apply({"accum": 4})[0].pending == [] and idle.state is RunState.IDLE
+
+
+def test_steps_drained_at_once_keep_the_time_the_engine_emitted_each():
+    """A busy GUI (or a fast run) drains many steps in one tick: the wall-time axis must
+    still space them as the engine emitted them, not stamp them all with the drain's time."""
+    import time
+
+    import numpy as np
+
+    from engine.events import EventBuffer
+    from app.session.sources import LiveSource
+
+    buf = EventBuffer()
+    emitted = []
+    for i in range(1, 5):
+        emitted.append(time.time())
+        buf.put(step(i))
+        time.sleep(0.02)
+    s = RunSession()
+    src = LiveSource(buf, lambda _c: None)
+    s.begin(src)
+    s.poll(flush=True)  # one drain takes all four
+    t = s.model.metrics.view("time")
+    assert len(t) == 4
+    assert np.all(np.diff(t) >= 0.015)  # a drain-time stamp would give diffs of 0
+    np.testing.assert_allclose(t, emitted, atol=0.01)

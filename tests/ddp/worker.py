@@ -26,6 +26,7 @@ def main() -> None:
     out = sys.argv[1]
     opts = dict(a.split("=", 1) for a in sys.argv[2:])
     rank = int(os.environ["RANK"])
+    threads_before = os_threads()  # before the process group: gloo's threads must be gone again after the run
     allreduces = {"n": 0, "ddp": 0}
     if opts.get("count_hook") == "1":
         # Count the gradient all-reduces the engine issues (engine/grad_sync.py), and any that
@@ -103,6 +104,13 @@ def main() -> None:
     with open(os.path.join(out, f"log-{rank}.json"), "w") as f:
         json.dump(log, f)
     assert not dist.is_initialized()
+    # The run released the process group for real (the DDP wrapper holds it): no gloo thread
+    # lives on into the interpreter's exit, where one that frees a tensor aborts the process.
+    assert os_threads() <= threads_before, f"{os_threads()} OS threads after the run, {threads_before} before"
+
+
+def os_threads() -> int:
+    return len(os.listdir("/proc/self/task"))
 
 
 if __name__ == "__main__":
