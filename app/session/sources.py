@@ -1,7 +1,8 @@
 """Where a run's data comes from: the in-process engine's EventBuffer, or a run folder's run.db.
 
 Both give the session the same thing on each timer tick: new items in order (steps, as
-StepMetrics or as StepColumns pieces of a run.db read, and notes), and both take commands (an in-process queue, or run.db's `commands` table) and a
+metrics rows with the time each was recorded, or as StepColumns pieces of a run.db read, and
+notes), and both take commands (an in-process queue, or run.db's `commands` table) and a
 stop (a flag the engine thread checks every micro-batch, or a Stop row). Qt-free.
 """
 from __future__ import annotations
