@@ -484,8 +484,8 @@ def section_f(ctx: Ctx) -> None:
              f"device {info.get('device')}; "
              f"events {sorted(set(kinds))}" + ("" if ok else f"; output: {tail[-1500:]}"),
              cmd=" ".join(cmd[:1] + ["-m"] + cmd[2:]))
-    c.write(dict(section="f", note="under torchrun the engine always starts a process group and wraps the "
-                 "model in DDP, so one process exercises NCCL and the DDP step"))
+    c.write(dict(section="f", note="under torchrun the engine always starts a process group and sums the "
+                 "gradients itself (grad_sync.py), so one process exercises NCCL and that step"))
 
 
 from bench.gpu_memory_check import section_g  # noqa: E402 - issue 15: where the memory goes

@@ -11,7 +11,6 @@ device scalars survives from one micro-batch to the next.
 """
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 from typing import Any, Callable, ContextManager, Iterable, Optional
 
@@ -33,7 +32,7 @@ class StopRequested(Exception):
 @dataclass
 class WindowContext:
     """What training a window needs, fixed for the whole run (built by setup.py)."""
-    net: torch.nn.Module  # the model, or its DDP wrapper
+    net: torch.nn.Module  # the model (under torchrun each rank's copy; grad_sync.py sums the gradients)
     loss: Callable[[torch.nn.Module, Any], Any]
     task_name: str
     params: list[torch.nn.Parameter]
@@ -70,39 +69,10 @@ class WindowContext:
             self._totals[0].zero_()
         return self._totals
 
-    def release_ddp(self) -> None:
-        """Drop the DDP wrapper once the process group is destroyed: the wrapper's reducer holds
-        the group, and with it gloo's worker threads, for as long as the wrapper lives. Released
-        here, they end while the interpreter is alive; left to the interpreter's exit (a script
-        that keeps the Trainer), a worker thread that frees a tensor needs the GIL of an
-        interpreter being torn down and the process aborts ("terminate called without an
-        active exception")."""
-        if isinstance(self.net, torch.nn.parallel.DistributedDataParallel):
-            self.net = self.net.module
-            self.grad_sync = None
-
-    @property
-    def loss_model(self) -> Any:
-        """What the task's loss is given: the model itself, or under DDP a view that runs the
-        wrapper when called (so gradients are all-reduced) and reads attributes from the
-        user's model (so `model.config` works under torchrun as in one process)."""
-        return DDPModelView(self.net) if self.ctx.enabled else self.net
-
-
-class DDPModelView:
-    def __init__(self, ddp: torch.nn.Module) -> None:
-        self.__dict__["_ddp"] = ddp
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self._ddp(*args, **kwargs)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.__dict__["_ddp"].module, name)
-
 
 def train_window(w: WindowContext, batches: Iterable[Any], window_samples: int, clip: float,
                  micro_batch: int, stop_requested: Callable[[], bool]) -> InFlight:
-    dev, ddp = w.device, w.ctx.enabled
+    dev, torchrun = w.device, w.ctx.enabled
     host_scale = 1.0 / window_samples  # keeps gradients O(1) before the exact division (fp16-friendly)
     totals, loss_acc, count_acc = w.totals()  # the window's loss sum and count, zeroed
     # Hot path: add_ into views of totals (one op, not the three of `totals[i] += x`), and
@@ -110,22 +80,21 @@ def train_window(w: WindowContext, batches: Iterable[Any], window_samples: int, 
     host_count = host_total = 0
     tensor_count = False
     for batch in batches:
-        if not ddp and stop_requested():
+        if not torchrun and stop_requested():
             raise StopRequested()
-        # DDP: every micro-batch is local (no_sync), the last one too: no collective is in
+        # Under torchrun every micro-batch is local, the last one too: no collective is in
         # flight during any backward, so an out-of-memory error anywhere in the window is
         # this rank's alone to redo (grad_sync.py). The gradients are summed once, below.
-        with (w.net.no_sync() if ddp else contextlib.nullcontext()):
-            with w.autocast():
-                out = w.loss(w.loss_model, batch)
-            if not w.loss_checked:
-                check_loss_output(w.task_name, out)
-                w.loss_checked = True
-            loss_sum, count = out
-            if w.scaler is not None:
-                w.scaler.scale(loss_sum * host_scale).backward()
-            else:  # d(loss_sum x s) = s x d(loss_sum): s as the backward's seed, no extra op
-                loss_sum.backward(gradient=w.seed(host_scale, loss_sum))
+        with w.autocast():
+            out = w.loss(w.net, batch)
+        if not w.loss_checked:
+            check_loss_output(w.task_name, out)
+            w.loss_checked = True
+        loss_sum, count = out
+        if w.scaler is not None:
+            w.scaler.scale(loss_sum * host_scale).backward()
+        else:  # d(loss_sum x s) = s x d(loss_sum): s as the backward's seed, no extra op
+            loss_sum.backward(gradient=w.seed(host_scale, loss_sum))
         loss_acc.add_(loss_sum.detach())
         if isinstance(count, int):
             host_count += count
@@ -141,7 +110,7 @@ def train_window(w: WindowContext, batches: Iterable[Any], window_samples: int, 
         count_acc.add_(host_count)
 
     agree = None
-    if ddp:
+    if torchrun:
         assert w.grad_sync is not None
         flags = [1.0 if stop_requested() else 0.0, -float(micro_batch), 1.0 if w.commands_waiting() else 0.0]
         flags_t = torch.tensor(flags, device=dev, dtype=torch.float64)
@@ -176,7 +145,7 @@ def _step(w: WindowContext, totals: torch.Tensor, agree: Optional[torch.Tensor],
 
 def _normalise_and_step(w: WindowContext, totals: torch.Tensor, agree: Optional[torch.Tensor], window_samples: int,
                         clip: float, tensor_count: bool, host_total: int) -> InFlight:
-    ddp, dev = w.ctx.enabled, w.device
+    torchrun, dev = w.ctx.enabled, w.device
     if w.scaler is not None:
         w.scaler.unscale_(w.optimizer)  # once per window, before the norm and the clip
     grads = [p.grad for p in w.params if p.grad is not None]
@@ -184,7 +153,7 @@ def _normalise_and_step(w: WindowContext, totals: torch.Tensor, agree: Optional[
     # over ranks added them up: multiply by window_samples / the window's global count, one
     # fused multiply per dtype. When every count was a host int (one process), the factor is
     # a host number, and exactly 1 (count == samples, a classifier) needs no multiply at all.
-    if ddp or tensor_count:
+    if torchrun or tensor_count:
         G.scale_(grads, window_samples / totals[1])
     elif host_total != window_samples:
         G.scale_by_(grads, window_samples / host_total if host_total else float("inf"))

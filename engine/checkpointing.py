@@ -20,7 +20,7 @@ Where the switch comes from, first found wins:
 
 How the trainer calls it:
 
-    # once, at setup (after the task is built, before DDP wrapping or with the unwrapped model):
+    # once, at setup (after the task is built, with the model itself):
     self.ckpt_switch = checkpointing.find_switch(self.task, self.model)
     # on SetCheckpointing(on) at a boundary (never inside a window):
     if self.ckpt_switch is None:

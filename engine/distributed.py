@@ -1,12 +1,15 @@
 """torchrun support: who am I, and the few collectives the step needs.
 
-Under torchrun (WORLD_SIZE > 1) the trainer wraps the model in PyTorch's own
-DistributedDataParallel; this module only reads the environment, starts the
-process group (NCCL on GPUs, gloo on CPU) and offers small helpers.
+Under torchrun (WORLD_SIZE > 1) every rank trains its own copy of the model, made
+equal to rank 0's at the start (`share_rank0_model`, as DistributedDataParallel's
+constructor does), and the gradients are summed once a window (grad_sync.py); this
+module reads the environment, starts the process group (NCCL on GPUs, gloo on CPU)
+and offers small helpers.
 """
 from __future__ import annotations
 
 import datetime
+import hashlib
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -14,13 +17,15 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from .config import ConfigError
+
 
 @dataclass(frozen=True)
 class DistContext:
     rank: int = 0
     world: int = 1
     local_rank: int = 0
-    launched: bool = False  # started by torchrun (even with one process: DDP and NCCL then run too)
+    launched: bool = False  # started by torchrun (even with one process: the gradient sum and NCCL then run too)
 
     @property
     def enabled(self) -> bool:
@@ -76,6 +81,26 @@ def broadcast_object(obj: Any, ctx: DistContext) -> Any:
     box = [obj]
     dist.broadcast_object_list(box, src=0)
     return box[0]
+
+
+def share_rank0_model(model: torch.nn.Module, ctx: DistContext, device: torch.device) -> None:
+    """What DistributedDataParallel's constructor does, without its gradient buckets (a second
+    copy of every gradient that the engine's own sum, grad_sync.py, never uses): check that
+    every rank built the same parameters and buffers, then give every rank rank 0's values."""
+    if not ctx.enabled:
+        return
+    tensors = [t for _, t in model.named_parameters()] + [t for _, t in model.named_buffers()]
+    names = [(n, tuple(t.shape), str(t.dtype)) for n, t in model.named_parameters()]
+    names += [(n, tuple(t.shape), str(t.dtype)) for n, t in model.named_buffers()]
+    h = int.from_bytes(hashlib.sha256(repr(names).encode()).digest()[:7], "big")
+    t = torch.tensor([h, -h], dtype=torch.int64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)  # [max h, -min h]: equal on every rank, h iff all agree
+    if int(t[0]) != h or -int(t[1]) != h:
+        raise ConfigError(f"under torchrun every rank must build the same model: rank {ctx.rank}'s parameters "
+                          "and buffers (names, shapes, dtypes) differ from another rank's")
+    with torch.no_grad():
+        for x in tensors:
+            dist.broadcast(x, src=0)
 
 
 def shutdown(ctx: DistContext, clean: bool = True) -> None:

@@ -1,13 +1,15 @@
 """Under torchrun: the window's gradients summed over ranks, once, after every rank finished
 its micro-batches.
 
-Every micro-batch's backward runs under DDP's `no_sync`, the last one too, so no collective
-is ever in flight while a backward runs. An out-of-memory error anywhere in a window (the
-last backward included, where DDP would have been all-reducing buckets) is then this rank's
-alone: it redoes the window with a smaller micro-batch while the others wait at the
-window's first collective, and every rank takes the same decision afterwards (accumulate.py).
+Every micro-batch's backward is local, the last one too (the model is not wrapped in
+DistributedDataParallel, whose reducer would all-reduce buckets during the last backward),
+so no collective is ever in flight while a backward runs. An out-of-memory error anywhere in
+a window is then this rank's alone: it redoes the window with a smaller micro-batch while
+the others wait at the window's first collective, and every rank takes the same decision
+afterwards (accumulate.py). Without the wrapper there is no second, bucketed copy of every
+gradient either: the sum needs its buckets of at most BUCKET_BYTES per dtype, no more.
 
-The price: the gradient all-reduce no longer overlaps the last backward. With k micro-batches
+The price: the gradient all-reduce does not overlap the last backward. With k micro-batches
 a window it is paid once per k backwards, as DDP under accumulation pays it anyway.
 
 Nothing here allocates once the window's collectives begin: the bucket buffers are made in

@@ -12,8 +12,8 @@ on any device (CPU too), by dtype and by device:
 
 Storage shared between tensors is counted once: tensors are deduplicated by
 (device, untyped_storage().data_ptr()), so tied weights (a decoder head sharing the
-embedding matrix) count once, and a gradient that is a view into a DDP bucket
-counts its bucket once. Each distinct storage counts its full size
+embedding matrix) count once, and a gradient that is a view into a larger buffer
+counts that buffer once. Each distinct storage counts its full size
 (`untyped_storage().nbytes()`): what the allocator really holds for it; for an
 ordinary tensor that is numel() * element_size(). The first part to hold a storage
 owns it (params, then grads, then optimizer), so nothing is counted twice across parts.
@@ -36,9 +36,9 @@ How the trainer calls it (one optimizer step = one accumulation window):
     # metrics row: mem_params=breakdown.params, mem_grads=breakdown.grads,
     #              mem_optimizer=breakdown.optimizer, mem_activations=act (NULL on CPU)
 
-Count the unwrapped model (DDP's .module); under DDP the bucket buffers are
-DDP's own memory and end up in the activations figure, as do workspaces and
-the temporaries of the step.
+Count the model itself; under torchrun the gradient sum's bucket buffers
+(grad_sync.py, at most 25 MB per dtype) end up in the activations figure, as do
+workspaces and the temporaries of the step.
 """
 from __future__ import annotations
 

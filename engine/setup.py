@@ -1,8 +1,8 @@
 """Set-up: everything a run needs, built in one place, before anything is written.
 
 `build(config, task, ctx)` checks the input (device, task, first batch, resume
-checkpoint) and returns `RunParts` with every field set: device, model and its DDP
-wrapper, autocast, scaler, optimizer, the step variant, the window policy and the
+checkpoint) and returns `RunParts` with every field set: device, model (under torchrun
+the same on every rank), autocast, scaler, optimizer, the step variant, the window policy and the
 state to resume from. A failure here is bad input (ConfigError / TaskError): the
 CLI prints one `error:` line and exits 2, and no run folder holds a half-started run.
 """
@@ -140,10 +140,7 @@ def _build(config: TrainConfig, task: Optional[Task], ctx: D.DistContext, claime
         origin = resume_origin(run_dir, model)
 
     D.init(ctx, device)  # the process group, once the input is known good
-    net: torch.nn.Module = model
-    if ctx.enabled:
-        from torch.nn.parallel import DistributedDataParallel as DDP
-        net = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+    D.share_rank0_model(model, ctx, device)  # torchrun: the same model on every rank, rank 0's values
     memory = WindowMemory(model, optimizer)
     snapshots = SnapshotRecorder()
     if cfg.memory_snapshot == "on-oom":
@@ -154,7 +151,7 @@ def _build(config: TrainConfig, task: Optional[Task], ctx: D.DistContext, claime
         _load_state(origin, model, optimizer, scaler, scheduler)
     schedule = LrSchedule.plan(cfg.lr_schedule, cfg.warmup, cfg.min_lr_ratio,
                                planned_samples(cfg, len(task.train_data), ctx.world))
-    window = WindowContext(net=net, loss=task.loss, task_name=task.name, params=params, optimizer=optimizer,
+    window = WindowContext(net=model, loss=task.loss, task_name=task.name, params=params, optimizer=optimizer,
                            scaler=scaler, autocast=autocast, device=device, ctx=ctx, stepper=stepper,
                            loss_checked=loss_checked,
                            grad_sync=GradSync(params, list(model.buffers())) if ctx.enabled else None)

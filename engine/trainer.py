@@ -426,8 +426,6 @@ class Trainer(TrainerViews):
                 self.parts.snapshots.stop()
                 self.parts.feeder.close()
             D.shutdown(self.ctx, clean=status == "finished")
-            if self.parts is not None:
-                self.parts.window.release_ddp()  # the group's threads end now, not at interpreter exit
 
     # -- events ---------------------------------------------------------------------------
     def _emit(self, event: Event, safe: bool = False) -> None:

@@ -1,4 +1,4 @@
-"""torchrun + DistributedDataParallel on CPU (gloo), two processes.
+"""torchrun on CPU (gloo), two processes: the engine's gradient sum (no DDP wrapper).
 
 The launcher is PyTorch's own (`python -m torch.distributed.run`); the worker
 (tests/ddp/worker.py) drives the real engine and records what each rank saw.
@@ -67,7 +67,7 @@ def test_two_ranks_2x2_equal_one_process_8x1_and_one_allreduce_per_step(tmp_path
     for log in logs:
         assert [e["step"] for e in log] == list(range(1, 9))
         assert [e["allreduces"] for e in log] == [e["step"] for e in log]  # exactly one gradient all-reduce per step
-        assert all(e["ddp_allreduces"] == 0 for e in log)  # none by DDP's reducer: every backward is local
+        assert all(e["ddp_wrappers"] == 0 for e in log)  # no DDP wrapper (no reducer): every backward is local
     # The samples are variable-length: the update really depends on the global count.
     rows = RunReader(str(tmp_path / "run")).metrics()
     assert len({r["tokens"] for r in rows}) > 1
@@ -102,8 +102,8 @@ def test_oom_on_one_rank_is_recovered_on_both(tmp_path, reference):
 
 def test_oom_in_the_last_backward_on_one_rank_is_recovered_on_both(tmp_path, reference):
     """Rank 1 runs out of memory in the backward of its last micro-batch of window 2 (its 4th
-    loss call), where DDP would have all-reduced the gradients. Every micro-batch runs under
-    no_sync and the gradients are summed after the window, so no collective is in flight:
+    loss call), where DDP would have all-reduced the gradients. Every micro-batch is local
+    and the gradients are summed after the window, so no collective is in flight:
     rank 1 redoes the window, rank 0 waits for it, both adopt micro-batch 1, and the result is
     exact."""
     logs, weights = torchrun_worker(tmp_path, timeout=150, extra_env={"HEADROOM_TEST_BACKWARD_OOM_AT": "1:4"})
@@ -117,8 +117,8 @@ def test_oom_in_the_last_backward_on_one_rank_is_recovered_on_both(tmp_path, ref
 
 
 def test_batch_norm_statistics_are_rank_0s_on_every_rank(tmp_path):
-    """Every backward is local, so DDP's own buffer broadcast (before a synchronised forward)
-    never runs: the gradient sum broadcasts the buffers from rank 0 instead, and both ranks end
+    """Every backward is local and there is no DDP wrapper to broadcast buffers before a
+    synchronised forward: the gradient sum broadcasts the buffers from rank 0 instead, and both ranks end
     with the same running statistics. Negative control: without that broadcast they differ."""
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
@@ -127,6 +127,34 @@ def test_batch_norm_statistics_are_rank_0s_on_every_rank(tmp_path):
     assert max_diff(weights[0], weights[1]) == 0.0
     _, apart = torchrun_worker(tmp_path / "b", no_buffer_sync=1, extra_env={"HEADROOM_TEST_BATCH_NORM": "1"})
     assert float((apart[0]["norm.running_mean"] - apart[1]["norm.running_mean"]).abs().max()) > 1e-4
+
+
+def test_every_rank_starts_from_rank_0s_model(tmp_path, reference):
+    """Each rank initialises its model from its own seed: the run starts from rank 0's values on
+    every rank (as DDP's constructor made it), so the result is one process's with rank 0's
+    seed. Negative control: without that, the ranks train apart."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    _, weights = torchrun_worker(tmp_path / "a", extra_env={"HEADROOM_TEST_RANK_INIT": "1"})
+    assert max_diff(weights[0], weights[1]) == 0.0
+    assert max_diff(weights[0], reference) < 1e-6
+    _, apart = torchrun_worker(tmp_path / "b", no_share=1, extra_env={"HEADROOM_TEST_RANK_INIT": "1"})
+    assert max_diff(apart[0], apart[1]) > 1e-3
+
+
+def test_ranks_that_build_different_models_are_bad_input(tmp_path):
+    """Rank 1 builds a wider model: one error line on every rank, exit 2, no run.db (DDP's
+    constructor refused such a job with a multi-line shape error)."""
+    run_dir = tmp_path / "run"
+    args = TORCHRUN + ["-m", "engine", "--task", "tests/ddp/varlen_task.py", "--epochs", "1", "--micro-batch", "2",
+                       "--device", "cpu", "--run-dir", str(run_dir)]
+    r = subprocess.run(args, cwd=ROOT, env=env(HEADROOM_TEST_RANK_WIDTH="1"), capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode != 0
+    lines = [line for line in r.stderr.splitlines() if "error: under torchrun every rank must build the same model" in line]
+    assert len(lines) == 2, r.stderr[-3000:]  # one per rank
+    assert "exitcode  : 2" in r.stderr
+    assert not (run_dir / "run.db").exists()
 
 
 def test_oom_in_the_optimizer_step_of_one_rank_stops_every_rank(tmp_path):

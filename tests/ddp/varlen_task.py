@@ -7,6 +7,8 @@ Behaviour switches come from environment variables so the same file serves every
   HEADROOM_TEST_STEP_OOM_AT=R:S   rank R's optimizer raises out-of-memory in its S-th step
   HEADROOM_TEST_SLOW=SEC     sleep SEC in every loss call (to give a test time to act)
   HEADROOM_TEST_BATCH_NORM=1 the model has a BatchNorm (buffers each rank updates from its own data)
+  HEADROOM_TEST_RANK_INIT=1  each rank initialises its model from its own seed (seed + rank)
+  HEADROOM_TEST_RANK_WIDTH=1 rank 1 builds a wider model than rank 0 (not the same model)
   HEADROOM_TEST_PIDS=DIR     write DIR/rank-R.pid
 """
 from __future__ import annotations
@@ -23,12 +25,12 @@ VOCAB, IGNORE = 32, -100
 
 
 class TinyLM(torch.nn.Module):
-    def __init__(self, batch_norm: bool = False) -> None:
+    def __init__(self, batch_norm: bool = False, width: int = 16) -> None:
         super().__init__()
-        self.emb = torch.nn.Embedding(VOCAB, 16)
-        self.mix = torch.nn.Linear(16, 16)
-        self.head = torch.nn.Linear(16, VOCAB)
-        self.norm = torch.nn.BatchNorm1d(16) if batch_norm else None  # buffers: running statistics
+        self.emb = torch.nn.Embedding(VOCAB, width)
+        self.mix = torch.nn.Linear(width, width)
+        self.head = torch.nn.Linear(width, VOCAB)
+        self.norm = torch.nn.BatchNorm1d(width) if batch_norm else None  # buffers: running statistics
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.emb(x)
@@ -101,8 +103,10 @@ def build_task(seed: int) -> Task:
                     raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 64.00 MiB (injected in step)")
             return super().step(closure)
 
-    torch.manual_seed(seed)
-    return Task(model=TinyLM(os.environ.get("HEADROOM_TEST_BATCH_NORM") == "1"), train_data=make_samples(), loss=loss, collate=collate,
+    torch.manual_seed(seed + (rank if os.environ.get("HEADROOM_TEST_RANK_INIT") == "1" else 0))
+    width = 24 if os.environ.get("HEADROOM_TEST_RANK_WIDTH") == "1" and rank == 1 else 16
+    model = TinyLM(os.environ.get("HEADROOM_TEST_BATCH_NORM") == "1", width)
+    return Task(model=model, train_data=make_samples(), loss=loss, collate=collate,
                 optimizer=lambda p, lr: SGD(p, lr=lr),
                 sample_length=lambda s: len(s) - 1, name="varlen")
 

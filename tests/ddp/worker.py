@@ -29,20 +29,16 @@ def main() -> None:
     threads_before = os_threads()  # before the process group: gloo's threads must be gone again after the run
     allreduces = {"n": 0, "ddp": 0}
     if opts.get("count_hook") == "1":
-        # Count the gradient all-reduces the engine issues (engine/grad_sync.py), and any that
-        # DDP's own reducer would issue (its comm hook): DDP must issue none.
-        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+        # Count the gradient all-reduces the engine issues (engine/grad_sync.py), and any
+        # DistributedDataParallel wrapper made (its reducer would all-reduce in the backward
+        # and hold a second copy of every gradient): there must be none.
         import engine.grad_sync as GS
         original_init = DistributedDataParallel.__init__
         original_all_reduce = GS.dist.all_reduce
 
-        def counting_hook(state, bucket):
-            allreduces["ddp"] += 1
-            return allreduce_hook(state, bucket)
-
         def init(self, *a, **k):
+            allreduces["ddp"] += 1
             original_init(self, *a, **k)
-            self.register_comm_hook(None, counting_hook)
 
         class CountingDist:
             def __getattr__(self, name):
@@ -64,6 +60,9 @@ def main() -> None:
             return original_prepare(self)
 
         GS.GradSync.prepare = prepare
+    if opts.get("no_share") == "1":
+        # Negative control: each rank keeps the model it built (no rank 0 values at the start).
+        D.share_rank0_model = lambda model, ctx, device: None
     if opts.get("local_count") == "1":
         # Negative control: normalise by each rank's own count, not the all-reduced one.
         D.all_reduce_sum = lambda t, ctx: t
@@ -92,7 +91,7 @@ def main() -> None:
         trained = original_step(window)  # on CPU a step's numbers are resolved at once
         log.append(dict(step=trainer.step, epoch=trainer.epoch, micro=trainer.settings.micro_batch,
                         accum=trainer.settings.accum, lr=trainer.settings.lr, allreduces=allreduces["n"],
-                        ddp_allreduces=allreduces["ddp"],
+                        ddp_wrappers=allreduces["ddp"],
                         nonfinite=trainer.nonfinite_steps > skipped_before if trained else None,
                         wsum=float(sum(p.detach().double().sum() for p in trainer.model.parameters()))))
         return trained
