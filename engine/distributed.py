@@ -89,18 +89,22 @@ def share_rank0_model(model: torch.nn.Module, ctx: DistContext, device: torch.de
     every rank built the same parameters and buffers, then give every rank rank 0's values."""
     if not ctx.enabled:
         return
-    tensors = [t for _, t in model.named_parameters()] + [t for _, t in model.named_buffers()]
-    names = [(n, tuple(t.shape), str(t.dtype)) for n, t in model.named_parameters()]
-    names += [(n, tuple(t.shape), str(t.dtype)) for n, t in model.named_buffers()]
-    h = int.from_bytes(hashlib.sha256(repr(names).encode()).digest()[:7], "big")
+    named = list(model.named_parameters()) + list(model.named_buffers())
+    layout = repr([(n, tuple(t.shape), str(t.dtype)) for n, t in named])
+    h = int.from_bytes(hashlib.sha256(layout.encode()).digest()[:7], "big")
     t = torch.tensor([h, -h], dtype=torch.int64, device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)  # [max h, -min h]: equal on every rank, h iff all agree
     if int(t[0]) != h or -int(t[1]) != h:
         raise ConfigError(f"under torchrun every rank must build the same model: rank {ctx.rank}'s parameters "
                           "and buffers (names, shapes, dtypes) differ from another rank's")
     with torch.no_grad():
-        for x in tensors:
-            dist.broadcast(x, src=0)
+        for _, x in named:
+            if x.is_contiguous():
+                dist.broadcast(x, src=0)
+            else:  # an unusual layout: broadcast as a copy
+                y = x.contiguous()
+                dist.broadcast(y, src=0)
+                x.copy_(y)
 
 
 def shutdown(ctx: DistContext, clean: bool = True) -> None:
