@@ -64,6 +64,12 @@ class RunReader:
             if "locked" in str(e) or "no such table" in str(e) or not self._salvage(str(e)):
                 raise StoreError(f"{self.path} cannot be read: {e}") from None
 
+    @property
+    def connection(self) -> sqlite3.Connection:
+        """The open read-only connection (for a damaged file, to the salvaged copy), for a
+        reader that runs its own column queries over the metrics table (the app's long runs)."""
+        return self._db
+
     def _salvage(self, error: str) -> bool:
         """A truncated run.db (a full disk, a copy cut short): SQLite refuses the whole file when
         its header promises more pages than there are. Read a private copy whose header is

@@ -275,7 +275,7 @@ class RunDbColumns:
     def _read(self, sql: str, args: tuple, names: Sequence[str]) -> tuple[int, list[np.ndarray]]:
         reader = RunReader(self.run_dir)
         try:
-            db = getattr(reader, "_db", None)  # RunReader's connection (a salvaged copy for a damaged file)
+            db = getattr(reader, "connection", None)  # a salvaged copy for a damaged file
             if db is None:  # a RunReader without one: its rows, the slow way
                 rows = [r for r in reader.metrics(after_step=int(args[0]) - 1) if r["step"] <= args[1]]
                 block = _block([(r["step"], r.get(names[-1])) for r in rows], 2) if rows else np.empty((0, 2))

@@ -113,7 +113,7 @@ class FolderSource:
     def _read_steps(self) -> Optional[StepColumns]:
         """New steps from run.db. A large read (a long run opened) holds what the plots draw;
         the other columns are read when first asked for (lazy=True, the default)."""
-        db = getattr(self.reader, "_db", None)  # RunReader's connection (a salvaged copy for a damaged file)
+        db = getattr(self.reader, "connection", None)  # a salvaged copy for a damaged file
         if db is None:  # a RunReader without one: the slow way, every column
             rows = self.reader.metrics(after_step=self._last_step)
             buf = MetricsBuffer(max(16, len(rows)))
