@@ -46,7 +46,7 @@ class Boundaries:
             time.sleep(PAUSE_POLL_S)
 
     def step(self, step: int, epoch: int, settings: LiveSettings, ddp_agreed: bool) -> LiveSettings:
-        """Settings sent with at="step". Under DDP every rank learnt from the step's all-reduce
+        """Settings sent with at="step". Under torchrun every rank learnt from the step's all-reduce
         that rank 0 holds some (`ddp_agreed`), and joins the broadcast that brings them."""
         if self.inbox.ctx.enabled:
             if not ddp_agreed:

@@ -1,5 +1,5 @@
 """Where commands come in: the in-process queue, run.db's `commands` table and, under
-DDP, rank 0's broadcast. One component, read by the run loop at boundaries only.
+torchrun, rank 0's broadcast. One component, read by the run loop at boundaries only.
 
 `poll()` takes new commands off the queue (cheap: every step) and run.db (at most once
 a second unless forced); `take()` hands the pending batch to the boundary that applies
@@ -33,7 +33,7 @@ class CommandInbox:
     def __init__(self, commands: "queue.Queue[Command]", stop: threading.Event, ctx: D.DistContext,
                  emit: Callable[[Event], None], db_interval: float = 1.0) -> None:
         self.queue = commands
-        self.device: Any = None  # where DDP's collectives run: set once the run's device is known
+        self.device: Any = None  # where torchrun's collectives run: set once the run's device is known
         self.stop = stop
         self.ctx = ctx
         self.emit = emit

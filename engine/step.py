@@ -1,6 +1,6 @@
 """The optimizer step after a window's last backward, in two variants behind one interface.
 
-Both get the window's numbers as device tensors (totals, DDP agreement, norm, per-parameter
+Both get the window's numbers as device tensors (totals, torchrun agreement, norm, per-parameter
 norms), clip the gradients and step, and return an `InFlight` whose `numbers()` gives the
 `WindowNumbers` on the host:
 
@@ -22,7 +22,7 @@ import torch
 
 from . import grads as G
 
-# Host numbers of the DDP agreement, when a job has several ranks (see accumulate.py).
+# Host numbers of the ranks' agreement, when a job has several ranks (see accumulate.py).
 AGREE_STOP, AGREE_MICRO, AGREE_COMMANDS, AGREE_N = 0, 1, 2, 3
 
 
@@ -33,9 +33,9 @@ class WindowNumbers:
     count: float
     norm: float  # total gradient norm before clipping
     per_param: tuple[float, ...]  # per-parameter norms, in grads.dtype_order of the gradients held
-    stop_any: bool = False  # DDP: some rank was asked to stop
-    min_micro: int = 0  # DDP: the smallest micro-batch any rank trained with (0: single process)
-    step_commands_any: bool = False  # DDP: rank 0 holds commands for the next step boundary
+    stop_any: bool = False  # torchrun: some rank was asked to stop
+    min_micro: int = 0  # torchrun: the smallest micro-batch any rank trained with (0: single process)
+    step_commands_any: bool = False  # torchrun: rank 0 holds commands for the next step boundary
 
     @property
     def loss(self) -> float:

@@ -64,8 +64,8 @@ class Trainer(TrainerViews):
         self.ctx = dist_ctx if dist_ctx is not None else D.from_env()
         self._task = task
         self._stop = threading.Event()
-        self._stop_agreed = False  # under DDP: a stop every rank knows about (see _report)
-        self._step_commands_agreed = False  # under DDP: rank 0 holds commands for the next step
+        self._stop_agreed = False  # under torchrun: a stop every rank knows about (see _report)
+        self._step_commands_agreed = False  # under torchrun: rank 0 holds commands for the next step
         self._feed_index = 0  # the window's place in the current plan (the feeder's position)
         self.parts: Optional[RunParts] = None
         self.store: Optional[RunStore] = None
@@ -344,7 +344,7 @@ class Trainer(TrainerViews):
                                 "good weights saved (--nonfinite stop)")
 
     def _agree(self, nums: WindowNumbers) -> None:
-        """DDP: every rank takes the same stop decision and the same (smallest) micro-batch."""
+        """torchrun: every rank takes the same stop decision and the same (smallest) micro-batch."""
         if nums.stop_any:
             self._stop_agreed = True
         if nums.step_commands_any:
