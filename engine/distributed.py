@@ -108,13 +108,19 @@ def share_rank0_model(model: torch.nn.Module, ctx: DistContext, device: torch.de
 
 
 def shutdown(ctx: DistContext, clean: bool = True) -> None:
-    """After a clean finish every rank meets at a barrier first, so no rank tears the group
-    down while another (rank 0 writing its last checkpoint) still needs it. After a failure
-    a peer may be gone: no barrier then."""
-    if ctx.enabled and dist.is_initialized():
-        try:
-            if clean:
-                dist.barrier()
-            dist.destroy_process_group()
-        except Exception:
-            pass
+    """After a clean finish every rank meets at a barrier, so no rank tears the group down
+    while another (rank 0 writing its last checkpoint) still needs it, then the group is
+    destroyed: its threads end here, not at the interpreter's exit (where a gloo thread that
+    frees a tensor needs the GIL of an interpreter being torn down, and the process aborts).
+
+    After a failure the group is left as it is: a peer may be inside a collective waiting for
+    this rank, and a graceful teardown can wait on that peer in turn (seen: the failing rank
+    held in gloo's teardown, the peer in its recv, both until the 120 s timeout). The
+    process's exit closes the connections at once, which ends the peers' waits with an error."""
+    if not (clean and ctx.enabled and dist.is_initialized()):
+        return
+    try:
+        dist.barrier()
+        dist.destroy_process_group()
+    except Exception:
+        pass
