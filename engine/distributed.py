@@ -12,7 +12,7 @@ import datetime
 import hashlib
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -99,12 +99,22 @@ def share_rank0_model(model: torch.nn.Module, ctx: DistContext, device: torch.de
                           "and buffers (names, shapes, dtypes) differ from another rank's")
     with torch.no_grad():
         for _, x in named:
-            if x.is_contiguous():
-                dist.broadcast(x, src=0)
-            else:  # an unusual layout: broadcast as a copy
-                y = x.contiguous()
-                dist.broadcast(y, src=0)
-                x.copy_(y)
+            in_place(broadcast_from_rank0, x)
+
+
+def broadcast_from_rank0(t: torch.Tensor) -> None:
+    dist.broadcast(t, src=0)
+
+
+def in_place(collective: Callable[[torch.Tensor], Any], t: torch.Tensor) -> None:
+    """Run `collective` on `t` in place; a tensor of an unusual layout goes through a
+    contiguous copy (the collectives take contiguous tensors only)."""
+    if t.is_contiguous():
+        collective(t)
+        return
+    flat = t.contiguous()
+    collective(flat)
+    t.copy_(flat)
 
 
 def shutdown(ctx: DistContext, clean: bool = True) -> None:

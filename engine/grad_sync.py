@@ -23,6 +23,8 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
+from . import distributed as D
+
 BUCKET_BYTES = 25 * 1024 * 1024  # DDP's default bucket_cap_mb
 
 
@@ -63,7 +65,7 @@ class GradSync:
             key = (g.dtype, g.device)
             buf = self._buckets.get(key)
             if buf is None or g.numel() > buf.numel() or not g.is_contiguous():
-                _all_reduce_alone(g)  # a large gradient is its own bucket
+                D.in_place(dist.all_reduce, g)  # a large gradient is its own bucket
                 continue
             group, filled = pending.setdefault(key, ([], [0]))
             if filled[0] + g.numel() > buf.numel():
@@ -75,7 +77,7 @@ class GradSync:
         for key, (group, _) in pending.items():
             self._flush(self._buckets[key], group)
         for b in self.buffers:
-            dist.broadcast(b, src=0)
+            D.in_place(D.broadcast_from_rank0, b)
         self.reductions += 1
 
     @staticmethod
@@ -90,11 +92,3 @@ class GradSync:
         dist.all_reduce(buf[:offset])
         torch._foreach_copy_(grads, views)
 
-
-def _all_reduce_alone(g: torch.Tensor) -> None:
-    if g.is_contiguous():
-        dist.all_reduce(g)
-        return
-    flat = g.contiguous()  # an unusual layout: reduced as a copy
-    dist.all_reduce(flat)
-    g.copy_(flat)
