@@ -27,7 +27,7 @@ import time
 from typing import Any, Optional, Sequence
 
 from engine.cli import add_run_flags, config_from_args
-from engine.config import ConfigError, TrainConfig
+from engine.declarations.config import ConfigError, TrainConfig
 
 log = logging.getLogger("headroom.main")
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -50,14 +50,14 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--quit-when-done", action="store_true", help="quit when the run ends (exit 0, 1 failed, 2 bad input)")
     g.add_argument("--open", metavar="RUN_DIR", help="show a run folder (finished, or training elsewhere)")
     g.add_argument("--theme", choices=("light", "dark"), help="colour theme (default: the last one used)")
-    from .ui import scripted  # --x-axis, --apply-at, --change, --screenshot-step (no Qt)
+    from .ui.shell import scripted  # --x-axis, --apply-at, --change, --screenshot-step (no Qt)
     scripted.add_flags(g)
     return p
 
 
 def check_task_spec(spec: str) -> None:
     """What can be checked without torch: a missing task file, an unknown built-in name."""
-    from engine.paths import BUILTIN_TASKS
+    from engine.declarations.paths import BUILTIN_TASKS
     if spec in BUILTIN_TASKS:
         return
     if spec.endswith(".py") or os.sep in spec or "/" in spec:
@@ -111,7 +111,7 @@ def parse_args(argv: Optional[Sequence[str]]) -> tuple[argparse.Namespace, dict[
         raise ConfigError("--quit-when-done needs --autostart or --open")
     if ns.autostart and ns.open:
         raise ConfigError("--autostart and --open: choose one")
-    from .ui import scripted
+    from .ui.shell import scripted
     ns.scripted_changes = scripted.check(ns)
     return ns, base
 
@@ -205,7 +205,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return EXIT_FAILED
         return EXIT_OK if shot_ok else EXIT_FAILED
 
-    from .ui import scripted
+    from .ui.shell import scripted
     script = scripted.install(win, ns, ns.scripted_changes)  # noqa: F841 - lives with the window
     win.run_done_callbacks.append(finish)
     win.closed.connect(app.quit)  # a window hidden while its engine thread finished does not quit by itself

@@ -16,26 +16,27 @@ from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtGui import QCloseEvent
 from PySide6.QtWidgets import QApplication, QDockWidget, QLabel, QMainWindow, QMessageBox, QScrollArea, QWidget
 
-from engine.paths import default_runs_root
+from engine.declarations.paths import default_runs_root
 
 from .core import assets, logs
 from .core.preferences import Preferences
 from .model.runmodel import RunModel
 from .session.controller import RunController
 from .session.launcher import Launch
-from .ui import actions, dialogs, export, window_prefs
+from .ui import actions, export
+from .ui.shell import dialogs, window_prefs
 from .ui.alerts import AlertsPanel
-from .ui.controls import ControlsPanel
-from .ui.history import HistoryPanel
-from .ui.levers import LeversPanel
-from .ui.loading import LoadingPlots
-from .ui.pacing import TICK_MS
-from .ui.run_starter import RunStarter
-from .ui.run_tree_views import RunTreeViews
-from .ui.run_views import RunViews
-from .ui.statusbar import StatusBar
+from .ui.controls.panel import ControlsPanel
+from .ui.runs.history import HistoryPanel
+from .ui.runs.what_fits import LeversPanel
+from .ui.shell.loading import LoadingPlots
+from .ui.shell.pacing import TICK_MS
+from .ui.controls.run_starter import RunStarter
+from .ui.runs.tree_views import RunTreeViews
+from .ui.runs.views import RunViews
+from .ui.shell.statusbar import StatusBar
 from .ui.theme import THEMES, apply_stylesheet, system_theme
-from .ui.view_prefs import ViewPrefs
+from .ui.shell.view_prefs import ViewPrefs
 
 log = logging.getLogger("headroom.window")
 
@@ -195,7 +196,7 @@ class MainWindow(QMainWindow):
     def _build_plots(self) -> None:
         if self._plots is not None:
             return
-        from .ui.plots import PlotPanel  # pyqtgraph loads here
+        from .ui.plots.panel import PlotPanel  # pyqtgraph loads here
         panel = PlotPanel(self.theme)
         self._plots = panel
         panel.log_scale_changed.connect(self.log_action.setChecked)

@@ -1,7 +1,7 @@
 """Shared pieces of the benchmarks: the bare seed loop, the anchors' GPT, timing helpers.
 
 The bare loop is what a careful user writes without Headroom: the same model, the
-same sample order (engine.windows.plan_epoch), the same collate, micro-batch,
+same sample order (engine.window.sampling.plan_epoch), the same collate, micro-batch,
 accumulation and optimizer, clip_grad_norm_, and no host reads at all. Benchmarks
 hold the engine against it side by side in one process.
 """
@@ -20,10 +20,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from engine import windows as W
-from engine.task import Task, default_collate
-from engine.tasks.charlm import GPT
-from engine.devices import to_device
+from engine.window import sampling as W
+from engine.tasks.task import Task, default_collate
+from engine.tasks.builtin.charlm import GPT
+from engine.distributed.devices import to_device
 
 # -- the bare seed loop -------------------------------------------------------------------
 
@@ -80,7 +80,7 @@ def bare_loop(task: Task, device: torch.device, micro: int, accum: int, clip: fl
 
 def engine_default_optimizer(params, device: torch.device, lr: float) -> torch.optim.Optimizer:
     """The engine's default (--optimizer adamw): AdamW, fused on CUDA."""
-    from engine.devices import default_optimizer as _default_optimizer
+    from engine.distributed.devices import default_optimizer as _default_optimizer
     return _default_optimizer("adamw", device)(params, lr)
 
 
@@ -126,7 +126,7 @@ def emit_json(path: Optional[str], row: dict[str, Any]) -> None:
 
 GPT_CFG = dict(vocab=32000, d=768, L=12, h=12, T=1024)
 GPT_SMALL_CFG = dict(vocab=512, d=64, L=2, h=2, T=64)
-# The anchors' GPT is engine.tasks.charlm.GPT (the charlm task's module) at this size.
+# The anchors' GPT is engine.tasks.builtin.charlm.GPT (the charlm task's module) at this size.
 
 
 class RandomTokens(torch.utils.data.Dataset):

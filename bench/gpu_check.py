@@ -13,7 +13,7 @@ SKIP where the target does not apply (CPU, --small).
      d 768, 12 layers, 12 heads, context 1024, bf16 autocast, fused AdamW) as an
      engine Task, engine vs the bare loop (same clip, same windows), 16 x 4,
      interleaved runs: time <= 1.01, peak <= 1.02 x bare 16 x 4, <= 0.30 x bare 64 x 1
-  b  telemetry: NVML used >= torch reserved (engine.telemetry.MemoryProbe), every step of a
+  b  telemetry: NVML used >= torch reserved (engine.memory.telemetry.MemoryProbe), every step of a
   c  finder under a 24 GiB cap (TrainConfig(vram_limit=24 GiB, find_micro_batch=True,
      effective_batch=64)): MicroBatchFound within 10% of the true largest micro-batch in
      <= 8 probes. The true largest is measured here with the bare loop (16 x 4 data path,
@@ -48,11 +48,11 @@ import torch  # noqa: E402
 
 from bench.common import (GPT_CFG, GPT_SMALL_CFG, BareLoop, RandomTokens, engine_default_optimizer,  # noqa: E402
                           gpt_loss, make_gpt, median, temp_run_dir)
-from engine.config import TrainConfig  # noqa: E402
-from engine.events import MicroBatchFound, NonFinite, OomRecovered, StepMetrics  # noqa: E402
-from engine.oom import free_memory, is_oom  # noqa: E402
-from engine.task import Task  # noqa: E402
-from engine.trainer import Trainer  # noqa: E402
+from engine.declarations.config import TrainConfig  # noqa: E402
+from engine.declarations.events import MicroBatchFound, NonFinite, OomRecovered, StepMetrics  # noqa: E402
+from engine.window.oom import free_memory, is_oom  # noqa: E402
+from engine.tasks.task import Task  # noqa: E402
+from engine.loop.trainer import Trainer  # noqa: E402
 
 GiB = 2**30
 CAP = 24 * GiB
@@ -297,7 +297,7 @@ def section_b(ctx: Ctx) -> None:
     if not ctx.gpu:
         c.skip("b", "nvml_used_ge_reserved", "no CUDA: MemoryProbe is off on CPU")
         return
-    from engine.telemetry import MemoryProbe
+    from engine.memory.telemetry import MemoryProbe
     probe = MemoryProbe(dev)
     try:
         if probe._handle is None:  # noqa: SLF001

@@ -12,18 +12,18 @@ The model is ANCHORS.md's 135M GPT (bench.common.make_gpt(GPT_CFG)), bf16 autoca
 AdamW (the engine's default), clip 1.0, the same loop as bench.common.BareLoop (loss_sum /
 window samples per micro-batch), with a hook before zero_grad where the trainer counts.
 
-  g1  breakdown (engine.mem_breakdown.count, after the optimizer step, before zero_grad) against
+  g1  breakdown (engine.memory.breakdown.count, after the optimizer step, before zero_grad) against
       the allocator at that moment: params + grads + optimizer within 2% of memory_allocated;
       after zero_grad, params + optimizer within 2%; params + grads + optimizer + activations
       = the window's peak (exact by construction: activations is the rest; INFO)
-  g2  what fits (engine.levers): fit through the peaks of 4 x 2 and 8 x 2, predict 16 (16 x 4
+  g2  what fits (engine.memory.levers): fit through the peaks of 4 x 2 and 8 x 2, predict 16 (16 x 4
       measured): within 10%; INFO: 32 x 2 predicted vs measured, and the fp32 extrapolation
       of 8 x 2 vs a measured fp32 8 x 2 (calibrates the precision factor)
-  g3  checkpointing (engine.checkpointing.checkpoint_modules(model.blocks)): 16 x 4 peak with it
+  g3  checkpointing (engine.memory.activation_checkpointing.checkpoint_modules(model.blocks)): 16 x 4 peak with it
       on < off; INFO: the measured keep fraction vs CheckpointModel(layers=12).keep(), and
       the table's extrapolated 16 x 4 prediction vs measured. On CPU (--small): gradients
       with it on equal gradients with it off, and each block runs twice per micro-batch
-  g4  --memory-snapshot on-oom (engine.mem_snapshot): 48 x 2 under a 24 GiB cap runs out of
+  g4  --memory-snapshot on-oom (engine.memory.snapshot): 48 x 2 under a 24 GiB cap runs out of
       memory; the snapshot is written to RUN_DIR/memory/oom-step-S.pickle and loads with
       pickle, with an "oom" entry in its trace; INFO: file size, dump time, step-time cost of
       recording. On CPU the OOM is the simulated one and the writer an injected pickle.
@@ -47,12 +47,12 @@ if REPO not in sys.path:
 import torch  # noqa: E402
 
 from bench.common import RandomTokens, engine_default_optimizer, gpt_loss, make_gpt, median  # noqa: E402
-from engine import levers  # noqa: E402
-from engine.checkpointing import checkpoint_modules  # noqa: E402
-from engine.mem_breakdown import activations, count  # noqa: E402
-from engine.mem_snapshot import SnapshotRecorder  # noqa: E402
-from engine.memory_model import MemoryModel  # noqa: E402
-from engine.oom import free_memory, is_oom  # noqa: E402
+from engine.memory import levers  # noqa: E402
+from engine.memory.activation_checkpointing import checkpoint_modules  # noqa: E402
+from engine.memory.breakdown import activations, count  # noqa: E402
+from engine.memory.snapshot import SnapshotRecorder  # noqa: E402
+from engine.memory.forecast import MemoryModel  # noqa: E402
+from engine.window.oom import free_memory, is_oom  # noqa: E402
 
 GiB = 2**30
 CAP = 24 * GiB

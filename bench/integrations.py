@@ -3,7 +3,7 @@
     PYTHONPATH=. python bench/integrations.py [--frameworks hf,lightning] [--repeats N] [--steps S]
                                               [--threads T] [--aa] [--json PATH]
 
-The seed MLP (784-128-10: engine/tasks/mlp.py's model and data) on CPU, micro-batch 16 x
+The seed MLP (784-128-10: engine/tasks/builtin/mlp.py's model and data) on CPU, micro-batch 16 x
 accumulation 4, clip 1.0, AdamW lr 1e-3, through a real Hugging Face Trainer and a real
 Lightning Trainer. Two trainers of the same framework, from the same initial weights on
 the same data, one with HeadroomCallback (B) and one without (A), train in this process
@@ -43,7 +43,7 @@ os.environ.setdefault("WANDB_DISABLED", "true")
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from engine.tasks.mlp import build_task  # noqa: E402
+from engine.tasks.builtin.mlp import build_task  # noqa: E402
 
 MICRO, ACCUM, CLIP, LR, SEED, WARMUP = 16, 4, 1.0, 1e-3, 0, 5
 TARGET = 1.02

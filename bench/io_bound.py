@@ -26,11 +26,11 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from bench.common import emit_json, median, temp_run_dir  # noqa: E402
-from engine import windows as W  # noqa: E402
-from engine.config import TrainConfig  # noqa: E402
-from engine.devices import to_device  # noqa: E402
-from engine.task import Task  # noqa: E402
-from engine.trainer import Trainer  # noqa: E402
+from engine.window import sampling as W  # noqa: E402
+from engine.declarations.config import TrainConfig  # noqa: E402
+from engine.distributed.devices import to_device  # noqa: E402
+from engine.tasks.task import Task  # noqa: E402
+from engine.loop.trainer import Trainer  # noqa: E402
 
 MICRO, ACCUM, LOAD_S, N, SEED, WARM = 16, 4, 0.5e-3, 4096, 0, 3
 

@@ -63,7 +63,7 @@ def generate(run_dir: str, steps: int, gpu: bool, chunk: int = 50_000) -> float:
     """A finished run of `steps` optimizer steps in run_dir. Returns the seconds it took."""
     import sqlite3
 
-    from engine.events import EpochEnd, RunFinished, RunStarted
+    from engine.declarations.events import EpochEnd, RunFinished, RunStarted
     from engine.store import DB_NAME, METRIC_COLUMNS, RunStore
 
     t0 = time.perf_counter()

@@ -6,7 +6,7 @@ The engine (Trainer.run, writing run.db, its sink feeding an EventBuffer as the 
 does) and the bare seed loop (bench.common.BareLoop) run in this process in lockstep:
 each time the engine emits a StepMetrics event, its sink runs one bare step. Both
 start from the same model init (the task's seed), see the same windows
-(engine.windows.plan_epoch), the same collate, micro-batch x accumulation (16 x 4),
+(engine.window.sampling.plan_epoch), the same collate, micro-batch x accumulation (16 x 4),
 clip (1.0; clip_grad_norm_ in the bare loop) and optimizer (the engine's default
 AdamW, lr 1e-3). Engine step = from leaving the sink to entering it again; bare
 step = one BareLoop.step(). Alternating step by step, both see the same machine
@@ -35,10 +35,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 
 from bench.common import BareLoop, engine_default_optimizer, median, temp_run_dir  # noqa: E402
-from engine.config import TrainConfig  # noqa: E402
-from engine.events import EventBuffer, StepMetrics  # noqa: E402
-from engine.task_loader import load_task  # noqa: E402
-from engine.trainer import Trainer  # noqa: E402
+from engine.declarations.config import TrainConfig  # noqa: E402
+from engine.declarations.events import EventBuffer, StepMetrics  # noqa: E402
+from engine.tasks.loader import load_task  # noqa: E402
+from engine.loop.trainer import Trainer  # noqa: E402
 
 TARGETS = {"mlp": 1.05, "charlm": 1.03}
 MICRO, ACCUM, CLIP, LR, SEED = 16, 4, 1.0, 1e-3, 0
@@ -158,7 +158,7 @@ def breakdown(task_name: str, n: int = 2000) -> dict:
     import timeit
 
     from engine.store import RunStore
-    from engine.grads import scale_ as _scale_grads
+    from engine.window.grads import scale_ as _scale_grads
     task = load_task(task_name, SEED)
     model = task.model
     batch = (task.collate or torch.utils.data.default_collate)([task.train_data[i] for i in range(MICRO)])

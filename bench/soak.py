@@ -56,7 +56,7 @@ import numpy as np  # noqa: E402
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 MB = 1e6
-CHARLM_TRAIN_SAMPLES = 3072  # engine/tasks/charlm.py: samples[:3072]
+CHARLM_TRAIN_SAMPLES = 3072  # engine/tasks/builtin/charlm.py: samples[:3072]
 
 # Targets
 RSS_GROWTH_MB = 50.0
@@ -322,7 +322,7 @@ def main() -> int:
     # Per-call timings of the GUI thread's work (class-level wraps, before the window exists).
     ticks, refreshes, paints, alert_adds = Rows(4), Rows(4), Rows(4), Rows(4)
     from app.ui.alerts import AlertsPanel
-    from app.ui.plots import PlotCanvas, PlotPanel
+    from app.ui.plots.panel import PlotCanvas, PlotPanel
     wrap_timing(AlertsPanel, "add", alert_adds)
     wrap_timing(MainWindow, "tick", ticks)
     wrap_timing(PlotPanel, "refresh", refreshes)

@@ -30,7 +30,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from engine import distributed as D  # noqa: E402
-from engine.grad_sync import GradSync  # noqa: E402
+from engine.distributed.grad_sync import GradSync  # noqa: E402
 
 
 def held(device: torch.device) -> int:

@@ -129,7 +129,7 @@ class Lateness:
 
 def bench_loop_latency_and_plot_latency(seconds: float) -> dict:
     from PySide6.QtCore import QEventLoop, QTimer
-    from engine.events import StepMetrics
+    from engine.declarations.events import StepMetrics
     app, w = make_window()
     lat = Lateness()
     idle = lat.measure(app, seconds)
@@ -190,9 +190,9 @@ def bench_loop_latency_and_plot_latency(seconds: float) -> dict:
 
 def bench_headless_rate(seconds: float) -> float:
     """The same Trainer (mlp, same settings) in a bare thread, no window: optimizer steps per second."""
-    from engine.config import TrainConfig
-    from engine.events import EventBuffer
-    from engine.trainer import Trainer
+    from engine.declarations.config import TrainConfig
+    from engine.declarations.events import EventBuffer
+    from engine.loop.trainer import Trainer
     buf = EventBuffer()
     cfg = TrainConfig(task="mlp", micro_batch=16, accum=4, epochs=1000, device="cpu",
                       run_dir=os.path.join(_TMP, "runs", "headless"))

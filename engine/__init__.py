@@ -7,15 +7,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from .commands import Pause, Resume, SetAccum, SetClip, SetLr, SetLrScaling, SetMicroBatch, Stop
-from .config import ConfigError, TrainConfig
-from .events import EventBuffer
+from .declarations.commands import Pause, Resume, SetAccum, SetClip, SetLr, SetLrScaling, SetMicroBatch, Stop
+from .declarations.config import ConfigError, TrainConfig
+from .declarations.events import EventBuffer
 
 __version__ = "0.1.0"
 
 _LAZY = {
-    "Task": "task", "TaskError": "task", "load_task": "task_loader",
-    "Trainer": "trainer", "TrainingError": "trainer", "RunResult": "trainer",
+    "Task": "tasks.task", "TaskError": "tasks.task", "load_task": "tasks.loader",
+    "Trainer": "loop.trainer", "TrainingError": "declarations.outcome", "RunResult": "declarations.outcome",
 }
 
 

@@ -22,8 +22,9 @@ import threading
 import time
 from typing import Any, Optional, Sequence
 
-from . import limits
-from .config import LR_SCHEDULES, MEMORY_SNAPSHOTS, ConfigError, TrainConfig, parse_size, parse_task_arg
+from .declarations import limits
+from .declarations.config import (LR_SCHEDULES, MEMORY_SNAPSHOTS, ConfigError, TrainConfig, parse_size,
+    parse_task_arg)
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -140,7 +141,7 @@ def _workers(text: str) -> Optional[int]:
 
 
 def _int(text: str) -> int:
-    """An integer flag. Range checks are validate()'s (engine/limits.py); this only reads
+    """An integer flag. Range checks are validate()'s (engine/declarations/limits.py); this only reads
     the number, quoting at most a prefix of what it could not read."""
     try:
         if len(text) > 100:  # no run needs a 100-digit number; int() of 5000 digits raises
@@ -237,7 +238,7 @@ def config_from_args(ns: argparse.Namespace) -> TrainConfig:
     source = "resume" if "resume" in given else "fork" if "fork" in given else None
     if source is not None:
         from .store import RunReader, StoreError
-        from .run_tree import split_fork
+        from .checkpoints.run_tree import split_fork
         folder = given["resume"] if source == "resume" else split_fork(given["fork"])[0]
         try:
             reader = RunReader(folder)
@@ -386,7 +387,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         ns = build_parser().parse_args(argv)
         config = config_from_args(ns)
-        from .trainer import Trainer, TrainingError  # torch loads here, after the flags are checked
+        from .loop.trainer import Trainer, TrainingError  # torch loads here, after the flags are checked
         trainer = Trainer(config, sink=ConsoleSink(ns.json, config.epochs))
         trainer.prepare()
     except ConfigError as e:

@@ -113,7 +113,7 @@ def test_cpu_torchrun_line_runs(tmp_path):
 
 
 def test_nvml_status_line_runs():
-    line = re.search(r'`\.venv/bin/python -c "(from engine.telemetry import nvml_status[^"]*)"`', README).group(1)
+    line = re.search(r'`\.venv/bin/python -c "(from engine.memory.telemetry import nvml_status[^"]*)"`', README).group(1)
     r = run([PY, "-c", line])
     assert r.returncode == 0 and r.stdout.strip()
 

@@ -6,7 +6,7 @@ import logging.handlers
 import os
 from typing import Optional
 
-from engine.paths import data_dir
+from engine.declarations.paths import data_dir
 
 _handler: Optional[logging.Handler] = None
 _path: Optional[str] = None

@@ -1,6 +1,6 @@
 """The runs folder: what run folders it holds, and whether the process writing one is alive.
 Torch-free. Where the folder is and what the built-in tasks are called come from
-`engine.paths`, which both packages share.
+`engine.declarations.paths`, which both packages share.
 """
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from engine import runlock
+from engine.store import runlock
 from engine.store import DB_NAME, RunReader, StoreError
 
 
@@ -38,7 +38,7 @@ def pid_alive(pid: Any) -> bool:
 
 def writer_of(path: str, info: Optional[dict[str, Any]] = None) -> Optional[dict[str, Any]]:
     """{pid, host, ...} of the live writer of a run folder, or None. The writer lock decides
-    (engine/runlock.py: the kernel's, so it goes with the process, on any host of a shared
+    (engine/store/runlock.py: the kernel's, so it goes with the process, on any host of a shared
     mount); a folder no locking engine wrote falls back to run.db's status and pid (`info`)."""
     held = runlock.holder(path)
     if held is not None:

@@ -1,6 +1,6 @@
 """The run settings a user can change while a run goes, and how each maps to an engine command.
 
-Derived from the engine's one declaration (engine/schema.py LIVE_SETTINGS), so the form, the
+Derived from the engine's one declaration (engine/declarations/settings.py LIVE_SETTINGS), so the form, the
 session, the pending-changes model and the engine agree on names, order, command kinds and
 the command field that carries the value. Qt-free, torch-free.
 """
@@ -10,8 +10,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
-from engine.commands import Command
-from engine.schema import LIVE_SETTINGS
+from engine.declarations.commands import Command
+from engine.declarations.settings import LIVE_SETTINGS
 
 
 @dataclass(frozen=True)

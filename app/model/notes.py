@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Optional
 
-from engine.events import Event
+from engine.declarations.events import Event
 
 # Event kinds that become an entry in the alerts panel (one entry per occurrence).
 ALERT_KINDS = ("nonfinite", "clip_saturation", "vram_low", "batchnorm_small_batch", "lr_hint",

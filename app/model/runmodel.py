@@ -15,7 +15,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
-from engine.events import StepMetrics
+from engine.declarations.events import StepMetrics
 
 from .discarded import KEPT, DiscardedSteps
 from .fields import SETTING_LABELS, fmt_value

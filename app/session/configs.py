@@ -6,10 +6,10 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from engine.config import ConfigError, TrainConfig
-from engine.paths import default_run_dir
+from engine.declarations.config import ConfigError, TrainConfig
+from engine.declarations.paths import default_run_dir
 
-from ..core.runs import is_run_dir
+from app.core.runs import is_run_dir
 
 
 def start_config(base: dict[str, Any], form: dict[str, Any], resume_used: bool) -> TrainConfig:

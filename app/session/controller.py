@@ -13,18 +13,18 @@ from typing import Any, Optional
 
 from PySide6.QtCore import QObject, Signal
 
-from engine import runlock
-from engine.config import ConfigError, TrainConfig
+from engine.store import runlock
+from engine.declarations.config import ConfigError, TrainConfig
 from engine.store import RunReader, StoreError
 
-from ..core import logs
-from ..core.runs import remove_if_empty, writer_of
+from app.core import logs
+from app.core.runs import remove_if_empty, writer_of
 from .configs import launch_config, launch_dir, start_config
 from .launcher import Launch, LaunchManager
 from .session import RunSession, Update
 from .signals import SessionSignals
 from .sources import FolderSource, LiveSource
-from ..model.state import RunState
+from app.model.state import RunState
 from .worker import EngineRunner
 
 log = logging.getLogger("headroom.controller")

@@ -10,7 +10,7 @@ import os
 import sys
 from typing import Any, Optional, Union
 
-from engine.config import TrainConfig
+from engine.declarations.config import TrainConfig
 
 LOG_NAME = "torchrun.log"
 MIN_GPUS = 2

@@ -16,11 +16,11 @@ from typing import Optional
 from PySide6.QtCore import QObject, QProcess, QProcessEnvironment, QTimer, QUrl, Signal
 from PySide6.QtGui import QDesktopServices
 
-from engine.commands import Stop
-from engine.config import TrainConfig
+from engine.declarations.commands import Stop
+from engine.declarations.config import TrainConfig
 from engine.store import RunReader, StoreError, send_command
 
-from ..core.runs import is_run_dir
+from app.core.runs import is_run_dir
 from . import launch_command as command
 
 log = logging.getLogger("headroom.launcher")

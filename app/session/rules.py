@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..model.state import RunState
+from app.model.state import RunState
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ import numpy as np
 
 from engine.store import RunReader, StoreError
 
-from ..model.metrics import COLUMN_DTYPES, STEP_COLUMNS
+from app.model.metrics import COLUMN_DTYPES, STEP_COLUMNS
 
 log = logging.getLogger("headroom.rundb")
 

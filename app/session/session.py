@@ -18,17 +18,17 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
-from engine.commands import Command, Pause, Resume, Stop
-from engine.config import ConfigError
-from engine.events import Event, StepMetrics
+from engine.declarations.commands import Command, Pause, Resume, Stop
+from engine.declarations.config import ConfigError
+from engine.declarations.events import Event, StepMetrics
 
-from ..model.fields import BY_NAME, LIVE_FIELDS
-from ..model.metrics import StepColumns
-from ..model.notes import Note
-from ..model.pending import PendingChanges
-from ..model.runmodel import Delta, RunModel
+from app.model.fields import BY_NAME, LIVE_FIELDS
+from app.model.metrics import StepColumns
+from app.model.notes import Note
+from app.model.pending import PendingChanges
+from app.model.runmodel import Delta, RunModel
 from .sources import FolderSource, Source
-from ..model.state import RunState
+from app.model.state import RunState
 from .rules import Allowed, allowed
 
 # A command's outcome; held back a frame when its receipt came in the same batch (see receipt_cut).
@@ -311,7 +311,7 @@ class RunSession:
                                                         "accum": d.get("new_accum")}))
 
     def _lr_planned(self, note: Note, u: Update) -> None:
-        """The lr setting is the schedule's peak (engine/schedule.py): the form shows that."""
+        """The lr setting is the schedule's peak (engine/declarations/schedule.py): the form shows that."""
         peak = note.data.get("peak")
         if isinstance(peak, (int, float)) and not isinstance(peak, bool):
             self._peak_lr = float(peak)

@@ -10,7 +10,7 @@ from typing import Callable, Optional
 
 from PySide6.QtCore import QObject, Signal
 
-from ..model.notes import Note
+from app.model.notes import Note
 from .session import RunSession, Update
 
 

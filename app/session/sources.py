@@ -15,13 +15,13 @@ from typing import Any, Callable, Optional, Protocol
 
 import numpy as np
 
-from engine.commands import Command, Stop
-from engine.events import EventBuffer, StepMetrics
+from engine.declarations.commands import Command, Stop
+from engine.declarations.events import EventBuffer, StepMetrics
 from engine.store import RunReader, StoreError, send_command
 
-from ..core.runs import writer_of
-from ..model.metrics import STEP_COLUMNS, MetricsBuffer, StepColumns
-from ..model.notes import Note
+from app.core.runs import writer_of
+from app.model.metrics import STEP_COLUMNS, MetricsBuffer, StepColumns
+from app.model.notes import Note
 from .rundb import LAZY_ABOVE, RunDbColumns, metric_columns, read_steps
 
 
@@ -79,7 +79,7 @@ class LiveSource:
 class FolderSource:
     """A run folder, finished or still training in another process: polls run.db.
 
-    Live is what engine.runlock says: a process holds the folder's writer lock (`writer`:
+    Live is what engine.store.runlock says: a process holds the folder's writer lock (`writer`:
     its pid and host, from the lock file). A folder written by an engine that did not lock
     (older runs, a file system without locks) falls back to run.db's status and pid."""
 

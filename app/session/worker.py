@@ -1,7 +1,7 @@
 """The engine in a QThread: one worker QObject moved to one QThread. The only file that touches QThread.
 
 - torch loads here, in the worker thread, when a run starts (never on the GUI's start-up path).
-- Events go from the trainer straight into an `engine.events.EventBuffer` (the trainer's
+- Events go from the trainer straight into an `engine.declarations.events.EventBuffer` (the trainer's
   sink); the GUI drains it on its own timer. The signals below fire once per run, never
   once per step.
 - Anything raised in the thread is caught there, logged with its traceback, and re-emitted
@@ -22,9 +22,9 @@ from typing import Any, Optional
 
 from PySide6.QtCore import QObject, Qt, QThread, Signal, Slot
 
-from engine.commands import Command
-from engine.config import ConfigError, TrainConfig
-from engine.events import EventBuffer
+from engine.declarations.commands import Command
+from engine.declarations.config import ConfigError, TrainConfig
+from engine.declarations.events import EventBuffer
 
 log = logging.getLogger("headroom.worker")
 
@@ -116,7 +116,7 @@ class EngineWorker(QObject):
         try:
             if sys.platform.startswith("linux"):
                 log.info("engine thread nice: %s", yield_the_cpu_to_the_gui())
-            from engine.trainer import Trainer  # torch loads here, on this thread
+            from engine.loop.trainer import Trainer  # torch loads here, on this thread
             threads = leave_a_core_for_the_gui()
             log.info("torch intra-op threads: %d", threads)
             trainer = Trainer(self.config, sink=self.buffer.put, commands=self.commands)

@@ -10,9 +10,9 @@ from PySide6.QtCore import QObject, Qt
 from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import QMainWindow, QMenu, QPushButton, QWidget
 
-from ..core import assets
-from ..core.shortcuts import SHORTCUTS
-from ..session.rules import Allowed
+from app.core import assets
+from app.core.shortcuts import SHORTCUTS
+from app.session.rules import Allowed
 
 
 def make_action(parent: QWidget, text: str, key: str = "", icon: str = "", tip: str = "") -> QAction:

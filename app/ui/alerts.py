@@ -10,8 +10,8 @@ from PySide6.QtGui import QDesktopServices
 from PySide6.QtWidgets import (QAbstractItemView, QHBoxLayout, QHeaderView, QLabel, QPushButton, QTableWidget,
                                QTableWidgetItem, QVBoxLayout, QWidget)
 
-from ..core import assets
-from ..model.notes import Note
+from app.core import assets
+from app.model.notes import Note
 
 MAX_ROWS = 5000  # the oldest rows go first; run.db keeps every event
 TITLES = {

@@ -8,8 +8,8 @@ from typing import Any, Callable, Optional
 
 from PySide6.QtWidgets import QApplication, QFileDialog, QMainWindow, QWidget
 
-from ..model.metrics import STEP_COLUMNS, MetricsBuffer
-from ..model.runmodel import RunModel
+from app.model.metrics import STEP_COLUMNS, MetricsBuffer
+from app.model.runmodel import RunModel
 
 CSV_COLUMNS = (*STEP_COLUMNS, "loss_ema")
 INT_COLUMNS = {"step", "epoch", "accum", "micro_batch", "samples", "tokens", "clipped", "nonfinite",

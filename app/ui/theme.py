@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 from PySide6.QtWidgets import QApplication
 
-from ..core import assets
+from app.core import assets
 
 THEMES = ("light", "dark")
 

@@ -39,18 +39,19 @@ import time
 import weakref
 from typing import Any, Callable, Iterator, Mapping, Optional
 
-from ..commands import Command
-from ..events import CheckpointSaved, EpochEnd, Event, RunFailed, RunFinished, RunStarted, StepMetrics
-from .. import runlock
-from ..paths import default_run_dir
-from ..store import DB_NAME, RunStore
-from .loop_events import IntegrationError, LossWeighting, StepSkipped
-from .loop_rows import StepRows
-from .loop_steering import Steering
+from engine.declarations.commands import Command
+from engine.declarations.events import (CheckpointSaved, EpochEnd, Event, RunFailed, RunFinished, RunStarted,
+    StepMetrics)
+from engine.store import runlock
+from engine.declarations.paths import default_run_dir
+from engine.store import DB_NAME, RunStore
+from ._loop_events import IntegrationError, LossWeighting, StepSkipped
+from ._loop_rows import StepRows
+from ._loop_steering import Steering
 # Names that lived here before the writer was split by job, still importable from this module:
-from .loop_events import PausedAtStep  # noqa: F401
-from .loop_rows import GAP_NOTE, _NO_MEMORY, _NoMemory, _int, _num  # noqa: F401
-from .loop_steering import PAUSE_POLL_S, _Handed, _plain  # noqa: F401
+from ._loop_events import PausedAtStep  # noqa: F401
+from ._loop_rows import GAP_NOTE, _NO_MEMORY, _NoMemory, _int, _num  # noqa: F401
+from ._loop_steering import PAUSE_POLL_S, _Handed, _plain  # noqa: F401
 
 __all__ = ["HeadroomRun", "headroom_run", "set_lr", "LossWeighting", "StepSkipped", "IntegrationError",
            "batch_size", "clean"]

@@ -49,9 +49,9 @@ except ImportError as e:  # pragma: no cover - the extra is not installed
 
 import torch
 
-from ..commands import Command, SetClip, SetLr
-from ..events import ScalerSkip
-from ..grads import clip_params_by_host_norm_
+from engine.declarations.commands import Command, SetClip, SetLr
+from engine.declarations.events import ScalerSkip
+from engine.window.grads import clip_params_by_host_norm_
 from .loop import HeadroomRun, IntegrationError, batch_size, clean, end_reason, set_lr
 
 __all__ = ["HeadroomCallback"]

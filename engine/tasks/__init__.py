@@ -1,4 +1,7 @@
-"""Built-in tasks. Each module has build_task(seed) -> engine.Task."""
-from . import charlm, cnn_bn, mlp
+"""Tasks: what a run trains. `Task` (the model, data and loss a task file's
+`build_task(seed)` returns), `load_task` (a built-in name, a file or `module:attr`) and the
+built-in tasks (`builtin`: mlp, charlm, cnn-bn)."""
+from engine.tasks.loader import load_task
+from engine.tasks.task import Task, TaskError
 
-BUILTIN_MODULES = {"mlp": mlp, "charlm": charlm, "cnn-bn": cnn_bn}
+__all__ = ["Task", "TaskError", "load_task"]

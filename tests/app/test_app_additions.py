@@ -44,7 +44,7 @@ def test_about_dialog_shows_the_versions(qtbot, make_window):
 def test_about_is_torch_free_until_opened_and_desktop_file_name_is_set():
     code = ("import sys\n"
             "from PySide6.QtGui import QGuiApplication\n"
-            "import app.window as w, app.ui.about\n"
+            "import app.window as w, app.ui.shell.about\n"
             "def show(self):\n"
             "    print('DESKTOP', QGuiApplication.desktopFileName(), 'torch' in sys.modules, flush=True)\n"
             "    raise SystemExit(0)\n"
@@ -91,7 +91,7 @@ def test_find_micro_batch_unticked_sends_no_finder_flags(make_window):
 
 # -- "what fits" -----------------------------------------------------------------------------
 def test_memory_forecast_event_shows_what_fits(qtbot, make_window):
-    from engine.events import MemoryForecast, RunStarted
+    from engine.declarations.events import MemoryForecast, RunStarted
 
     from app.session.sources import LiveSource
     w = make_window()
@@ -118,7 +118,7 @@ def test_memory_forecast_event_shows_what_fits(qtbot, make_window):
 # -- Run on N GPUs (torchrun) ----------------------------------------------------------------
 def test_torchrun_command_round_trips_through_the_engine_flags(tmp_path):
     from engine.cli import build_parser, config_from_args
-    from engine.config import TrainConfig
+    from engine.declarations.config import TrainConfig
 
     from app.session.launch_command import torchrun_command
     cfg = TrainConfig(task="charlm", micro_batch=8, accum=3, lr=3e-4, clip=0.5, epochs=2, max_steps=7,
@@ -132,7 +132,7 @@ def test_torchrun_command_round_trips_through_the_engine_flags(tmp_path):
     import pytest
     with pytest.raises(ValueError):
         torchrun_command(cfg, 0, run_dir)
-    from engine.config import ConfigError
+    from engine.declarations.config import ConfigError
     with pytest.raises(ConfigError):
         torchrun_command({"task": "mlp", "accum": 0}, 2, run_dir)
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QValidator
 
-from engine.events import StepMetrics
+from engine.declarations.events import StepMetrics
 
 from app.core.shortcuts import SHORTCUTS
-from app.ui.validators import DeviceValidator, FloatValidator
+from app.ui.controls.validators import DeviceValidator, FloatValidator
 
 A, I, X = QValidator.State.Acceptable, QValidator.State.Intermediate, QValidator.State.Invalid
 

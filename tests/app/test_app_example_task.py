@@ -5,7 +5,7 @@ from app_helpers import ROOT, run_to_end, start
 
 
 def test_example_task_loads_and_trains_in_the_window(qtbot, make_window, tmp_path):
-    from engine.task_loader import load_task
+    from engine.tasks.loader import load_task
     path = str(ROOT / "resources" / "example_task.py")
     task = load_task(path, seed=0)
     assert task.name == "example" and task.sample_length is not None and task.val_data is not None

@@ -20,8 +20,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine import runlock
-from engine.events import EpochEnd, RunFinished, RunStarted, StepMetrics
+from engine.store import runlock
+from engine.declarations.events import EpochEnd, RunFinished, RunStarted, StepMetrics
 from engine.store import RunReader, RunStore
 
 from app_helpers import FAST, ROOT, run_to_end, start, wait_until
@@ -38,8 +38,8 @@ WRITER = r'''
 import os, sys, time
 sys.path.insert(0, sys.argv[3])
 from engine import runlock
-from engine.config import TrainConfig
-from engine.events import RunStarted, StepMetrics
+from engine.declarations.config import TrainConfig
+from engine.declarations.events import RunStarted, StepMetrics
 from engine.store import RunStore
 run_dir, info_pid = sys.argv[1], int(sys.argv[2]) or os.getpid()
 os.makedirs(os.path.join(run_dir, "checkpoints"), exist_ok=True)

@@ -12,7 +12,7 @@ import time
 import numpy as np
 import pytest
 
-from engine.events import StepMetrics
+from engine.declarations.events import StepMetrics
 from engine.store import RunReader, RunStore
 
 from app_helpers import ROOT

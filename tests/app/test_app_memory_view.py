@@ -16,8 +16,8 @@ import time
 
 import numpy as np
 
-from engine.commands import SetAccum, SetMicroBatch, SetPrecision
-from engine.events import MemoryLevers, MemorySnapshot, RunFinished, RunStarted, StepMetrics
+from engine.declarations.commands import SetAccum, SetMicroBatch, SetPrecision
+from engine.declarations.events import MemoryLevers, MemorySnapshot, RunFinished, RunStarted, StepMetrics
 from engine.store import RunReader, RunStore
 
 from app_helpers import run_to_end, start, wait_until

@@ -7,7 +7,7 @@ the built-in mlp task (4096 samples; FAST trains 128 per step, 32 steps an epoch
 - "Apply at: next step" sends at="step" and the accumulation changes inside the epoch;
 - the Run panel's schedule, workers, token budget, micro-tokens and task arguments reach
   the engine's config;
-- every number field keeps to engine/limits.py, and refuses with the engine's own line.
+- every number field keeps to engine/declarations/limits.py, and refuses with the engine's own line.
 """
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ import sys
 
 import numpy as np
 
-from engine.commands import SetAccum, SetLr
-from engine.limits import RANGES
+from engine.declarations.commands import SetAccum, SetLr
+from engine.declarations.limits import RANGES
 from engine.store import RunReader
 
 from app_helpers import ROOT, run_to_end, start, wait_until
@@ -140,7 +140,7 @@ def test_apply_at_next_step_changes_accumulation_within_the_epoch(qtbot, make_wi
 
 
 TASK_WITH_ARGS = '''
-from engine.tasks.mlp import build_task as _mlp
+from engine.tasks.builtin.mlp import build_task as _mlp
 
 def build_task(seed, hidden=128, note=""):
     task = _mlp(seed)

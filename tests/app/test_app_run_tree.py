@@ -205,10 +205,11 @@ def test_rollback_markers_and_discarded_steps_for_a_run_opened_and_live(qtbot, m
 def test_lineage_reads_checkpoints_settings_and_offsets_from_run_folders(tmp_path):
     """Qt-free: which checkpoint a step forks from, the settings a run had at a step (its config
     and the events that changed them), and where a fork's axes begin (its parents' counts)."""
-    from engine.events import CheckpointSaved, EpochEnd, OomRecovered, RolledBack, SettingsApplied, StepMetrics
+    from engine.declarations.events import (CheckpointSaved, EpochEnd, OomRecovered, RolledBack,
+        SettingsApplied, StepMetrics)
     from engine.store import RunStore
 
-    from app.ui import lineage
+    from app.model import lineage
 
     run = tmp_path / "run"
     os.makedirs(run / "checkpoints")
@@ -256,7 +257,7 @@ def test_lineage_reads_checkpoints_settings_and_offsets_from_run_folders(tmp_pat
 
 
 def _rows(store, steps, loss: float) -> None:
-    from engine.events import StepMetrics
+    from engine.declarations.events import StepMetrics
     for st in steps:
         store.record(StepMetrics(st, 1, loss=loss, grad_norm=0.5, clipped=False, lr=1e-3, accum=2, clip=1.0,
                                  micro_batch=8, samples=16, tokens=16, step_time=0.01, throughput=1.0,
@@ -267,7 +268,7 @@ def test_a_run_followed_while_another_process_rolls_back_reads_the_new_rows(qtbo
     """The window follows a run folder that another process writes; that process rolls back past
     rows the window has read and writes those steps again: the window reads them again (the ones
     they replace go grey, as run.db's discarded_metrics has them), never keeping stale rows."""
-    from engine.events import RolledBack
+    from engine.declarations.events import RolledBack
     from engine.store import RunStore
     folder = tmp_path / "followed"
     os.makedirs(folder / "checkpoints")

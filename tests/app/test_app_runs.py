@@ -1,4 +1,4 @@
-"""Run history lists the runs under the runs folder (where it is comes from engine.paths)."""
+"""Run history lists the runs under the runs folder (where it is comes from engine.declarations.paths)."""
 from __future__ import annotations
 
 import os

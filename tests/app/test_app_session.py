@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine.commands import Pause, Resume, SetAccum, Stop
-from engine.events import (CommandReceived, CommandRefused, Paused, Resumed, RunFailed, RunFinished, RunStarted,
-                           SettingsApplied, StepMetrics)
+from engine.declarations.commands import Pause, Resume, SetAccum, Stop
+from engine.declarations.events import (CommandReceived, CommandRefused, Paused, Resumed, RunFailed,
+    RunFinished, RunStarted, SettingsApplied, StepMetrics)
 
 from app.model.state import RunState
 from app.session.session import RunSession, receipt_cut
@@ -202,7 +202,7 @@ def test_steps_drained_at_once_keep_the_time_the_engine_emitted_each():
 
     import numpy as np
 
-    from engine.events import EventBuffer
+    from engine.declarations.events import EventBuffer
     from app.session.sources import LiveSource
 
     buf = EventBuffer()

@@ -16,10 +16,10 @@ import time
 import pytest
 import torch
 
-from engine.commands import SetLr
-from engine.config import TrainConfig
+from engine.declarations.commands import SetLr
+from engine.declarations.config import TrainConfig
 from engine.store import RunReader, send_command
-from engine.trainer import Trainer
+from engine.loop.trainer import Trainer
 from tests.ddp import varlen_task
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -17,8 +17,8 @@ import torch.distributed as dist  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel  # noqa: E402
 
 import engine.distributed as D  # noqa: E402
-from engine.config import TrainConfig  # noqa: E402
-from engine.trainer import Trainer  # noqa: E402
+from engine.declarations.config import TrainConfig  # noqa: E402
+from engine.loop.trainer import Trainer  # noqa: E402
 from tests.ddp import varlen_task  # noqa: E402
 
 
@@ -29,10 +29,10 @@ def main() -> None:
     threads_before = os_threads()  # before the process group: gloo's threads must be gone again after the run
     allreduces = {"n": 0, "ddp": 0}
     if opts.get("count_hook") == "1":
-        # Count the gradient all-reduces the engine issues (engine/grad_sync.py), and any
+        # Count the gradient all-reduces the engine issues (engine/distributed/grad_sync.py), and any
         # DistributedDataParallel wrapper made (its reducer would all-reduce in the backward
         # and hold a second copy of every gradient): there must be none.
-        import engine.grad_sync as GS
+        import engine.distributed.grad_sync as GS
         original_init = DistributedDataParallel.__init__
         original_all_reduce = GS.dist.all_reduce
 
@@ -52,7 +52,7 @@ def main() -> None:
         GS.dist = CountingDist()
     if opts.get("no_buffer_sync") == "1":
         # Negative control: the gradient sum without the buffers' broadcast from rank 0.
-        import engine.grad_sync as GS
+        import engine.distributed.grad_sync as GS
         original_prepare = GS.GradSync.prepare
 
         def prepare(self):

@@ -23,8 +23,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from engine.config import TrainConfig  # noqa: E402
-from engine.task import Task  # noqa: E402
+from engine.declarations.config import TrainConfig  # noqa: E402
+from engine.tasks.task import Task  # noqa: E402
 
 VOCAB = 11
 DIM = 6
@@ -177,7 +177,7 @@ class Run:
 def run_trainer(task: Task, run_dir, on_event: Optional[Callable[[Any, Any], None]] = None,
                 recorder: Optional[Recorder] = None, **cfg: Any) -> Run:
     """Train `task` on CPU with clip off and one epoch unless told otherwise."""
-    from engine.trainer import Trainer
+    from engine.loop.trainer import Trainer
     settings = dict(device="cpu", clip=0.0, epochs=1, lr=0.1, micro_batch=2, accum=3)
     settings.update(cfg)
     if "resume" not in settings:

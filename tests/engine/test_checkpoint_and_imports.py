@@ -10,8 +10,8 @@ import sys
 import pytest
 import torch
 
-from engine import checkpoint as ckpt
-from engine.commands import Stop
+from engine.checkpoints import files as ckpt
+from engine.declarations.commands import Stop
 
 from engine_helpers import ROOT, adamw, assert_same_tree, make_task, run_trainer
 
@@ -88,7 +88,7 @@ def _python(code: str) -> subprocess.CompletedProcess:
 def test_import_engine_loads_no_qt_and_light_modules_no_torch():
     p = _python(
         "import sys\n"
-        "import engine, engine.config, engine.events, engine.commands, engine.store\n"
+        "import engine, engine.declarations.config, engine.declarations.events, engine.declarations.commands, engine.store\n"
         "from engine import TrainConfig, EventBuffer, SetAccum, Stop\n"
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('PySide6', 'shiboken6', 'pyqtgraph', 'app', 'torch'))\n"
         "assert not bad, bad\n"

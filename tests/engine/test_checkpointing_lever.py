@@ -1,4 +1,4 @@
-"""engine.checkpointing: the activation-checkpointing switch (task-declared, Hugging Face, none)."""
+"""engine.memory.activation_checkpointing: the activation-checkpointing switch (task-declared, Hugging Face, none)."""
 from __future__ import annotations
 
 import copy
@@ -9,8 +9,9 @@ import torch
 import torch.nn as nn
 
 import engine_helpers  # noqa: F401
-from engine.checkpointing import checkpoint_modules, count_blocks, find_switch, why_no_switch
-from engine.task import Task
+from engine.memory.activation_checkpointing import (checkpoint_modules, count_blocks, find_switch,
+    why_no_switch)
+from engine.tasks.task import Task
 
 
 class Counted(nn.Module):

@@ -56,7 +56,7 @@ BAD = {
     "build_task_raises": (["--task", "{tasks}/buildraises.py"], "no data"),
     "build_task_wrong_type": (["--task", "{tasks}/wrongtype.py"], "engine.Task"),
     "unknown_module": (["--task", "no_such_module_xyz:build_task"], "cannot import"),
-    "unknown_attr": (["--task", "engine.tasks.mlp:no_such_attr"], "no_such_attr"),
+    "unknown_attr": (["--task", "engine.tasks.builtin.mlp:no_such_attr"], "no_such_attr"),
     "accum_0": (["--accum", "0"], "--accum"),
     "accum_not_int": (["--accum", "two"], "--accum"),
     "micro_batch_0": (["--micro-batch", "0"], "--micro-batch"),
@@ -227,9 +227,9 @@ def test_cli_resume_continues_the_run(tmp_path, tasks_dir):
     """A run stopped by --max-steps, resumed with only --resume DIR, trains on to the end of its
     saved epochs (the old --max-steps is not a limit for the continuation), one row per step,
     with the losses of an uninterrupted run of the same task."""
-    from engine.config import TrainConfig
-    from engine.task_loader import load_task
-    from engine.trainer import Trainer
+    from engine.declarations.config import TrainConfig
+    from engine.tasks.loader import load_task
+    from engine.loop.trainer import Trainer
     # The first part in this process, as the CLI would configure it; the continuation as a process.
     cfg = TrainConfig(task=str(tasks_dir / "good.py"), micro_batch=4, accum=2, epochs=2, device="cpu")
     first = Trainer(cfg.with_(run_dir=str(tmp_path / "part"), max_steps=5), task=load_task(cfg.task)).run()

@@ -12,10 +12,10 @@ import time
 import pytest
 import torch
 
-from engine import checkpoint as ckpt
-from engine.commands import (COMMANDS, Pause, Resume, SetAccum, SetClip, SetLr, SetLrScaling, SetMicroBatch, Stop,
-                             command_from_json)
-from engine.config import ConfigError
+from engine.checkpoints import files as ckpt
+from engine.declarations.commands import (COMMANDS, Pause, Resume, SetAccum, SetClip, SetLr, SetLrScaling,
+    SetMicroBatch, Stop, command_from_json)
+from engine.declarations.config import ConfigError
 from engine.store import RunReader, send_command
 
 from engine_helpers import RecordingSGD, make_task, run_trainer

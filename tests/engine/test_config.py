@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from engine.config import ConfigError, TrainConfig, format_bytes, parse_size
+from engine.declarations.config import ConfigError, TrainConfig, format_bytes, parse_size
 
 
 @pytest.mark.parametrize("text, expected", [

@@ -7,10 +7,10 @@ import math
 import torch
 import torch.nn.functional as F
 
-from engine.config import TrainConfig
-from engine.events import NonFinite, StepMetrics
-from engine.task import Task
-from engine.trainer import Trainer
+from engine.declarations.config import TrainConfig
+from engine.declarations.events import NonFinite, StepMetrics
+from engine.tasks.task import Task
+from engine.loop.trainer import Trainer
 
 
 def task(nan_at: set[int]) -> Task:
@@ -98,7 +98,7 @@ def test_deferred_nonfinite_stop(tmp_path, monkeypatch):
     trainer.train_window = counting
     result = trainer.run()
     assert result.reason == "nonfinite"
-    from engine.checkpoint import last_path, load
+    from engine.checkpoints.files import last_path, load
     state = load(last_path(str(tmp_path / "stop")))
     assert all(torch.isfinite(v).all() for v in state["model"].values())
     # Step 5 is known bad only once step 6 was launched (numbers are read a step late); step 6

@@ -9,13 +9,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine.config import TrainConfig
-from engine.events import MicroBatchFound, OomRecovered, ScalerSkip, StepMetrics
-from engine.finder import MemoryModel, Prober, search
-from engine.oom import is_oom
-from engine.task import Task
-from engine.telemetry import NO_GPU, MemoryProbe, nvml_status
-from engine.trainer import Trainer
+from engine.declarations.config import TrainConfig
+from engine.declarations.events import MicroBatchFound, OomRecovered, ScalerSkip, StepMetrics
+from engine.loop.finder import MemoryModel, Prober, search
+from engine.window.oom import is_oom
+from engine.tasks.task import Task
+from engine.memory.telemetry import NO_GPU, MemoryProbe, nvml_status
+from engine.loop.trainer import Trainer
 
 OOM = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
@@ -95,16 +95,16 @@ def test_oom_in_the_middle_of_a_window_redoes_it_from_its_first_sample(tmp_path,
 
 
 def test_oom_recovery_off_stops_with_checkpoint(tmp_path):
-    from engine.trainer import OutOfMemoryStop
+    from engine.loop.trainer import OutOfMemoryStop
     task = tiny_task(oom_above=8, oom_calls={5})
     with pytest.raises(OutOfMemoryStop, match="oom-recovery off"):
         run(tmp_path, "off", task, micro_batch=16, accum=2, epochs=1, oom_recovery=False)
-    from engine.checkpoint import last_path, load
+    from engine.checkpoints.files import last_path, load
     assert load(last_path(str(tmp_path / "off")))["step"] == 2
 
 
 def test_oom_at_micro_batch_one_stops_clearly(tmp_path):
-    from engine.trainer import OutOfMemoryStop
+    from engine.loop.trainer import OutOfMemoryStop
     with pytest.raises(OutOfMemoryStop, match="micro-batch 1"):
         run(tmp_path, "one", tiny_task(oom_above=0), micro_batch=4, accum=1, epochs=1)
 
@@ -194,7 +194,7 @@ def test_fp16_scaler_skip_is_counted_apart_from_nonfinite(tmp_path):
     assert not torch.equal(snaps[k], snaps[k + 1])  # the next one trains again
     scale_before = [e.scale for e in events if isinstance(e, ScalerSkip)]
     assert skips[k].scale < 65536.0 and skips[k].scale in scale_before  # the scaler backed off
-    from engine.checkpoint import last_path, load
+    from engine.checkpoints.files import last_path, load
     saved = load(last_path(str(tmp_path / "inj")))["scaler"]
     assert saved["scale"] == t.scaler.get_scale()  # scaler state is in the checkpoint
 

@@ -1,4 +1,4 @@
-"""engine.levers: the "what fits" table, against numbers worked out by hand.
+"""engine.memory.levers: the "what fits" table, against numbers worked out by hand.
 
 The run: fp32, checkpointing off, measured peaks 4000 B at micro-batch 2 and 6000 B at
 4, so the line is fixed 2000 + 1000 per sample. Parameters: 100 fp32 elements (400 B),
@@ -14,12 +14,12 @@ import sys
 import pytest
 
 import engine_helpers  # noqa: F401
-from engine.commands import SetAccum, SetMicroBatch
-from engine.levers import (CheckpointModel, Current, Persistent, accum_for, build_table, cast_bytes,
-                           commands_for, lines_for)
-from engine.commands import COMMANDS as MEM_COMMANDS, SetCheckpointing, SetPrecision
-from engine.memory_model import MemoryModel
-from engine.config import ConfigError
+from engine.declarations.commands import SetAccum, SetMicroBatch
+from engine.memory.levers import (CheckpointModel, Current, Persistent, accum_for, build_table, cast_bytes,
+    commands_for, lines_for)
+from engine.declarations.commands import COMMANDS as MEM_COMMANDS, SetCheckpointing, SetPrecision
+from engine.memory.forecast import MemoryModel
+from engine.declarations.config import ConfigError
 
 PERSIST = Persistent(params=400, grads=400, optimizer=800, param_dtypes={"float32": 400})
 CKPT = CheckpointModel(layers=4, inside=0.5, boundary=1 / 16)
@@ -185,7 +185,7 @@ def test_mem_commands_validate_and_round_trip():
 
 
 def test_levers_import_no_torch():
-    code = "import sys, engine.levers, engine.commands; print('torch' in sys.modules)"
+    code = "import sys, engine.memory.levers, engine.declarations.commands; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=engine_helpers.ROOT)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False"

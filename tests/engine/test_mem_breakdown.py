@@ -1,4 +1,4 @@
-"""engine.mem_breakdown: exact bytes of parameters, gradients and optimizer state.
+"""engine.memory.breakdown: exact bytes of parameters, gradients and optimizer state.
 
 Every expected figure below is computed by hand in the comment beside it (numbers of
 elements x bytes per element), not from the tensors being counted.
@@ -10,7 +10,7 @@ import torch
 import torch.nn as nn
 
 import engine_helpers  # noqa: F401
-from engine.mem_breakdown import MemoryBreakdown, activations, count
+from engine.memory.breakdown import MemoryBreakdown, activations, count
 
 # A 3 -> 5 -> 2 network: layer a = 3*5 weights + 5 biases = 20 elements, layer b = 5*2 + 2 = 12.
 A_EL, B_EL = 20, 12

@@ -1,4 +1,4 @@
-"""engine.mem_snapshot: the on-OOM memory snapshot, on CPU with an injected OOM and writer."""
+"""engine.memory.snapshot: the on-OOM memory snapshot, on CPU with an injected OOM and writer."""
 from __future__ import annotations
 
 import inspect
@@ -10,8 +10,8 @@ import torch
 import torch.nn as nn
 
 import engine_helpers  # noqa: F401
-from engine.mem_snapshot import SnapshotRecorder
-from engine.oom import is_oom
+from engine.memory.snapshot import SnapshotRecorder
+from engine.window.oom import is_oom
 
 FAKE_SNAPSHOT = {"segments": [{"address": 0, "total_size": 2 << 20, "blocks": []}],
                  "device_traces": [[{"action": "oom", "size": 1 << 30, "frames": []}]]}

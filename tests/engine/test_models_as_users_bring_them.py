@@ -17,11 +17,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from engine.config import TrainConfig
-from engine.devices import to_device
-from engine.modes import TrainModes
-from engine.task import Task
-from engine.trainer import Trainer
+from engine.declarations.config import TrainConfig
+from engine.distributed.devices import to_device
+from engine.loop.modes import TrainModes
+from engine.tasks.task import Task
+from engine.loop.trainer import Trainer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from engine import checkpoint as ckpt
+from engine.checkpoints import files as ckpt
 from engine.store import RunReader
 
 from engine_helpers import TokenModel, adamw, assert_same_tree, make_task, run_trainer, snapshot, token_loss_sum

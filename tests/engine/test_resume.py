@@ -9,8 +9,8 @@ import sqlite3
 import pytest
 import torch
 
-from engine import checkpoint as ckpt
-from engine.commands import Stop
+from engine.checkpoints import files as ckpt
+from engine.declarations.commands import Stop
 from engine.store import RunReader
 
 from engine_helpers import adamw, assert_same_tree, make_task, run_trainer
@@ -101,7 +101,7 @@ def test_resume_after_crash_supersedes_rows_past_the_checkpoint(tmp_path, uninte
 
 def test_resume_keeps_settings_changed_by_commands(tmp_path):
     """Settings changed at a boundary before the stop are the ones the resumed run trains with."""
-    from engine.commands import SetAccum, SetLr
+    from engine.declarations.commands import SetAccum, SetLr
 
     def on_event(e, trainer):
         if e.kind == "epoch_end" and e.epoch == 1:

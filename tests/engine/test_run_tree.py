@@ -12,7 +12,7 @@ import textwrap
 import pytest
 import torch
 
-from engine import checkpoint as ckpt
+from engine.checkpoints import files as ckpt
 from engine.store import RunReader
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -188,10 +188,10 @@ def test_rollback_gives_up_after_repeated_rollbacks(tmp_path, task):
 def test_a_fork_setting_a_value_back_to_the_parents_start_value_is_a_change(tmp_path, task):
     """The parent starts at accum 2, is switched to 4 during epoch 1 (through run.db, as the app
     does); a fork of a later checkpoint given --accum 2 trains at 2, and records it."""
-    from engine.commands import SetAccum
-    from engine.config import TrainConfig
-    from engine.trainer import Trainer
-    from engine.task_loader import load_task
+    from engine.declarations.commands import SetAccum
+    from engine.declarations.config import TrainConfig
+    from engine.loop.trainer import Trainer
+    from engine.tasks.loader import load_task
     parent = tmp_path / "parent"
 
     def sink(e):

@@ -12,8 +12,8 @@ import pytest
 sys.path.insert(0, os.path.dirname(__file__))
 from engine_helpers import RecordingSGD, make_task, run_trainer  # noqa: E402
 
-from engine.commands import SetLr
-from engine.schedule import LrSchedule
+from engine.declarations.commands import SetLr
+from engine.declarations.schedule import LrSchedule
 
 
 def test_shapes():
@@ -99,13 +99,13 @@ def test_a_task_brings_its_own_scheduler_stepped_once_per_optimizer_step(tmp_pat
     assert run.trainer.optimizer.lrs == lrs  # the row says what the optimizer used
     want = [0.2 * 0.5 ** (k // 3) for k in range(4)] + [0.4 * 0.5 ** (k // 3) for k in range(4, 8)]
     assert lrs == pytest.approx(want, rel=1e-12)
-    from engine import checkpoint as ckpt
+    from engine.checkpoints import files as ckpt
     assert ckpt.load(ckpt.last_path(run.run_dir))["scheduler"]["last_epoch"] == 8
 
 
 def test_a_task_scheduler_with_an_engine_schedule_is_bad_input(tmp_path):
     import torch
-    from engine.config import ConfigError
+    from engine.declarations.config import ConfigError
     task = make_task(24)
     task.scheduler = lambda opt: torch.optim.lr_scheduler.StepLR(opt, step_size=3)
     with pytest.raises(ConfigError, match="own lr scheduler"):

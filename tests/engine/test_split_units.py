@@ -13,13 +13,13 @@ import torch
 sys.path.insert(0, os.path.dirname(__file__))
 from engine_helpers import make_task, run_trainer  # noqa: E402
 
-from engine.command_rules import CommandRules
-from engine.commands import Pause, SetAccum, SetClip, SetLr, SetLrScaling, SetMicroBatch
-from engine.events import CommandRefused, LrHint, SettingsApplied
-from engine.progress import Progress
-from engine.schema import LIVE_SETTINGS, LiveSettings
-from engine.step import pack, unpack
-from engine.window_policy import FixedWindows, TokenBudgetWindows
+from engine.control.rules import CommandRules
+from engine.declarations.commands import Pause, SetAccum, SetClip, SetLr, SetLrScaling, SetMicroBatch
+from engine.declarations.events import CommandRefused, LrHint, SettingsApplied
+from engine.loop.progress import Progress
+from engine.declarations.settings import LIVE_SETTINGS, LiveSettings
+from engine.window.step import pack, unpack
+from engine.window.policy import FixedWindows, TokenBudgetWindows
 
 S = LiveSettings(micro_batch=4, accum=2, lr=0.01, clip=1.0, lr_scaling="none")
 

@@ -11,9 +11,9 @@ import time
 import pytest
 import torch
 
-from engine import windows as W
-from engine.commands import SetAccum, SetLr, SetMicroBatch, command_from_json
-from engine.config import ConfigError
+from engine.window import sampling as W
+from engine.declarations.commands import SetAccum, SetLr, SetMicroBatch, command_from_json
+from engine.declarations.config import ConfigError
 
 from engine_helpers import Recorder, RecordingSGD, flat, make_task, rel_err, run_trainer
 from test_accumulation import LR, reference
@@ -98,7 +98,7 @@ def test_at_step_through_run_db(tmp_path):
 
 def test_at_is_validated():
     assert command_from_json("set_clip", '{"norm": 0.5, "at": "step"}') == __import__(
-        "engine.commands", fromlist=["SetClip"]).SetClip(0.5, at="step")
+        "engine.declarations.commands", fromlist=["SetClip"]).SetClip(0.5, at="step")
     with pytest.raises(ConfigError, match="at must be one of epoch, step"):
         command_from_json("set_clip", '{"norm": 0.5, "at": "now"}')
     with pytest.raises(ConfigError):

@@ -10,9 +10,9 @@ import textwrap
 
 import pytest
 
-from engine.config import ConfigError, TrainConfig, parse_task_arg
+from engine.declarations.config import ConfigError, TrainConfig, parse_task_arg
 from engine.store import RunReader
-from engine.task_loader import load_task
+from engine.tasks.loader import load_task
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -89,7 +89,7 @@ def test_the_trainer_passes_them_to_build_task(tmp_path):
     assert t.model[0].out_features == 6
     cfg = TrainConfig(task=str(task), task_args={"hidden": 5}, device="cpu", max_steps=1, micro_batch=4, accum=1,
                       run_dir=str(tmp_path / "r"))
-    from engine.trainer import Trainer
+    from engine.loop.trainer import Trainer
     tr = Trainer(cfg)
     tr.run()
     assert tr.model[0].out_features == 5

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine import windows as W
+from engine.window import sampling as W
 
 from engine_helpers import Recorder, make_task, run_trainer
 

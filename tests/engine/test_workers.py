@@ -14,9 +14,9 @@ import torch
 sys.path.insert(0, os.path.dirname(__file__))
 from engine_helpers import TokenData, make_seqs, make_task, run_trainer, sample_length  # noqa: E402
 
-from engine.feeder import auto_workers
-from engine.window_policy import TokenBudgetWindows
-from engine.schema import LiveSettings
+from engine.window.feeder import auto_workers
+from engine.window.policy import TokenBudgetWindows
+from engine.declarations.settings import LiveSettings
 
 
 def weights(trainer) -> torch.Tensor:

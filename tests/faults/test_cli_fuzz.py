@@ -15,7 +15,7 @@ VALUES = st.one_of(
     st.sampled_from(["mlp", "charlm", "cnn-bn", "nope", "x.py", "os:path", "0", "1", "-1", "4", "1e-3", "nan",
                      "inf", "-inf", "adamw", "sgd", "fp32", "bf16", "fp16", "cpu", "cuda", "cuda:7", "auto", "on",
                      "off", "24GiB", "1.5", "", " ", "--", "none", "linear", "sqrt", "/nonexistent", "é", "1e400",
-                     # the ranges a run can hold (engine/limits.py): edges and far past them (not the
+                     # the ranges a run can hold (engine/declarations/limits.py): edges and far past them (not the
                      # largest accum a run holds: a 2**20-micro-batch window takes a while to train)
                      "20", "1e4", "10000.5", "1e39", "1e20", "1048577", "1MiB", "1023KiB", "1024TiB",
                      "1025TiB", "9" * 400, "1" + "0" * 4400, "9223372036854775808", "0.99999999999999999"]),

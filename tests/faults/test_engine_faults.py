@@ -159,7 +159,7 @@ def test_data_or_collate_raising_mid_epoch_fails_the_run_and_keeps_everything(tm
 
 
 def test_nonfinite_stop_saves_last_good_weights(tmp_path):
-    # --lr at its upper limit (1e4, engine/limits.py) makes the loss overflow within a few steps;
+    # --lr at its upper limit (1e4, engine/declarations/limits.py) makes the loss overflow within a few steps;
     # stop mode ends the run at the first bad step.
     run_dir = tmp_path / "run"
     r = cli("--task", TASK, "--epochs", "3", "--lr", "1e4", "--optimizer", "sgd", "--clip", "0",

@@ -1,5 +1,5 @@
 """Input from outside is checked once, the same way everywhere (issue 12): a value is accepted as a
-flag exactly when it is accepted in TrainConfig and as a command from run.db (engine/limits.py);
+flag exactly when it is accepted in TrainConfig and as a command from run.db (engine/declarations/limits.py);
 no command row, however odd, makes the engine raise; no payload can recurse; refusals are one
 short line quoting at most a prefix of what was given."""
 from __future__ import annotations
@@ -13,10 +13,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine import limits
+from engine.declarations import limits
 from engine.cli import build_parser, config_from_args, main
-from engine.commands import COMMANDS, SetAccum, SetLr, command_from_json
-from engine.config import ConfigError, TrainConfig
+from engine.declarations.commands import COMMANDS, SetAccum, SetLr, command_from_json
+from engine.declarations.config import ConfigError, TrainConfig
 from engine.store import RunReader, RunStore
 
 # (TrainConfig field, command kind, command field, flag): the live settings, one validation each.

@@ -13,9 +13,9 @@ import time
 
 import pytest
 
-from engine import checkpoint as ckpt
-from engine import runlock
-from engine.config import ConfigError
+from engine.checkpoints import files as ckpt
+from engine.store import runlock
+from engine.declarations.config import ConfigError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -13,9 +13,9 @@ import time
 
 import pytest
 
-from engine import checkpoint as ckpt
-from engine.commands import SetAccum, Stop
-from engine.events import CheckpointSaved, EpochEnd, StepMetrics
+from engine.checkpoints import files as ckpt
+from engine.declarations.commands import SetAccum, Stop
+from engine.declarations.events import CheckpointSaved, EpochEnd, StepMetrics
 from engine.store import METRIC_COLUMNS, RunReader, RunStore, send_command
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -108,7 +108,7 @@ def test_a_busy_run_db_never_blocks_or_fails_the_writer_and_is_reported_once(tmp
 FULL_DISK = """
 import json, resource, sys, time
 sys.path.insert(0, {root!r})
-from engine.events import EpochEnd, StepMetrics
+from engine.declarations.events import EpochEnd, StepMetrics
 from engine.store import RunStore
 problems = []
 store = RunStore(sys.argv[1], commit_interval=0.01, on_problem=problems.append)
@@ -270,7 +270,7 @@ from __future__ import annotations
 import dataclasses, sys
 from typing import Optional
 sys.path.insert(0, {root!r})
-import engine.events as ev
+import engine.declarations.events as ev
 
 @dataclasses.dataclass(frozen=True)
 class StepMetrics(ev.StepMetrics):
@@ -404,7 +404,7 @@ while True:
 
 
 def test_a_sigkill_during_a_checkpoint_write_leaves_an_orphan_the_next_writer_removes(tmp_path):
-    from engine import runlock
+    from engine.store import runlock
     folder = tmp_path / "checkpoints"
     path = folder / "last.pt"
     for attempt in range(6):

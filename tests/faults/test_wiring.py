@@ -7,8 +7,8 @@ import subprocess
 import sys
 
 
-from engine import runlock
-from engine.commands import SetAccum
+from engine.store import runlock
+from engine.declarations.commands import SetAccum
 from engine.store import RunReader, send_command
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -9,7 +9,7 @@ import pytest
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 pytest.importorskip("pytestqt", reason="pytest-qt is not installed")
 
-from engine.commands import SetLr  # noqa: E402
+from engine.declarations.commands import SetLr  # noqa: E402
 from engine.integrations.loop import headroom_run, set_lr  # noqa: E402
 from engine.store import RunReader, send_command  # noqa: E402
 

@@ -12,7 +12,7 @@ pytest.importorskip("accelerate", reason="the 'hf' extra is not installed (pip i
 from transformers import Trainer, TrainerCallback, TrainingArguments  # noqa: E402
 
 from integ_helpers import ExactTokenModel, TokenModel, pad_collate, token_data, windows  # noqa: E402
-from engine.commands import Pause, Resume, SetAccum, SetClip, SetLr, Stop  # noqa: E402
+from engine.declarations.commands import Pause, Resume, SetAccum, SetClip, SetLr, Stop  # noqa: E402
 from engine.integrations.loop import IntegrationError  # noqa: E402
 from engine.integrations.transformers import HeadroomCallback  # noqa: E402
 from engine.store import RunReader, send_command  # noqa: E402

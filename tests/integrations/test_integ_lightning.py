@@ -13,7 +13,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
-from engine.commands import SetAccum, SetClip, SetLr, SetMicroBatch, Stop  # noqa: E402
+from engine.declarations.commands import SetAccum, SetClip, SetLr, SetMicroBatch, Stop  # noqa: E402
 from engine.integrations.lightning import HeadroomCallback  # noqa: E402
 from engine.integrations.loop import IntegrationError  # noqa: E402
 from engine.store import RunReader, send_command  # noqa: E402

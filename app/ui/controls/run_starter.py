@@ -1,0 +1,67 @@
+"""Starting runs from the window: Start (the form's settings under the command-line flags), a
+fork (its config from the fork dialog, in a new folder) and Run on N GPUs. Each goes through
+the run controller's start or launch; the form's settings are kept as the last config used."""
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+from PySide6.QtWidgets import QInputDialog, QWidget
+
+from app.core.preferences import Preferences
+from app.session.controller import RunController
+from app.session.launch_command import MIN_GPUS
+from .panel import ControlsPanel
+
+
+class RunStarter:
+    def __init__(self, parent: QWidget, controller: RunController, controls: ControlsPanel,
+                 preferences: Preferences, base_config: dict[str, Any], error: Callable[[str, str], Any]) -> None:
+        """base_config: the window's command-line flags (the same dict, so later changes count)."""
+        self.parent, self.controller, self.controls = parent, controller, controls
+        self.preferences, self.base_config, self.error = preferences, base_config, error
+
+    def form(self) -> Optional[dict[str, Any]]:
+        """The form's run settings, or None (with a dialog if they are invalid) when no run can start."""
+        if self.controller.session.busy:
+            return None
+        values, err = self.controls.values()
+        if values is None:
+            self.error("Cannot start", err)
+        return values
+
+    def start(self) -> bool:
+        values = self.form()
+        if values is None or not self.controller.start(self.base_config, values):
+            return False
+        self.preferences.set_json("last_config", values)
+        return True
+
+    def fork(self, config: dict[str, Any]) -> bool:
+        """A fork (its TrainConfig fields, fork="DIR@CHECKPOINT") through the same start: in a new
+        run folder, whatever --run-dir or --resume the window was given."""
+        if self.controller.session.busy:
+            self.error("Cannot start the fork", "A run is going in this window: stop it first (or wait for it "
+                                                "to end), then fork.")
+            return False
+        base = {k: v for k, v in self.base_config.items() if k not in ("resume", "run_dir", "fork")}
+        if not self.controller.start(base, config):
+            return False
+        self.controls.set_values(config)  # the form shows what the fork trains with
+        return True
+
+    def launch(self, n: int, run_dir: Optional[str] = None) -> bool:
+        """The form's settings under torchrun with n processes."""
+        values = self.form()
+        if values is None or self.controller.launch(self.base_config, values, n, run_dir or "") is None:
+            return False
+        self.preferences.set_json("last_config", values)
+        return True
+
+    def launch_dialog(self) -> None:
+        count = self.controller.launcher.gpu_count or 0
+        if count < MIN_GPUS:
+            return
+        n, ok = QInputDialog.getInt(self.parent, "Run on N GPUs", f"Processes (one per GPU, {count} here):", count,
+                                    MIN_GPUS, count)
+        if ok:
+            self.launch(n)

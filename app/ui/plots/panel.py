@@ -1,0 +1,445 @@
+"""Live plots (pyqtgraph): loss, gradient norm, lr, GPU memory, throughput.
+
+Every plot shares one x axis, chosen in the toolbar: optimizer step, samples seen, tokens
+seen or wall time (app/model/x_axis.py; the other runs overlaid on the loss follow it too).
+The lr plot also shows the engine's planned lr ahead of the run, dashed (plot_plan.py).
+Under GPU memory, memory by kind (plot_mem_stack.py); on every plot, rollbacks and the steps
+they threw away (plot_rollbacks.py); in every plot's right-click menu, "Fork from here..."
+(plot_point_menu.py: the panel's `fork_requested` says the step).
+
+Each curve is drawn from the metrics buffer's numpy columns through a min/max
+pyramid (app/model/decimate.py): only the visible span, in about two points per pixel,
+reaches pyqtgraph, which also has setDownsampling(auto=True, mode='peak') and
+setClipToView(True) on. The window calls `refresh()` from its ~30 Hz timer; nothing
+here is driven by a signal per step.
+
+Ranges: while "following" (the default, and after "Fit all") the panel sets the axes
+itself, in steps (x grows by a fifth at a time, y only when the data leaves it or
+fills a small part of it), so the axes, whose text is the dearest thing to paint, are
+redrawn now and then rather than on every frame; they are cached as pixmaps between.
+Zooming or panning with the mouse stops following.
+"""
+from __future__ import annotations
+
+import math
+import time
+from typing import Callable, Optional
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtWidgets import QVBoxLayout, QWidget
+
+from app.model.metrics import MetricsBuffer
+from app.model.runmodel import RunModel
+from .marks import PlotMarks
+from .mem_stack import MemoryStack
+from .memory import MemoryPlot
+from .overlays import Overlays
+from .parts import PlotCanvas, Series, layout_plots
+from .plan import PlannedLr
+from .point_menu import PointMenu, PointViewBox
+from .ranges import follow
+from .readback import curve_data
+from .titles import set_titles
+from .toolbar import PlotToolbar
+from .rollbacks import RollbackMarks
+from app.ui.theme import palette
+from app.model.x_axis import BY_KEY, DEFAULT_AXIS, axis_or_default, columns
+
+IDLE_NOTE = "Press Start (F5) to train, or open a run folder (Ctrl+O)"
+STARTING_NOTE = "Starting: loading torch and the task..."
+
+
+class PlotPanel(QWidget):
+    """All live plots of one run, plus overlays of other runs' loss."""
+
+    log_scale_changed = Signal(bool)
+    x_axis_changed = Signal(str)  # the x axis' key (app/model/x_axis.py), when the user or set_x_axis changes it
+    fork_requested = Signal(int)  # "Fork from here..." on a plot: the step under the point
+
+    def __init__(self, theme: str = "light", parent: Optional[QWidget] = None) -> None:
+        super().__init__(parent)
+        self.pal = palette(theme)
+        self.theme = theme
+        self.model: Optional[RunModel] = None
+        self.live = False  # a run is going (the empty plot says it is starting, not how to start one)
+        self.follow = True
+        self._version = -1
+        self._range_key: tuple = ()
+        self._epoch_count = -1
+        self._updating = False
+        self._turn = 0
+        self.stale = False  # some small plot waits for its turn: the next refresh must run
+        self.refresh_cost = 0.0
+        self._syncing_x = False
+        self._tput_unit = ""
+        self._log = False
+        self.axis = DEFAULT_AXIS
+        self.on_updated: list[Callable[[], None]] = []
+        self.point_menu = PointMenu(self.x_to_step, self)
+        self.point_menu.fork_requested.connect(self.fork_requested)
+
+        self.toolbar = PlotToolbar()
+        tb = self.toolbar
+        self.log_box, self.fit_button, self.hint, self.x_axis_box = tb.log_box, tb.fit_button, tb.hint, tb.x_axis_box
+        self.log_box.toggled.connect(self.set_log_scale)
+        self.fit_button.clicked.connect(self.fit)
+        self.x_axis_box.currentIndexChanged.connect(lambda _i: self.set_x_axis(self.x_axis_box.currentData()))
+        self.canvas = PlotCanvas()
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(0, 0, 0, 0)
+        lay.setSpacing(2)
+        lay.addWidget(self.toolbar)
+        lay.addWidget(self.canvas, 1)
+        self._build()
+
+    # -- construction --------------------------------------------------------------------
+    def _build(self) -> None:
+        pal = self.pal
+        c = self.canvas
+        c.setBackground(pal.background)
+        c.ci.setContentsMargins(4, 4, 10, 4)
+        c.ci.setSpacing(8)
+        self.point_menu.actions = []
+
+        self.plot_set = layout_plots(c, lambda: PointViewBox(self.point_menu), pal)
+        ps = self.plot_set
+        self.loss_plot, self.norm_plot, self.lr_plot = ps.loss, ps.norm, ps.lr
+        self.mem_plot, self.tput_plot, self.stack_plot = ps.mem, ps.tput, ps.stack
+        self.plots = ps.all
+        for p in self.plots:
+            # Not setXLink: pyqtgraph links plots of different widths by screen position, so the
+            # half-width plots would show half the steps. Same step range on every plot instead.
+            p.getViewBox().sigXRangeChanged.connect(self._sync_x)
+            p.getViewBox().sigRangeChangedManually.connect(self._user_moved)
+
+        self.loss_raw = self.loss_plot.plot(pen=pg.mkPen(pal.loss, width=1))
+        self.loss_ema = self.loss_plot.plot(pen=pg.mkPen(pal.ema, width=2))
+        self.val_item = self.loss_plot.plot(pen=pg.mkPen(pal.val, width=1.5, style=Qt.PenStyle.DashLine),
+                                            symbol="o", symbolSize=7, symbolBrush=pal.val, symbolPen=pal.val)
+        self.norm_item = self.norm_plot.plot(pen=pg.mkPen(pal.norm, width=1))
+        self.clip_item = self.norm_plot.plot(pen=pg.mkPen(pal.clip, width=1.5, style=Qt.PenStyle.DashLine))
+        # Clipped steps as dots: tiny segments with a wide round pen, one path for all of
+        # them (a ScatterPlotItem costs ~5 ms a frame per thousand points in Python).
+        dot = pg.mkPen(pal.clipped, width=5)
+        dot.setCapStyle(Qt.PenCapStyle.RoundCap)
+        self.clipped_item = self.norm_plot.plot(pen=dot)
+        self.lr_item = self.lr_plot.plot(pen=pg.mkPen(pal.lr, width=1.5))
+        self.tput_item = self.tput_plot.plot(pen=pg.mkPen(pal.throughput_raw, width=1))
+        self.tput_ema = self.tput_plot.plot(pen=pg.mkPen(pal.throughput, width=2))
+        self.memory = MemoryPlot(self.plot_set, pal)
+        self.mem_total, self.mem_used, self.headroom_fill = self.memory.total, self.memory.used, self.memory.fill
+        self.mem_note = self.memory.note
+        self.stack = MemoryStack(self.plot_set, pal)
+        self.marks = PlotMarks(self.plot_set, pal)
+        self.marks.to_x = self.steps_to_x
+        self.rollbacks = RollbackMarks(self.plot_set, pal)
+        self.rollbacks.to_x = self.steps_to_x
+        self.planned = PlannedLr(self.lr_plot, pal)
+        self._overlays = Overlays(self.loss_plot, pal)
+
+        self.series = [
+            Series(self.loss_raw, "loss"), Series(self.loss_ema, "loss_ema"),
+            Series(self.norm_item, "grad_norm"), Series(self.clip_item, "clip_line"),
+            Series(self.clipped_item, "clipped_y"), Series(self.lr_item, "lr"),
+            Series(self.tput_item, "throughput"), Series(self.tput_ema, "throughput_ema"),
+        ]
+        self.mem_series = self.memory.series
+        self._every_frame = self.series[0:2]
+        self._turns = (self.series[2:6], self.series[6:8])  # norm/clip/clipped/lr, then throughput (+ memory)
+        self._y_series = {id(self.loss_plot): self.series[0:2], id(self.norm_plot): self.series[2:5],
+                          id(self.lr_plot): self.series[5:6], id(self.tput_plot): self.series[6:8],
+                          id(self.mem_plot): self.mem_series}
+        for s in self.series + self.mem_series + self.stack.device:
+            s.item.setClipToView(True)
+        self._set_downsampling()
+        self._set_titles()
+
+        self.loss_note = pg.TextItem("", color=pal.note, anchor=(0.5, 0.5))
+        self.loss_note.setZValue(50)
+        self.loss_plot.addItem(self.loss_note, ignoreBounds=True)
+        self.loss_plot.getViewBox().sigRangeChanged.connect(lambda *_: self._place_notes())
+        self.loss_plot.setRange(xRange=(0, 100), yRange=(0, 1), padding=0)
+        for p in (self.norm_plot, self.lr_plot, self.tput_plot):
+            p.setYRange(0, 1, padding=0)
+        self.memory.set_mode("none")
+        self._show_x_labels()
+        self._show_loss_note(IDLE_NOTE)
+
+    def _set_titles(self) -> None:
+        set_titles(self.plot_set, self.pal, self.model, self.planned, self._overlays, self.rollbacks)
+
+    # -- notes in the plot area ------------------------------------------------------------
+    def _place_notes(self) -> None:
+        for plot, note in ((self.loss_plot, self.loss_note), (self.mem_plot, self.mem_note)):
+            if note.isVisible():
+                note.setPos(plot.getViewBox().viewRect().center())
+
+    def _show_loss_note(self, text: str) -> None:
+        if text == self.loss_note.toPlainText() and self.loss_note.isVisible() == bool(text):
+            return
+        self.loss_note.setText(text)
+        self.loss_note.setVisible(bool(text))
+        self._place_notes()
+
+    # -- data ----------------------------------------------------------------------------
+    def set_model(self, model: Optional[RunModel]) -> None:
+        if model is not self.model:
+            self.rollbacks.set_fork(None)  # the new run says whether it is a fork (RunTreeViews)
+        self.model = model
+        self._version = -1
+        self._reset_marks()
+        self.follow = True
+        self.refresh(force=True)
+
+    def _reset_marks(self) -> None:
+        """Draw every curve and mark again at the next refresh (a new model, axis or offsets)."""
+        self.marks.reset()
+        self.rollbacks.reset()
+        self.planned.reset()
+        self._epoch_count = -1
+        self.stack.key = ()
+        for s in self.series + self.mem_series + self.stack.device + self._overlays.series():
+            s.key = ()
+
+    def axis_offsets_changed(self) -> None:
+        """A run's x offsets were set (a fork: app/model/x_axis.py XColumns.set_offsets): redraw all."""
+        self._reset_marks()
+        self.follow = True
+        self.refresh(force=True, refit=True)
+
+    def set_live(self, live: bool) -> None:
+        if live != self.live:
+            self.live = live
+            self.refresh(force=True)
+
+    # -- the x axis ----------------------------------------------------------------------
+    def set_x_axis(self, key: str) -> None:
+        """Plot every curve against this axis (a key of app/model/x_axis.py; unknown: steps)."""
+        key = axis_or_default(key)
+        if self.x_axis_box.currentData() != key:
+            self.x_axis_box.setCurrentIndex(self.x_axis_box.findData(key))  # comes back here
+            return
+        if key == self.axis:
+            return
+        self.axis = key
+        self._show_x_labels()
+        self._set_downsampling()
+        self._reset_marks()
+        self.follow = True
+        self.refresh(force=True, refit=True)
+        self.x_axis_changed.emit(key)
+
+    def _set_downsampling(self) -> None:
+        """pyqtgraph's own auto downsampling assumes evenly spaced x (steps): on the other axes it
+        would drop points where they are dense, so there only the min/max pyramid thins them
+        (it already hands over at most ~2 points per pixel of the visible span)."""
+        even = self.axis == "step"
+        for s in self.series + self.mem_series + self.stack.device + self._overlays.series():
+            s.item.setDownsampling(auto=even, method="peak")
+
+    def _show_x_labels(self) -> None:
+        label = BY_KEY[self.axis].label
+        for p in self.plots:
+            p.getAxis("bottom").set_key(self.axis)
+        for p in (self.loss_plot, self.stack_plot, self.tput_plot):
+            p.setLabel("bottom", label)
+
+    def steps_to_x(self, steps: np.ndarray) -> np.ndarray:
+        """Step positions (12.5: between steps 12 and 13) on the current x axis."""
+        if self.model is None:
+            return np.asarray(steps, dtype=np.float64)
+        return columns(self.model.metrics).at_steps(self.axis, steps)
+
+    def x_to_step(self, x: float) -> Optional[int]:
+        """The step drawn nearest x on the current axis (None: no steps)."""
+        if self.model is None or not len(self.model.metrics) or not math.isfinite(x):
+            return None
+        buf = self.model.metrics
+        xs, steps = columns(buf).values(self.axis), buf.view("step")
+        i = int(np.clip(np.searchsorted(xs, x), 1, len(xs) - 1)) if len(xs) > 1 else 0
+        if i and abs(xs[i - 1] - x) <= abs(xs[i] - x):
+            i -= 1
+        return int(steps[i])
+
+    def zoom_to_step(self, step: int) -> None:
+        """Show the steps around `step` (an alert clicked), whatever the x axis."""
+        n = len(self.model.metrics) if self.model is not None else 0
+        half = max(10, n // 50)
+        x0, x1 = self.steps_to_x(np.array([step - half, step + half], dtype=np.float64))
+        if x1 <= x0:
+            x1 = x0 + 1.0
+        self.loss_plot.setXRange(float(x0), float(x1))
+
+    def set_log_scale(self, on: bool) -> None:
+        if self.log_box.isChecked() != on:
+            self.log_box.setChecked(on)
+            return
+        self._log = on
+        self.loss_plot.setLogMode(y=on)
+        self.loss_plot.setLabel("left", "loss (log)" if on else "loss")
+        self.follow = True
+        self.refresh(force=True)
+        self.log_scale_changed.emit(on)
+
+    def fit(self) -> None:
+        """Show everything and follow new steps again."""
+        self.follow = True
+        self.refresh(force=True, refit=True)
+
+    def _user_moved(self, *_args) -> None:
+        if not self._updating:
+            self.follow = False
+
+    def _sync_x(self, vb: pg.ViewBox, rng: tuple) -> None:
+        if self._syncing_x:
+            return
+        self._syncing_x = True
+        try:
+            for p in self.plots:
+                if p.getViewBox() is vb or (p is self.mem_plot and not self.memory.shown):
+                    continue
+                p.setXRange(float(rng[0]), float(rng[1]), padding=0)
+        finally:
+            self._syncing_x = False
+        if not self._updating and not self.follow:
+            self.refresh()
+
+    def _visible(self) -> tuple[Optional[float], Optional[float], int]:
+        vb = self.loss_plot.getViewBox()
+        width = max(100, int(vb.width()) or 600)
+        if self.follow:
+            return None, None, width
+        (x0, x1), _ = vb.viewRange()
+        return float(x0), float(x1), width
+
+    def refresh(self, force: bool = False, refit: bool = False) -> bool:
+        """Bring the plots up to date with the model. Cheap when nothing changed."""
+        model = self.model
+        if model is None:
+            return False
+        buf = model.metrics
+        x0, x1, width = self._visible()
+        range_key = (x0, x1, width, self.follow)
+        if not force and not self.stale and buf.version == self._version and range_key == self._range_key \
+                and len(model.epochs) == self._epoch_count and not self.marks.stale(model) \
+                and not self.planned.stale(model) and not self.rollbacks.stale(model):
+            return False
+        self._updating = True
+        t_start = time.perf_counter()
+        try:
+            # New steps while following: the loss every frame, the small plots in turns (each
+            # about 15 times a second at 30 frames), so a frame repaints about half the canvas and
+            # blocks the event loop half as long. A forced refresh, or a zoom/pan, updates all.
+            all_plots = (force or range_key != self._range_key or not self.follow
+                         or buf.version == self._version)  # nothing new: catch up what waited its turn
+            self.stale = not all_plots
+            self._turn = (self._turn + 1) % 2
+            self._version, self._range_key = buf.version, range_key
+            axis = self.axis
+            for s in self.series:
+                if all_plots or s in self._every_frame or s in self._turns[self._turn]:
+                    s.update(buf, x0, x1, width, axis)
+            self._overlays.update(x0, x1, width, axis)
+            if all_plots or self._turn == 1:
+                self.memory.update(model, buf, x0, x1, width, axis)
+                self.stack.update(model, buf, x0, x1, width, axis)
+            self._update_epochs(model)
+            legend_had = (self.planned.plan is not None, len(self.planned.changes))
+            if all_plots or self._turn == 0 or self.planned.stale(model):  # with the lr plot's turn
+                self.planned.update(model, axis)
+            marks_changed = self.marks.update(model, self.memory.shown)
+            marks_changed = self.rollbacks.update(model, self.memory.shown) or marks_changed
+            if marks_changed or legend_had != (self.planned.plan is not None, len(self.planned.changes)):
+                self._set_titles()
+            unit = "tokens/s" if buf.counts_tokens() else "samples/s"
+            if unit != self._tput_unit:
+                self._tput_unit = unit
+                self.tput_plot.setLabel("left", unit)
+            if self.follow:
+                follow(self.plot_set, {**self._y_series, id(self.stack_plot): self.stack.series()},
+                       self._overlays.series(), self.val_item, self._log,
+                       self.memory.shown, refit or force, {id(self.lr_plot): [self.planned.y_shown]})
+            if len(buf) > 0 or self._overlays.entries:
+                self._show_loss_note("")
+            else:
+                self._show_loss_note(STARTING_NOTE if self.live else IDLE_NOTE)
+        finally:
+            self._updating = False
+            self.refresh_cost = 0.8 * self.refresh_cost + 0.2 * (time.perf_counter() - t_start)
+        for fn in self.on_updated:
+            fn()
+        return True
+
+    def frame_cost(self) -> float:
+        """Seconds one update of the plots costs the GUI thread (refresh + paint), moving average."""
+        return self.refresh_cost + self.canvas.paint_cost
+
+    def _update_epochs(self, model: RunModel) -> None:
+        if len(model.epochs) == self._epoch_count:
+            return
+        self._epoch_count = len(model.epochs)
+        pts = [(step, val) for _e, step, _t, val in model.epochs if val is not None and math.isfinite(val)]
+        if pts:
+            xs, ys = zip(*pts)
+            self.val_item.setData(self.steps_to_x(np.array(xs, float)), np.array(ys, float))
+        else:
+            self.val_item.setData([], [])
+
+    # -- marks and overlays ----------------------------------------------------------------
+    @property
+    def marker_lines(self) -> list[tuple[pg.PlotItem, pg.InfiniteLine]]:
+        return self.marks.marker_lines
+
+    @property
+    def nonfinite_lines(self) -> list[tuple[pg.PlotItem, pg.InfiniteLine]]:
+        return self.marks.nonfinite_lines
+
+    @property
+    def rollback_lines(self) -> list[tuple[pg.PlotItem, pg.InfiniteLine]]:
+        return self.rollbacks.lines
+
+    @property
+    def overlays(self) -> dict[str, tuple[MetricsBuffer, pg.PlotDataItem, Series]]:
+        return self._overlays.entries
+
+    def add_overlay(self, name: str, buf: MetricsBuffer) -> None:
+        self._overlays.add(name, buf)
+        self._set_downsampling()
+        self._set_titles()
+        self.follow = True
+        self.refresh(force=True, refit=True)
+
+    def remove_overlay(self, name: str, refresh: bool = True) -> None:
+        if self._overlays.remove(name):
+            self._set_titles()
+            if refresh:
+                self.refresh(force=True, refit=True)
+
+    def clear_overlays(self) -> None:
+        for name in list(self.overlays):
+            self.remove_overlay(name)
+
+    # -- reading back --------------------------------------------------------------------
+    def curve_data(self, name: str) -> tuple[np.ndarray, np.ndarray]:
+        """What a curve currently shows (x, y), for tests and export (names: plot_readback.py)."""
+        return curve_data(self, name)
+
+    def gpu_mode(self) -> Optional[str]:
+        return self.memory.mode
+
+    def set_theme(self, theme: str) -> None:
+        """Rebuild the plots in the other palette (keeps the model and the overlays)."""
+        overlays, fork = self._overlays.buffers(), self.rollbacks.fork
+        self.theme, self.pal = theme, palette(theme)
+        self.canvas.clear()
+        self._tput_unit = ""
+        self._build()
+        self.rollbacks.fork = fork
+        for n, b in overlays:
+            self.add_overlay(n, b)
+        if self._log:
+            self.loss_plot.setLogMode(y=True)
+            self.loss_plot.setLabel("left", "loss (log)")
+        self.set_model(self.model)

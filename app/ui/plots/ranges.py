@@ -1,0 +1,70 @@
+"""The axes while the plots follow a run: x grows by a fifth at a time, y only when the data
+leaves it or fills a small part of it, so the axes (the dearest thing to paint) are redrawn
+now and then rather than on every frame."""
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+import pyqtgraph as pg
+
+from .parts import PlotSet, Series, nice_ceiling
+
+
+def follow_x(loss_plot: pg.PlotItem, leads: list[Series], refit: bool) -> None:
+    """x from the first step (or 0) to a round number a fifth past the last step."""
+    lasts = [s.x_last for s in leads if s.x_last is not None]
+    firsts = [s.x_first for s in leads if s.x_first is not None]
+    if not lasts:
+        loss_plot.setXRange(0, 100, padding=0)
+        return
+    lo = min(0.0, min(firsts))
+    last = max(lasts)
+    (cx0, cx1), _ = loss_plot.getViewBox().viewRange()
+    if refit or last > cx1 or cx1 > 2.5 * max(last, 20) or cx0 != lo:
+        loss_plot.setXRange(lo, nice_ceiling(max(last * 1.2, last + 5)), padding=0)
+
+
+def follow_y(p: pg.PlotItem, ys: list[np.ndarray], log: bool, from_zero: bool, refit: bool) -> None:
+    """y around what the plot shows, with 8% to spare; kept while the data fits it well."""
+    if not ys:
+        return
+    y = np.concatenate(ys)
+    if log:
+        y = y[y > 0]
+        y = np.log10(y) if len(y) else y
+    y = y[np.isfinite(y)]
+    if not len(y):
+        return
+    lo, hi = float(y.min()), float(y.max())
+    if from_zero:
+        lo = 0.0
+    _, (cy0, cy1) = p.getViewBox().viewRange()
+    span = hi - lo
+    if not refit and lo >= cy0 and hi <= cy1 and (cy1 - cy0) <= 3.0 * max(span, 1e-12) + 1e-300:
+        return
+    pad = 0.08 * span if span > 0 else (abs(hi) * 0.5 if hi else 1.0)
+    new_lo, new_hi = lo - pad, hi + pad
+    if not log and lo >= 0 and new_lo < 0:
+        new_lo = 0.0
+    p.setYRange(new_lo, new_hi, padding=0)
+
+
+def follow(plots: PlotSet, y_series: dict[int, list[Series]], overlays: list[Series], val_item: pg.PlotDataItem,
+           log: bool, memory_shown: bool, refit: bool, extra_y: Optional[dict[int, list[np.ndarray]]] = None) -> None:
+    """Every plot's ranges. `y_series`: the curves of each plot, by id(plot); `extra_y`: more
+    y values a plot must show (the planned lr), by id(plot)."""
+    follow_x(plots.loss, y_series[id(plots.loss)][:1] + overlays, refit)
+    for p in plots.all:
+        if p is plots.mem and not memory_shown:
+            continue
+        series = list(y_series[id(p)])
+        if p is plots.loss:
+            series += overlays
+        ys = [s.y_shown for s in series if len(s.y_shown)]
+        ys += [y for y in (extra_y or {}).get(id(p), []) if len(y)]
+        if p is plots.loss:
+            _x, vy = val_item.getData()
+            if vy is not None and len(vy):
+                ys.append(np.asarray(vy, float))
+        follow_y(p, ys, log=p is plots.loss and log, from_zero=p in (plots.mem, plots.stack), refit=refit)

@@ -1,0 +1,42 @@
+"""The plots' titles, each with its legend inline; what a legend lists follows what is drawn
+(setting markers, non-finite steps, rollbacks, discarded steps, the planned lr, overlays)."""
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+from app.model.runmodel import RunModel
+from .overlays import Overlays
+from .parts import PlotSet, legend
+from .plan import PlannedLr
+from .rollbacks import RollbackMarks
+from app.ui.theme import Palette
+
+
+def set_titles(plots: PlotSet, pal: Palette, model: Optional[RunModel], planned: PlannedLr, overlays: Overlays,
+               rollbacks: RollbackMarks) -> None:
+    fg = pal.foreground
+    extra = []
+    if model is not None and model.markers:
+        extra.append((pal.marker, "\u2506", "setting applied"))
+    if model is not None and model.metrics.nonfinite_steps:
+        extra.append((pal.nonfinite, "\u2506", "non-finite step"))
+    rolled, discarded = rollbacks.legend(model) if model is not None else (False, False)
+    if rolled:
+        extra.append((pal.rollback, "\u21b6", "rollback"))
+    if discarded:
+        extra.append((pal.discarded, "\u2588", "discarded steps"))
+    name = ""
+    if model is not None and overlays.entries and model.info.get("run_dir"):  # which curves are this run's
+        name = " \u00b7 " + os.path.basename(os.path.normpath(str(model.info["run_dir"])))
+    plots.loss.setTitle(legend("Loss" + name, [(pal.loss, "\u2501", "per step"), (pal.ema, "\u2501", "EMA"),
+                                        (pal.val, "\u25cf", "validation (per epoch)")] + extra + overlays.legend(), fg))
+    plots.norm.setTitle(legend("Gradient norm, before clipping",
+                               [(pal.norm, "\u2501", "norm"), (pal.clip, "\u2505", "clip"),
+                                (pal.clipped, "\u25cf", "clipped")], fg))
+    lr_extra = [(pal.lr, "\u2501", "per step"), (pal.lr, "\u2505", "planned")] if planned.plan is not None else []
+    if planned.changes:
+        lr_extra.append((pal.marker, "\u25b2", "peak changed"))
+    plots.lr.setTitle(legend("Learning rate", lr_extra, fg))
+    plots.tput.setTitle(legend("Throughput", [(pal.throughput_raw, "\u2501", "per step"),
+                                              (pal.throughput, "\u2501", "EMA")], fg))

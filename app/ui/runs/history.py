@@ -1,0 +1,261 @@
+"""Run history: the runs under the runs folder (and any opened elsewhere) as a tree, each fork
+under the run it came from with what it changed (its run table's `parent` key, read by
+app/model/lineage.py). Open one, tick several to overlay their loss curves on the loss plot
+against the plots' x axis (runs with different accumulation line up by samples or tokens
+seen, not by steps; a fork's curve starts at its fork point), or compare a run with its
+family (ancestors, siblings, forks) at once. Beside the tree, the selected run's checkpoints,
+each a place to fork from."""
+from __future__ import annotations
+
+import os
+import time
+from typing import Optional
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtWidgets import (QAbstractItemView, QHBoxLayout, QHeaderView, QLabel, QListWidget, QListWidgetItem,
+                               QPushButton, QSplitter, QTreeWidget, QTreeWidgetItem, QTreeWidgetItemIterator,
+                               QVBoxLayout, QWidget)
+
+from app.core import assets
+from app.core.runs import RunSummary, list_runs
+from app.model import lineage
+from app.model.x_axis import BY_KEY, COMPARE_HINT, DEFAULT_AXIS
+
+PATH_ROLE = Qt.ItemDataRole.UserRole
+COLUMNS = ("Compare", "Run", "Fork: what changed", "Task", "Status", "Started")
+RUN, CHANGE, STATUS = 1, 2, 4
+
+
+class HistoryPanel(QWidget):
+    open_requested = Signal(str)  # view this run folder
+    browse_requested = Signal()  # "Open folder..."
+    overlay_toggled = Signal(str, bool)
+    fork_requested = Signal(str, object)  # (run folder, lineage.Checkpoint): "Fork from here..."
+    family_requested = Signal(str)  # compare this run with its ancestors, siblings and forks
+
+    def __init__(self, root: str, parent: Optional[QWidget] = None) -> None:
+        super().__init__(parent)
+        self.root = root
+        self.extra: list[str] = []
+        self.runs: list[RunSummary] = []
+        self.nodes: dict[str, lineage.RunNode] = {}
+        self._filling = False
+        self.root_label = QLabel()
+        self.root_label.setObjectName("hint")
+        self.root_label.setWordWrap(True)
+        self.compare_label = QLabel()
+        self.compare_label.setObjectName("hint")
+        self.compare_label.setWordWrap(True)
+        self.tree = QTreeWidget()
+        self.tree.setColumnCount(len(COLUMNS))
+        self.tree.setHeaderLabels(list(COLUMNS))
+        self.tree.setRootIsDecorated(True)
+        self.tree.setAlternatingRowColors(True)
+        self.tree.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
+        h = self.tree.header()
+        for c in range(len(COLUMNS)):
+            h.setSectionResizeMode(c, QHeaderView.ResizeMode.ResizeToContents)
+        h.setSectionResizeMode(CHANGE, QHeaderView.ResizeMode.Stretch)
+        self.tree.itemDoubleClicked.connect(lambda item, _c: self.open_requested.emit(item.data(RUN, PATH_ROLE)))
+        self.tree.itemChanged.connect(self._item_changed)
+        self.tree.currentItemChanged.connect(lambda *_: self._show_checkpoints())
+        open_b = QPushButton(assets.icon("open"), "View")
+        open_b.setToolTip("Show the selected run's plots (double-click does the same)")
+        open_b.clicked.connect(self._open_selected)
+        browse = QPushButton(assets.icon("open"), "Open folder...")
+        browse.setToolTip("Open any run folder (one holding run.db)")
+        browse.clicked.connect(self.browse_requested)
+        self.family_button = QPushButton("Compare with family")
+        self.family_button.setToolTip("Show the selected run with its parent runs, the other forks of its parent "
+                                      "and its own forks overlaid, each from its fork point")
+        self.family_button.clicked.connect(self._family)
+        refresh = QPushButton(assets.icon("refresh"), "")
+        refresh.setToolTip("Refresh the list")
+        refresh.clicked.connect(self.refresh)
+        row = QHBoxLayout()
+        for b in (open_b, browse, self.family_button):
+            row.addWidget(b)
+        row.addStretch(1)
+        row.addWidget(refresh)
+
+        self.checkpoint_label = QLabel("Checkpoints")
+        self.checkpoint_label.setObjectName("hint")
+        self.checkpoint_list = QListWidget()
+        self.checkpoint_list.setObjectName("checkpoints")
+        self.checkpoint_list.itemDoubleClicked.connect(lambda _i: self._fork_selected())
+        self.checkpoint_list.currentRowChanged.connect(lambda _r: self._sync_fork_button())
+        self.fork_button = QPushButton("Fork from here...")
+        self.fork_button.setToolTip("Start a new run from the selected checkpoint, with settings you change")
+        self.fork_button.clicked.connect(self._fork_selected)
+        side = QWidget()
+        side_lay = QVBoxLayout(side)
+        side_lay.setContentsMargins(0, 0, 0, 0)
+        side_lay.addWidget(self.checkpoint_label)
+        side_lay.addWidget(self.checkpoint_list, 1)
+        side_lay.addWidget(self.fork_button)
+        main = QWidget()
+        main_lay = QVBoxLayout(main)
+        main_lay.setContentsMargins(0, 0, 0, 0)
+        main_lay.addWidget(self.compare_label)
+        main_lay.addWidget(self.tree, 1)
+        main_lay.addLayout(row)
+        split = QSplitter(Qt.Orientation.Horizontal)
+        split.addWidget(main)
+        split.addWidget(side)
+        split.setStretchFactor(0, 4)
+        split.setStretchFactor(1, 1)
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(4, 4, 4, 4)
+        lay.addWidget(self.root_label)
+        lay.addWidget(split, 1)
+        self.checked: set[str] = set()
+        self._update_root_label()
+        self.set_x_axis(DEFAULT_AXIS)
+        self._sync_fork_button()
+
+    def set_x_axis(self, key: str) -> None:
+        """Say what the Compare overlays are drawn against (the plots' x axis)."""
+        axis = BY_KEY.get(key, BY_KEY[DEFAULT_AXIS])
+        advice = "" if key in ("samples", "tokens") else " " + COMPARE_HINT
+        self.compare_label.setText(f"Compare draws each ticked run's loss against {axis.label.split(' (')[0]}"
+                                   f" (the plots' X axis).{advice}")
+
+    def _update_root_label(self) -> None:
+        self.root_label.setText(f"Runs folder: {self.root}")
+        self.root_label.setToolTip(self.root)
+
+    def add_extra(self, path: str) -> None:
+        if path not in self.extra:
+            self.extra.append(path)
+
+    # -- the tree --------------------------------------------------------------------------
+    def refresh(self) -> None:
+        current = self.selected_path()
+        self.runs = list_runs(self.root, tuple(self.extra))
+        self.nodes = lineage.build_tree([r.path for r in self.runs])
+        names = {r.path: r.name for r in self.runs}
+        self._filling = True
+        try:
+            self.tree.clear()
+            items: dict[str, QTreeWidgetItem] = {}
+            for r in self.runs:
+                items[r.path] = self._item(r, self.nodes.get(r.path), names)
+            for r in self.runs:
+                node = self.nodes.get(r.path)
+                up = node.parent.run_dir if node is not None and node.parent is not None else None
+                if up in items and up != r.path:
+                    items[up].addChild(items[r.path])
+                else:
+                    self.tree.addTopLevelItem(items[r.path])
+            self.tree.expandAll()
+            if current in items:
+                self.tree.setCurrentItem(items[current])
+        finally:
+            self._filling = False
+        self._show_checkpoints()
+
+    def _item(self, r: RunSummary, node: Optional[lineage.RunNode], names: dict[str, str]) -> QTreeWidgetItem:
+        when = time.strftime("%m-%d %H:%M", time.localtime(r.started)) if r.started else ""
+        change = ""
+        if node is not None and node.parent is not None:
+            p = node.parent
+            change = lineage.fork_text(p)
+            if p.run_dir not in names:
+                change = f"fork of {os.path.basename(os.path.normpath(p.run_dir))} {change}"
+        item = QTreeWidgetItem(["", r.name, change, r.task, r.status, when])
+        item.setFlags(item.flags() | Qt.ItemFlag.ItemIsUserCheckable)
+        item.setCheckState(0, Qt.CheckState.Checked if r.path in self.checked else Qt.CheckState.Unchecked)
+        item.setData(RUN, PATH_ROLE, r.path)
+        item.setToolTip(RUN, r.path)
+        if change:
+            item.setToolTip(CHANGE, f"{change}\nparent: {node.parent.run_dir}")  # type: ignore[union-attr]
+        return item
+
+    def items(self) -> list[QTreeWidgetItem]:
+        """Every row of the tree, parents before their forks."""
+        out = []
+        it = QTreeWidgetItemIterator(self.tree)
+        while it.value() is not None:
+            out.append(it.value())
+            it += 1
+        return out
+
+    def item_for(self, path: str) -> Optional[QTreeWidgetItem]:
+        for item in self.items():
+            if item.data(RUN, PATH_ROLE) == path:
+                return item
+        return None
+
+    def selected_path(self) -> Optional[str]:
+        item = self.tree.currentItem()
+        return item.data(RUN, PATH_ROLE) if item is not None else None
+
+    def select(self, path: str) -> None:
+        item = self.item_for(path)
+        if item is not None:
+            self.tree.setCurrentItem(item)
+
+    def family(self, path: str) -> list[str]:
+        """The runs a run is compared with: ancestors, siblings and forks among those listed."""
+        return lineage.family(path, self.nodes)
+
+    def _open_selected(self) -> None:
+        path = self.selected_path()
+        if path:
+            self.open_requested.emit(path)
+
+    def _family(self) -> None:
+        path = self.selected_path()
+        if path:
+            self.family_requested.emit(path)
+
+    def _item_changed(self, item: QTreeWidgetItem, column: int) -> None:
+        if self._filling or column != 0:
+            return
+        path = item.data(RUN, PATH_ROLE)
+        on = item.checkState(0) == Qt.CheckState.Checked
+        if on:
+            self.checked.add(path)
+        else:
+            self.checked.discard(path)
+        self.overlay_toggled.emit(path, on)
+
+    def set_checked(self, path: str, on: bool) -> None:
+        item = self.item_for(path)
+        if item is not None:
+            item.setCheckState(0, Qt.CheckState.Checked if on else Qt.CheckState.Unchecked)
+            return
+        if on:
+            self.checked.add(path)
+            self.overlay_toggled.emit(path, True)
+
+    # -- checkpoints -----------------------------------------------------------------------
+    def _show_checkpoints(self) -> None:
+        path = self.selected_path()
+        self.checkpoint_list.clear()
+        if not path:
+            self.checkpoint_label.setText("Checkpoints (select a run)")
+            self._sync_fork_button()
+            return
+        cps = lineage.checkpoints(path)
+        name = os.path.basename(os.path.normpath(path))
+        self.checkpoint_label.setText(f"Checkpoints of {name}" if cps else f"{name}: no checkpoints")
+        for c in reversed(cps):  # newest first
+            li = QListWidgetItem(c.label)
+            li.setData(PATH_ROLE, c)
+            li.setToolTip(c.path)
+            self.checkpoint_list.addItem(li)
+        if cps:
+            self.checkpoint_list.setCurrentRow(0)
+        self._sync_fork_button()
+
+    def checkpoints_shown(self) -> list[lineage.Checkpoint]:
+        return [self.checkpoint_list.item(i).data(PATH_ROLE) for i in range(self.checkpoint_list.count())]
+
+    def _sync_fork_button(self) -> None:
+        self.fork_button.setEnabled(self.checkpoint_list.currentItem() is not None)
+
+    def _fork_selected(self) -> None:
+        li, path = self.checkpoint_list.currentItem(), self.selected_path()
+        if li is not None and path:
+            self.fork_requested.emit(path, li.data(PATH_ROLE))

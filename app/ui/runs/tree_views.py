@@ -1,0 +1,127 @@
+"""The run tree and memory levers in the window: forks asked for on a plot or in the run
+history go to the fork dialog (forking.py) and start through the window's Start path; the
+Compare overlays and "Compare with family" draw other runs' loss from their fork points
+(their axes shifted by what their parents trained before: lineage.axis_offsets), as is the
+run shown when it is a fork; the "What fits" table follows the engine's memory_levers and
+its choices go along the session's command path."""
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, Callable, Optional
+
+from PySide6.QtCore import QObject
+
+from engine.declarations.commands import Command
+from engine.store import StoreError
+
+from app.session.controller import RunController
+from app.session.sources import read_metrics
+from app.model import lineage
+from .forking import ForkFlow
+from .history import HistoryPanel
+from .what_fits import LeversPanel, split_commands
+from app.model.x_axis import columns
+
+log = logging.getLogger("headroom.tree")
+
+
+def run_name(path: str) -> str:
+    return os.path.basename(os.path.normpath(path))
+
+
+class RunTreeViews(QObject):
+    def __init__(self, controller: RunController, history: HistoryPanel, levers: LeversPanel,
+                 plots: Callable[[], Any], start: Callable[[dict[str, Any]], bool],
+                 error: Callable[[str, str], Any], parent_widget: Any) -> None:
+        """plots: the PlotPanel (built on first use); start: the window's start path for a
+        config's fields; error: a dialog (title, message)."""
+        super().__init__(controller)
+        self.controller, self.session = controller, controller.session
+        self.history, self.levers, self._plots, self.error = history, levers, plots, error
+        self.forks = ForkFlow(parent_widget, start, error)
+        s = controller.signals
+        history.fork_requested.connect(lambda path, ckpt: self.forks.open(path, ckpt))
+        history.overlay_toggled.connect(self.set_overlay)
+        history.family_requested.connect(self.compare_family)
+        s.run_started.connect(lambda info: self.align_shown(str(info.get("run_dir") or "")))
+        controller.folder_opened.connect(self.align_shown)
+        s.memory_levers.connect(levers.set_levers)
+        s.model_replaced.connect(self._on_model_replaced)
+        s.state_changed.connect(lambda state: levers.set_live(state.is_live))
+        levers.apply_requested.connect(self.send_levers)
+
+    def plots_built(self, panel: Any) -> None:
+        panel.fork_requested.connect(self.fork_at_step)
+
+    # -- forks -----------------------------------------------------------------------------
+    def shown_run_dir(self) -> Optional[str]:
+        d = self.session.model.info.get("run_dir")
+        if not d and self.session.source is not None:
+            d = self.session.source.run_dir
+        return str(d) if d else None
+
+    def fork_at_step(self, step: int) -> Any:
+        """A plot's "Fork from here...": the run shown, from its nearest checkpoint at or before `step`."""
+        return self.forks.from_step(self.shown_run_dir(), step)
+
+    # -- overlays --------------------------------------------------------------------------
+    def align_shown(self, run_dir: str) -> None:
+        """The run shown is a fork: its samples, tokens and time go on from its parents'."""
+        offsets = lineage.axis_offsets(run_dir) if run_dir else {}
+        parent = lineage.Parent.from_info(lineage.read_info(run_dir)) if run_dir else None
+        cols = columns(self.session.model.metrics)
+        panel = self._plots()
+        panel.rollbacks.set_fork(*((parent.step, f"{run_name(parent.run_dir)} @{parent.checkpoint}")
+                                   if parent is not None else (None,)))
+        if offsets != cols.offsets:
+            cols.set_offsets(offsets)
+            panel.axis_offsets_changed()
+        else:
+            panel.refresh(force=True)
+
+    def set_overlay(self, path: str, on: bool) -> None:
+        panel = self._plots()
+        name = run_name(path)
+        if not on:
+            panel.remove_overlay(name)
+            return
+        try:
+            buf = read_metrics(path)
+        except StoreError as e:
+            self.error("Cannot overlay the run", str(e))
+            return
+        columns(buf).set_offsets(lineage.axis_offsets(path))
+        panel.add_overlay(name, buf)
+
+    def compare_family(self, path: str) -> list[str]:
+        """Show `path` with its ancestors, siblings and forks overlaid (it is opened first when
+        this window is not training; otherwise it is overlaid too)."""
+        path = os.path.abspath(path)
+        shown = self.shown_run_dir()
+        if shown is None or os.path.abspath(shown) != path:
+            if self.session.busy or not self.controller.open(path):
+                self.history.set_checked(path, True)
+        family = self.history.family(path)
+        for p in family:
+            self.history.set_checked(p, True)
+        return family
+
+    # -- what fits -------------------------------------------------------------------------
+    def _on_model_replaced(self, model: Any) -> None:
+        self.levers.clear()
+        if model.memory_levers is not None:
+            self.levers.set_levers({**model.memory_levers.data, "step": model.memory_levers.step})
+
+    def send_levers(self, commands: list[Command], at: str) -> None:
+        """The table's choice: micro-batch and accumulation as an Apply of the form would send
+        them; checkpointing and precision as they are (a refusal comes back as an alert)."""
+        edits, others = split_commands(commands)
+        if edits:
+            self.controller.apply(edits, at)
+        for cmd in others:
+            u = self.session.send(cmd)
+            self.controller.publish(u)
+            if u.error:
+                self.error("Could not send the change", f"{u.error}\n\nNothing was sent: the run goes on as it was.")
+                return

@@ -1,0 +1,42 @@
+"""What the window keeps between sessions in the user's preferences: its geometry and dock
+layout, the form's last values, the theme and the loss plot's log scale."""
+from __future__ import annotations
+
+from typing import Any
+
+from PySide6.QtCore import QByteArray
+from PySide6.QtGui import QAction
+from PySide6.QtWidgets import QMainWindow
+
+from app.core.preferences import Preferences
+from app.ui.controls.panel import ControlsPanel
+
+
+def restore(window: QMainWindow, p: Preferences, controls: ControlsPanel, log_scale: QAction,
+            base_config: dict[str, Any]) -> bool:
+    """True if a saved layout was restored. The form takes the last values unless the command
+    line gave run flags."""
+    restored = False
+    geo = p.get_bytes("geometry")
+    if isinstance(geo, (QByteArray, bytes)):
+        restored = bool(window.restoreGeometry(geo))
+    st = p.get_bytes("window_state")
+    if isinstance(st, (QByteArray, bytes)):
+        restored = bool(window.restoreState(st)) and restored
+    last = p.get_json("last_config", {})
+    if isinstance(last, dict) and not base_config:
+        controls.set_values(last)
+    if p.get_json("log_scale", False):
+        log_scale.setChecked(True)
+    return restored
+
+
+def save(window: QMainWindow, p: Preferences, controls: ControlsPanel, theme: str, log_scale: bool) -> None:
+    p.set_bytes("geometry", window.saveGeometry())
+    p.set_bytes("window_state", window.saveState())
+    values, _err = controls.values()
+    if values:
+        p.set_json("last_config", values)
+    p.set_theme(theme)
+    p.set_json("log_scale", log_scale)
+    p.sync()

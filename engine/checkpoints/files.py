@@ -1,0 +1,168 @@
+"""Checkpoints: written atomically (temporary file, fsync, rename), read with weights_only=True."""
+from __future__ import annotations
+
+import os
+import pickle
+import re
+import tempfile
+import warnings
+import zipfile
+from typing import TYPE_CHECKING, Any, Callable, Optional
+
+import torch
+
+from engine.declarations.config import ConfigError
+
+if TYPE_CHECKING:
+    from engine.store.runlock import RunLock
+
+CKPT_DIR = "checkpoints"
+LAST = "last.pt"
+TMP_PREFIX = ".tmp-"  # save_atomic's temporary files
+PROBE_PREFIX = ".probe-"  # check_writable_dir's probe files
+
+
+class CheckpointError(ConfigError):
+    pass
+
+
+class CheckpointRefused(CheckpointError):
+    """The file holds more than weights (pickled code): never loaded, never skipped silently."""
+
+
+def save_atomic(obj: dict[str, Any], path: str) -> None:
+    """torch.save to a temporary file beside `path`, fsync, then rename over it.
+
+    A crash or a full disk leaves either the old file or the new one, never half of one.
+    """
+    folder = os.path.dirname(path) or "."
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX, suffix=".pt", dir=folder)
+    umask = os.umask(0)
+    os.umask(umask)
+    try:
+        os.fchmod(fd, 0o666 & ~umask)  # as open() would, not mkstemp's 0600
+        with os.fdopen(fd, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    try:  # make the rename itself durable
+        dfd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+    except OSError:
+        pass
+
+
+def load(path: str, map_location: Any = "cpu") -> dict[str, Any]:
+    """Load a checkpoint with weights_only=True: pickled code is refused, never run."""
+    if not os.path.isfile(path):
+        raise CheckpointError(f"checkpoint {path}: no such file")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # e.g. "Detected pickle protocol 5": the error below says it all
+            obj = torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as e:
+        found = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(e))
+        what = f"it refers to {found.group(1)}" if found else "it holds more than tensors and plain data"
+        raise CheckpointRefused(f"checkpoint {path} refused: {what}; Headroom loads weights only and never "
+                              "runs code from a checkpoint") from None
+    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise CheckpointError(f"checkpoint {path} is damaged or truncated: {first}") from None
+    if not isinstance(obj, dict) or "model" not in obj or "step" not in obj:
+        raise CheckpointError(f"checkpoint {path} is not a Headroom checkpoint")
+    return obj
+
+
+def last_path(run_dir: str) -> str:
+    return os.path.join(run_dir, CKPT_DIR, LAST)
+
+
+def epoch_path(run_dir: str, epoch: int) -> str:
+    return os.path.join(run_dir, CKPT_DIR, f"epoch-{epoch}.pt")
+
+
+def step_path(run_dir: str, step: int) -> str:
+    return os.path.join(run_dir, CKPT_DIR, f"step-{step}.pt")
+
+
+_NUMBERED = re.compile(r"(epoch|step)-(\d{1,18})\.pt")
+
+
+def candidates(run_dir: str) -> list[str]:
+    """The run's checkpoints, newest first: last.pt, then epoch-N.pt by N descending, then
+    step-S.pt by S descending. (A step-S file is written between epoch ends, so which of an
+    epoch-N and a step-S file is newer is known only from the step inside; callers that
+    care load and compare.) Only files that exist; temporary and other files are ignored."""
+    folder = os.path.join(run_dir, CKPT_DIR)
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return []
+    numbered: dict[str, list[tuple[int, str]]] = {"epoch": [], "step": []}
+    for name in names:
+        m = _NUMBERED.fullmatch(name)
+        if m and os.path.isfile(os.path.join(folder, name)):
+            numbered[m.group(1)].append((int(m.group(2)), name))
+    out = [os.path.join(folder, LAST)] if os.path.isfile(os.path.join(folder, LAST)) else []
+    for kind in ("epoch", "step"):
+        out += [os.path.join(folder, n) for _, n in sorted(numbered[kind], reverse=True)]
+    return out
+
+
+def load_newest(run_dir: str, matches: Optional[Callable[[dict[str, Any]], Optional[str]]] = None,
+                map_location: Any = "cpu") -> tuple[Optional[str], Optional[dict[str, Any]], list[str]]:
+    """The newest checkpoint of the run that loads and matches: (path, state, skipped), where
+    `skipped` says, one line each, why newer files were passed over (damaged or truncated,
+    or `matches(state)` returned a reason). (None, None, skipped) if none is usable.
+    A checkpoint that holds pickled code raises CheckpointRefused: it is a tampered file,
+    not a damaged one, and is never stepped over in silence."""
+    skipped: list[str] = []
+    for path in candidates(run_dir):
+        try:
+            state = load(path, map_location)
+        except CheckpointRefused:
+            raise
+        except CheckpointError as e:
+            skipped.append(str(e))
+            continue
+        why = matches(state) if matches is not None else None
+        if why:
+            skipped.append(f"checkpoint {path} skipped: {why}")
+            continue
+        return path, state, skipped
+    return None, None, skipped
+
+
+def remove_orphans(run_dir: str, lock: "RunLock") -> list[str]:
+    """Remove the temporary files a killed writer left in the checkpoints folder (save_atomic's
+    .tmp-*.pt, check_writable_dir's .probe-*). Safe only for the run folder's one writer:
+    `lock` must be the held engine.store.runlock.RunLock of `run_dir` (taken just before), so no
+    live writer's file is in flight. Returns the names removed."""
+    usable = lock is not None and (lock.held or bool(lock.note))  # note: no flock here, best effort
+    if not usable or os.path.realpath(lock.run_dir) != os.path.realpath(run_dir):
+        raise RuntimeError(f"remove_orphans({run_dir!r}) needs the held writer lock of that folder")
+    folder = os.path.join(run_dir, CKPT_DIR)
+    removed = []
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return []
+    for name in names:
+        if name.startswith((TMP_PREFIX, PROBE_PREFIX)):
+            try:
+                os.unlink(os.path.join(folder, name))
+                removed.append(name)
+            except OSError:
+                pass
+    return removed

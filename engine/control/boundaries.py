@@ -1,0 +1,68 @@
+"""Where commands act: the epoch boundary (pending settings, pause and resume) and the
+step boundary (settings sent with at="step"). Never inside a window.
+
+`Boundaries` takes the pending commands from the inbox, applies the setting changes
+through the pure `CommandRules`, marks run.db's rows, and hands the new settings back
+with the events that report them; the run loop decides nothing here.
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+from .rules import CommandRules
+from engine.declarations.commands import Pause, Resume, Stop
+from engine.declarations.events import Event, Paused, Resumed
+from .inbox import CommandInbox, Pending
+from engine.declarations.settings import LiveSettings
+
+PAUSE_POLL_S = 0.05
+
+
+class Boundaries:
+    def __init__(self, inbox: CommandInbox, rules: Callable[[], CommandRules], emit: Callable[[Event], None],
+                 changed: Callable[[LiveSettings, LiveSettings], None]) -> None:
+        self.inbox, self.rules, self.emit = inbox, rules, emit
+        self.changed = changed  # called with (before, after) when a batch changed the settings
+
+    def epoch(self, step: int, epoch: int, settings: LiveSettings) -> LiveSettings:
+        """Apply what is pending; wait here while paused (a stop ends the wait)."""
+        paused = False
+        while True:
+            self.inbox.poll(step, epoch, epoch, force=True)
+            batch = self.inbox.take()
+            for cmd, _ in batch:
+                if isinstance(cmd, Pause):
+                    paused = True
+                    self.emit(Paused(step, epoch - 1))
+                elif isinstance(cmd, Resume):
+                    if paused:
+                        self.emit(Resumed(step, epoch))
+                    paused = False
+            settings = self.apply(settings, [(c, r) for c, r in batch if not isinstance(c, (Pause, Resume, Stop))],
+                                  step, epoch, "epoch")
+            if not paused or self.inbox.stop.is_set():
+                return settings
+            time.sleep(PAUSE_POLL_S)
+
+    def step(self, step: int, epoch: int, settings: LiveSettings, ddp_agreed: bool) -> LiveSettings:
+        """Settings sent with at="step". Under torchrun every rank learnt from the step's all-reduce
+        that rank 0 holds some (`ddp_agreed`), and joins the broadcast that brings them."""
+        if self.inbox.ctx.enabled:
+            if not ddp_agreed:
+                return settings
+            self.inbox.poll(step, epoch, epoch + 1, force=True)
+        elif not self.inbox.has_step_commands():
+            return settings
+        return self.apply(settings, self.inbox.take(at="step"), step, epoch, "step")
+
+    def apply(self, settings: LiveSettings, batch: list[Pending], step: int, epoch: int, at: str) -> LiveSettings:
+        if not batch:
+            return settings
+        applied = self.rules().apply(settings, [c for c, _ in batch], step, epoch, at)
+        for (_, row_id), note in zip(batch, applied.notes):
+            self.inbox.mark(row_id, note, step)
+        for e in applied.events:
+            self.emit(e)
+        self.changed(settings, applied.settings)
+        return applied.settings

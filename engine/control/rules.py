@@ -1,0 +1,78 @@
+"""Applying a batch of setting commands to the live settings: a pure function.
+
+`CommandRules.apply(settings, commands)` returns the new settings, the events that
+report what happened (settings_applied, command_refused, lr_hint) and, per command,
+the refusal note ('' when applied). No trainer, no store, no torch: the lr
+arithmetic is tested on its own (tests/engine/test_command_rules.py).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, NamedTuple, Optional, Sequence
+
+from engine.declarations.commands import Command, SetLr
+from engine.declarations.events import CommandRefused, Event, LrHint, SettingsApplied
+from engine.declarations.settings import LIVE_SETTINGS, LiveSettings, setting_change
+
+
+class Applied(NamedTuple):
+    settings: LiveSettings
+    events: list[Event]
+    notes: list[str]  # one per command: '' if applied, else why it was refused
+
+
+@dataclass(frozen=True)
+class CommandRules:
+    """What a run can take: its data set size and its window policy's refusals."""
+    data_len: int
+    refusal: Callable[[str], Optional[str]] = lambda setting: None
+
+    def apply(self, settings: LiveSettings, commands: Sequence[Command], step: int, epoch: int,
+              at: str = "epoch") -> Applied:
+        events: list[Event] = []
+        notes: list[str] = []
+        new = settings
+        for cmd in commands:
+            change = setting_change(cmd)
+            if change is None:
+                refusal = getattr(cmd, "refusal", "")  # a command no boundary can apply (set_precision)
+                if refusal:
+                    events.append(CommandRefused(step, epoch, command=cmd.kind, reason=refusal))
+                notes.append(refusal)  # else pause, resume, stop: nothing to apply here
+                continue
+            setting, value = change
+            note = self.refusal(setting.name) or self._out_of_range(setting.name, value)
+            if note:
+                events.append(CommandRefused(step, epoch, command=cmd.kind, reason=note))
+            else:
+                new = new.with_(**{setting.name: value})
+            notes.append(note)
+        new, hint = _scale_lr(settings, new, explicit_lr=any(isinstance(c, SetLr) for c in commands),
+                              step=step, epoch=epoch)
+        events.extend(hint)
+        changes = tuple((s.name, getattr(settings, s.name), getattr(new, s.name))
+                        for s in LIVE_SETTINGS if getattr(settings, s.name) != getattr(new, s.name))
+        if changes:
+            events.append(SettingsApplied(step, epoch, changes=changes, at=at, from_step=step + 1))
+        return Applied(new, events, notes)
+
+    def _out_of_range(self, name: str, value: object) -> str:
+        if name == "micro_batch" and isinstance(value, int) and value > self.data_len:
+            return f"micro-batch {value} is larger than the data set ({self.data_len} samples)"
+        return ""
+
+
+def _scale_lr(before: LiveSettings, after: LiveSettings, explicit_lr: bool, step: int,
+              epoch: int) -> tuple[LiveSettings, list[Event]]:
+    """The effective batch changed and the user set no lr: apply the lr scaling rule, or
+    (rule 'none') suggest what the linear rule would give."""
+    old_eff, new_eff = before.window_samples, after.window_samples
+    if new_eff == old_eff or explicit_lr:
+        return after, []
+    ratio = new_eff / old_eff
+    if after.lr_scaling == "linear":
+        return after.with_(lr=after.lr * ratio), []
+    if after.lr_scaling == "sqrt":
+        return after.with_(lr=after.lr * math.sqrt(ratio)), []
+    return after, [LrHint(step, epoch, accum_old=before.accum, accum_new=after.accum, suggested_lr=after.lr * ratio)]

@@ -1,0 +1,7 @@
+"""The torch-free declarations: what a run is configured with (`config`, `limits`), the live
+settings (`settings`), the commands that change them (`commands`), the events a run emits
+(`events`), run-folder naming (`paths`), the lr schedule over samples seen (`schedule`) and
+how a run ended (`outcome`).
+
+Nothing here imports torch or numpy: the app and `headroom-ctl` load these first.
+"""

@@ -1,0 +1,201 @@
+"""The ranges a training run can actually hold, declared once.
+
+Every value a user can give — a command-line flag, a field in the app, a command row in
+run.db's `commands` table — is checked by `check(name, value)` against the one `Range`
+declared here, so the three ways in can never disagree. A refusal is one line that names
+the setting, gives the range and quotes at most a short prefix of what was given.
+
+Why these bounds (the upper ones are where a number stops meaning a training run and starts
+meaning a typo, an overflow, or an attack on the process; all fit SQLite's 64-bit INTEGER
+and a float64 exactly):
+
+- micro-batch 1..2**20: samples in one forward/backward. A million samples of even 1 KiB
+  each is a GiB of input before activations; nothing trainable holds more at once.
+- accum 1..2**20: micro-batches per optimizer step; with the micro-batch bound the window
+  is at most 2**40 samples, more than any data set has.
+- epochs 1..10**6 and max-steps 1..10**12: a million passes over the data, or a trillion
+  optimizer steps (31 years at one per millisecond), are already beyond any real run.
+- lr 0..1e4 (finite): SGD on some losses uses lr 20 or 100; above 1e4 the first step moves
+  every weight by four orders of magnitude more than the gradient — a typo (1e-4 -> 1e4
+  is allowed, 1e39 overflows float32 at once and is not).
+- clip 0..1e6 (0 = off): a gradient-norm threshold above a million clips nothing a finite
+  fp16/bf16 run can produce that is still worth training.
+- vram-limit 1 MiB..1 PiB: below a MiB no CUDA context fits; above a PiB is no card.
+- token-budget and effective-batch 1..2**40: the window bound above, in counted items.
+- seed 0..2**63-1: what torch.manual_seed and SQLite's INTEGER both hold.
+- memory-margin [0, 1): a fraction of the card kept free.
+
+Torch-free: the app imports this at start-up for its field validators.
+"""
+from __future__ import annotations
+
+import math
+import reprlib
+from dataclasses import dataclass
+from typing import Any, Optional, Union
+
+Number = Union[int, float]
+
+# Input from outside the process (run.db command rows) is bounded before it is parsed.
+MAX_COMMAND_BYTES = 4096  # a command payload is a few fields; 4 KiB is 50x the largest real one
+MAX_COMMAND_DEPTH = 4  # payloads are flat objects; nesting deeper is never a command
+MAX_COMMANDS_PER_POLL = 64  # rows read from run.db per poll (the rest wait for the next one)
+QUOTE_CHARS = 60  # at most this much of any user text is repeated in a refusal
+ERROR_LINE_CHARS = 400  # the `error: ...` line is capped at this many characters
+
+
+class LimitError(ValueError):
+    """Out of range. engine.declarations.config.ConfigError is raised instead where config is imported;
+    limits has no imports so that both config and commands can use it."""
+
+
+@dataclass(frozen=True)
+class Range:
+    name: str  # the TrainConfig field
+    flag: str  # the command-line flag
+    kind: type  # int or float
+    low: Number
+    high: Number
+    high_open: bool = False  # [low, high) rather than [low, high]
+    unit: str = ""  # "bytes": bounds are shown as sizes
+
+    def describe(self) -> str:
+        lo, hi = self._show(self.low), self._show(self.high)
+        if self.kind is int:
+            return f"an integer from {lo} to {hi}"
+        if self.high_open:
+            return f"a number in [{lo}, {hi})"
+        return f"a finite number from {lo} to {hi}"
+
+    def _show(self, v: Number) -> str:
+        if self.unit == "bytes":
+            for unit, size in (("PiB", 2**50), ("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+                if v >= size and v % size == 0:
+                    return f"{v // size} {unit}"
+            return f"{v} B"
+        if isinstance(v, int) and v > 2**20 and v & (v - 1) == 0:
+            return f"2**{v.bit_length() - 1}"
+        if isinstance(v, int) and v > 10**6 and str(v).rstrip("0") == "1":
+            return f"10**{len(str(v)) - 1}"
+        return f"{v:g}" if isinstance(v, float) else str(v)
+
+    def ok(self, value: Any) -> bool:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return False
+        if self.kind is int and not isinstance(value, int):
+            return False
+        if isinstance(value, float) and not math.isfinite(value):
+            return False
+        if value < self.low:
+            return False
+        return value < self.high if self.high_open else value <= self.high
+
+    def check(self, value: Any, who: Optional[str] = None, error: type[Exception] = LimitError) -> Any:
+        """The value itself if it is in range; else `error` with one line."""
+        if not self.ok(value):
+            raise error(f"{who or self.flag} must be {self.describe()}, got {quote(value)}")
+        return float(value) if self.kind is float else value
+
+
+RANGES: dict[str, Range] = {r.name: r for r in (
+    Range("micro_batch", "--micro-batch", int, 1, 2**20),
+    Range("accum", "--accum", int, 1, 2**20),
+    Range("epochs", "--epochs", int, 1, 10**6),
+    Range("max_steps", "--max-steps", int, 1, 10**12),
+    Range("token_budget", "--token-budget", int, 1, 2**40),
+    Range("effective_batch", "--effective-batch", int, 1, 2**40),
+    Range("seed", "--seed", int, 0, 2**63 - 1),
+    Range("vram_limit", "--vram-limit", int, 2**20, 2**50, unit="bytes"),
+    Range("lr", "--lr", float, 0.0, 1e4),
+    Range("clip", "--clip", float, 0.0, 1e6),
+    Range("memory_margin", "--memory-margin", float, 0.0, 1.0, high_open=True),
+    Range("vram_low_fraction", "--vram-low-fraction", float, 0.0, 1.0, high_open=True),
+    # warmup < 1 is a fraction of the run, >= 1 a number of samples (up to the window bound).
+    Range("warmup", "--warmup", float, 0.0, 2.0**40),
+    Range("min_lr_ratio", "--min-lr-ratio", float, 0.0, 1.0),
+    # Step checkpoints: every 1..10**9 steps, keeping 1..10**4 of them (each is a full copy).
+    Range("checkpoint_every", "--checkpoint-every", int, 1, 10**9),
+    Range("keep_checkpoints", "--keep-checkpoints", int, 1, 10**4),
+    # A spike is a window loss above F x its running average; F <= 1 would call every step one.
+    Range("spike_factor", "--spike-factor", float, 1.01, 1e6),
+    Range("rollback_lr_factor", "--rollback-lr-factor", float, 1e-6, 1.0),
+    Range("reference_batch", "--reference-batch", int, 1, 2**40),
+    # DataLoader worker processes; past 64 a workstation spends more on IPC than it gains.
+    Range("workers", "--workers", int, 0, 64),
+    # A micro-batch's counted items under a token budget (the window bound above).
+    Range("micro_tokens", "--micro-tokens", int, 1, 2**40),
+)}
+
+
+def check(name: str, value: Any, who: Optional[str] = None, error: type[Exception] = LimitError) -> Any:
+    """Check `value` against the range declared for `name` (a TrainConfig field)."""
+    return RANGES[name].check(value, who, error)
+
+
+_repr = reprlib.Repr()
+_repr.maxlevel = 3
+_repr.maxstring = QUOTE_CHARS
+_repr.maxother = QUOTE_CHARS
+_repr.maxlist = _repr.maxtuple = _repr.maxdict = _repr.maxset = 6
+
+
+def quote(value: Any, limit: int = QUOTE_CHARS) -> str:
+    """A short, one-line, never-raising rendering of user input for a refusal message.
+
+    Strings show at most `limit` characters (then '…'); huge integers are described by their
+    size (repr of one with more than 4300 digits raises); containers are cut by depth and
+    length, so a deeply nested value cannot recurse."""
+    try:
+        if isinstance(value, str):
+            text = repr(value[:limit]) + ("…" if len(value) > limit else "")
+        elif isinstance(value, (bytes, bytearray)):
+            text = repr(bytes(value[:limit])) + ("…" if len(value) > limit else "")
+        elif isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 128:
+            digits = int(value.bit_length() * math.log10(2)) + 1
+            text = f"{'-' if value < 0 else ''}a {digits}-digit integer"
+        else:
+            text = _repr.repr(value)
+    except Exception:  # a user object whose repr fails
+        text = f"<{type(value).__name__}>"
+    text = " ".join(text.split())
+    return text if len(text) <= limit + 8 else text[:limit] + "…"
+
+
+def one_line(text: Any, limit: int = ERROR_LINE_CHARS) -> str:
+    """Collapse all whitespace (newlines included) to single spaces and cap the length. A
+    long message keeps its beginning and its end (where "not writable", "no such file" and
+    the like usually are) with '…' for the middle."""
+    try:
+        s = text if isinstance(text, str) else str(text)
+    except Exception:
+        s = f"<{type(text).__name__}>"
+    s = " ".join(s.split())
+    if len(s) <= limit:
+        return s
+    head = limit * 3 // 5
+    return s[:head] + "…" + s[len(s) - (limit - head - 1):]
+
+
+def json_depth_exceeds(text: str, max_depth: int = MAX_COMMAND_DEPTH) -> bool:
+    """True if JSON `text` nests arrays/objects deeper than `max_depth`. A linear scan with no
+    recursion, run before json.loads (whose C scanner recurses and raises RecursionError on
+    a few thousand brackets)."""
+    depth = 0
+    in_string = escaped = False
+    for ch in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "[{":
+            depth += 1
+            if depth > max_depth:
+                return True
+        elif ch in "]}":
+            depth -= 1
+    return False

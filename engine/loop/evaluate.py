@@ -1,0 +1,34 @@
+"""The validation loss at an epoch's end: a token-weighted mean over the whole val set."""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from engine import distributed as D
+from engine.window import sampling as W
+from engine.distributed.devices import to_device
+from .setup import RunParts
+
+
+@torch.no_grad()
+def validation_loss(parts: RunParts, micro_batch: int) -> Optional[float]:
+    val = parts.task.val_data
+    if val is None or len(val) == 0:
+        return None
+    model, dev, ctx = parts.model, parts.device, parts.ctx
+    model.eval()
+    try:
+        shard = W.rank_share(list(range(len(val))), ctx.rank, ctx.world)
+        total = torch.zeros(2, device=dev, dtype=torch.float64 if dev.type == "cpu" else torch.float32)
+        for idx in W.micro_batches(shard, max(1, micro_batch)):
+            batch = to_device(parts.collate([val[j] for j in idx]), dev)
+            with parts.autocast():
+                loss_sum, count = parts.task.loss(model, batch)
+            total[0] += loss_sum.detach()
+            total[1] += count
+        D.all_reduce_sum(total, ctx)
+        loss, count = total.tolist()  # a sync, once per epoch
+        return loss / count if count else None
+    finally:
+        parts.modes.train_mode(model)  # back to training, frozen parts still in eval

@@ -1,0 +1,51 @@
+"""Opening a run folder for writing, and where the run continues from.
+
+Rank 0 opens run.db (the folder's lock is already held, setup.py), expires the commands
+an earlier engine never read, keeps apart (never deletes) the rows a resume supersedes,
+and records the run's config, device and, for a fork, its parent.
+"""
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Callable
+
+import torch
+
+from engine.checkpoints import files as ckpt
+from . import run_state
+from engine.declarations.commands import Command
+from engine.distributed.devices import device_name
+from .progress import Progress
+from engine.declarations.settings import LiveSettings
+from .setup import RunParts
+from engine.store import RunStore
+
+
+def open_store(parts: RunParts, on_problem: Callable[[str], None]) -> RunStore:
+    os.makedirs(os.path.join(parts.run_dir, ckpt.CKPT_DIR), exist_ok=True)
+    store = RunStore(parts.run_dir, on_problem=on_problem)
+    # Commands an earlier engine never read are not this engine's to apply (a stale stop).
+    store.expire_pending_commands()
+    return store
+
+
+def continue_from(parts: RunParts, state: dict[str, Any]) -> tuple[Progress, LiveSettings, list[Command]]:
+    progress, settings, asked = run_state.restore(parts, state)
+    if progress.window and "epoch_offset" not in state:  # a checkpoint from before epoch_offset existed
+        done = parts.policy.plan(progress.epoch, settings, parts.ctx.world)[:progress.window]
+        progress.epoch_offset = sum(len(w) for w in done)
+    return progress, settings, asked
+
+
+def record_start(store: RunStore, parts: RunParts, step: int) -> None:
+    cfg, ctx = parts.config, parts.ctx
+    if cfg.resume:  # rows past the checkpoint are kept apart (discarded_metrics), never deleted
+        store.discard_after(step, f"resumed from the checkpoint at step {step}")
+    parent = parts.origin.parent
+    store.set_info(config=cfg.to_dict(), task=parts.task.name, device=str(parts.device),
+                   device_name=device_name(parts.device), world_size=ctx.world, torch_version=torch.__version__,
+                   status="running", pid=os.getpid(),
+                   backend=(torch.distributed.get_backend() if ctx.enabled else "none"), precision=cfg.precision,
+                   started=time.time(), **({"parent": parent} if parent is not None else {}))
+    store.commit()

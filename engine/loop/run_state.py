@@ -1,0 +1,125 @@
+"""A run's full state in a checkpoint, and back: weights, optimizer, scaler, progress,
+live settings and the config the run was started with."""
+from __future__ import annotations
+
+import os
+from typing import Any, Optional
+
+from engine.checkpoints import files as ckpt
+from engine.declarations.commands import Command
+from .progress import Progress
+from engine.declarations.settings import LIVE_SETTINGS, LiveSettings
+from .setup import RunParts
+
+
+def checkpoint_state(parts: RunParts, progress: Progress, settings: LiveSettings) -> dict[str, Any]:
+    return {
+        "model": parts.model.state_dict(),
+        "optimizer": parts.optimizer.state_dict(),
+        "scaler": parts.scaler.state_dict() if parts.scaler is not None else {},
+        "scheduler": parts.scheduler.state_dict() if parts.scheduler is not None else {},
+        **progress.to_checkpoint(parts.device),
+        "settings": settings.to_dict(),
+        "config": parts.config.to_dict(),
+    }
+
+
+def numbered_path(parts: RunParts, step: int, epoch_done: Optional[int], step_checkpoint: bool) -> Optional[str]:
+    """The epoch-N.pt or step-S.pt file a save writes besides last.pt (None: last.pt alone)."""
+    if epoch_done is not None:
+        return ckpt.epoch_path(parts.run_dir, epoch_done)
+    if step_checkpoint:
+        return ckpt.step_path(parts.run_dir, step)
+    return None
+
+
+def save(parts: RunParts, progress: Progress, settings: LiveSettings, epoch_done: Optional[int] = None,
+         step_checkpoint: bool = False) -> str:
+    """Write last.pt, and epoch-N.pt at an epoch's end or step-S.pt (--checkpoint-every),
+    atomically; keep the newest --keep-checkpoints step files. Returns last.pt's path."""
+    state = checkpoint_state(parts, progress, settings)
+    numbered = numbered_path(parts, progress.step, epoch_done, step_checkpoint)
+    if numbered is not None:
+        ckpt.save_atomic(state, numbered)
+    ckpt.save_atomic(state, ckpt.last_path(parts.run_dir))
+    if step_checkpoint:
+        prune_step_checkpoints(parts.run_dir, parts.config.keep_checkpoints)
+    return ckpt.last_path(parts.run_dir)
+
+
+def prune_step_checkpoints(run_dir: str, keep: int) -> list[str]:
+    """Remove all but the newest `keep` step-S.pt files (epoch checkpoints are all kept)."""
+    steps = sorted(p for p in ckpt.candidates(run_dir) if os.path.basename(p).startswith("step-"))
+    steps.sort(key=lambda p: int(os.path.basename(p)[5:-3]))
+    removed = steps[:-keep] if keep > 0 else steps
+    for p in removed:
+        try:
+            os.unlink(p)
+        except OSError:
+            pass
+    return removed
+
+
+def weights_state(parts: RunParts) -> dict[str, Any]:
+    """CPU copies of what a rollback to the run's start restores."""
+    import copy
+    return {"model": {k: v.detach().cpu().clone() for k, v in parts.model.state_dict().items()},
+            "optimizer": copy.deepcopy(parts.optimizer.state_dict()),
+            "scaler": parts.scaler.state_dict() if parts.scaler is not None else {},
+            "scheduler": parts.scheduler.state_dict() if parts.scheduler is not None else {}}
+
+
+def load_weights(parts: RunParts, state: dict[str, Any]) -> None:
+    parts.model.load_state_dict(state["model"])
+    parts.optimizer.load_state_dict(state["optimizer"])
+    if parts.scaler is not None and state.get("scaler"):
+        parts.scaler.load_state_dict(state["scaler"])
+    if parts.scheduler is not None and state.get("scheduler"):
+        parts.scheduler.load_state_dict(state["scheduler"])
+
+
+def restore(parts: RunParts, state: dict[str, Any]) -> tuple[Progress, LiveSettings, list[Command]]:
+    """Where the run was and its settings (weights, optimizer, scaler and scheduler were
+    loaded by setup), and the commands for flags given again with --resume that differ
+    from the run's saved config (the user's new settings, applied at the next boundary).
+    A fork applies its changed settings from its first step instead."""
+    progress = Progress.from_checkpoint(state, parts.device)
+    settings = LiveSettings.from_config(parts.config).updated(state.get("settings"))
+    asked = parts.config
+    parent = parts.origin.parent
+    if parent is not None:
+        changes = {s.name: getattr(asked, s.name) for s in LIVE_SETTINGS if s.name in parent["changed"]}
+        settings, commands = settings.with_(**changes), []
+    else:
+        saved = state.get("config") or {}
+        commands = [s.command_for(getattr(asked, s.name)) for s in LIVE_SETTINGS
+                    if s.name in saved and saved[s.name] != getattr(asked, s.name)
+                    and getattr(settings, s.name) != getattr(asked, s.name)]
+    if parts.scheduler is None:  # the task's scheduler keeps the lrs its state says
+        for group in parts.optimizer.param_groups:
+            group["lr"] = settings.lr
+    return progress, settings, commands
+
+
+def step_scheduler(scheduler: Any) -> None:
+    """Once per optimizer step, skipped windows included (the schedule counts windows)."""
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "lr_scheduler.step() before optimizer.step()" after a skip
+        scheduler.step()
+
+
+def rescale_scheduler(parts: RunParts, old_peak: float, new_peak: float) -> None:
+    """set_lr with the task's own scheduler: scale its base lrs and the current lrs, so the
+    schedule keeps its shape at the new peak."""
+    sched = parts.scheduler
+    if sched is None:
+        return
+    ratio = new_peak / old_peak if old_peak else None
+    groups = parts.optimizer.param_groups
+    if hasattr(sched, "base_lrs"):
+        sched.base_lrs = [b * ratio if ratio is not None else new_peak for b in sched.base_lrs]
+    for g in groups:
+        g["lr"] = g["lr"] * ratio if ratio is not None else new_peak
+        if "initial_lr" in g:
+            g["initial_lr"] = g["initial_lr"] * ratio if ratio is not None else new_peak

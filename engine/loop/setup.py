@@ -1,0 +1,319 @@
+"""Set-up: everything a run needs, built in one place, before anything is written.
+
+`build(config, task, ctx)` checks the input (device, task, first batch, resume
+checkpoint) and returns `RunParts` with every field set: device, model (under torchrun
+the same on every rank), autocast, scaler, optimizer, the step variant, the window policy and the
+state to resume from. A failure here is bad input (ConfigError / TaskError): the
+CLI prints one `error:` line and exits 2, and no run folder holds a half-started run.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass
+from typing import Any, Callable, ContextManager, Optional
+
+import torch
+
+from engine.checkpoints import files as ckpt
+from engine.store import runlock
+from engine import distributed as D
+from engine.window import step as S
+from engine.window.accumulate import WindowContext
+from engine.declarations.config import ConfigError, TrainConfig
+from engine.distributed.devices import default_optimizer, resolve_device, to_device
+from engine.window.feeder import Feeder, auto_workers
+from engine.distributed.grad_sync import GradSync
+from engine.memory.activation_checkpointing import CheckpointSwitch, find_switch, why_no_switch
+from engine.memory.breakdown import WindowMemory
+from engine.memory.snapshot import SnapshotRecorder
+from .modes import TrainModes
+from engine.window.oom import is_oom
+from engine.declarations.paths import default_run_dir
+from .progress import Progress
+from engine.checkpoints.run_tree import Origin, fork_origin, resume_origin
+from engine.store.runlock import RunLock
+from engine.control.lr import LrControl
+from engine.declarations.schedule import LrSchedule
+from engine.declarations.settings import LiveSettings
+from engine.tasks.task import Task, TaskError, check_loss_output, default_collate
+from engine.tasks.loader import load_task
+from engine.memory.telemetry import MemoryProbe
+from engine.window.policy import FixedWindows, TokenBudgetWindows, WindowPolicy
+
+
+@dataclass
+class RunParts:
+    config: TrainConfig
+    ctx: D.DistContext
+    device: torch.device
+    task: Task
+    model: torch.nn.Module
+    collate: Callable[[list], Any]
+    autocast: Callable[[], ContextManager]
+    optimizer: torch.optim.Optimizer
+    scaler: Optional[torch.amp.GradScaler]
+    window: WindowContext  # what training one window needs
+    policy: WindowPolicy
+    probe: MemoryProbe
+    run_dir: str
+    origin: Origin  # the checkpoint to continue from (resume or fork), or none
+    lock: Optional[RunLock]  # this process is the run folder's one writer (rank 0), held until the end
+    progress: Progress
+    settings: LiveSettings
+    modes: TrainModes  # train/eval mode as the task built it (frozen parts stay in eval)
+    schedule: LrSchedule  # the lr over samples seen, as a multiple of the peak (the lr setting)
+    lr: LrControl  # writes each window's lr (schedule x peak, or the task's scheduler)
+    feeder: Feeder  # the plan's micro-batches, loaded (by DataLoader workers) ahead of the step
+    scheduler: Any  # the task's own torch lr scheduler, or None (then `schedule` sets the lr)
+    switch: Optional[CheckpointSwitch]  # activation checkpointing on/off, if the task or model has one
+    memory: WindowMemory  # params/grads/optimizer bytes at each window's end
+    snapshots: SnapshotRecorder  # --memory-snapshot on-oom
+
+    @property
+    def resume_state(self) -> Optional[dict[str, Any]]:
+        return self.origin.state
+
+    @property
+    def named_params(self) -> list[tuple[str, torch.nn.Parameter]]:
+        return [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
+
+    def fetch(self, indices: list[int]) -> Any:
+        """One micro-batch, collated and on the device."""
+        data = self.task.train_data
+        return to_device(self.collate([data[j] for j in indices]), self.device)
+
+
+def build(config: TrainConfig, task: Optional[Task], ctx: D.DistContext) -> RunParts:
+    claimed: list[RunLock] = []
+    try:
+        return _build(config, task, ctx, claimed)
+    except BaseException:
+        for lock in claimed:  # bad input: the folder is free again, nothing in it was written
+            lock.release()
+        raise
+
+
+def _build(config: TrainConfig, task: Optional[Task], ctx: D.DistContext, claimed: list) -> RunParts:
+    cfg = config
+    device = resolve_device(cfg.device, ctx)
+    if cfg.vram_limit is not None and device.type != "cuda":
+        raise ConfigError("--vram-limit needs a CUDA device: it caps this process's share of GPU memory")
+    if cfg.precision == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        raise ConfigError("--precision bf16 is not supported on this GPU (use fp16 or fp32)")
+    if task is None:
+        task = load_task(cfg.task, cfg.seed, cfg.task_args)
+    if cfg.token_budget is not None and task.sample_length is None:
+        raise TaskError(f"task {task.name}: --token-budget needs the task's sample_length")
+    if cfg.micro_batch > len(task.train_data):
+        raise ConfigError(f"--micro-batch {cfg.micro_batch} is larger than the data set "
+                          f"({len(task.train_data)} samples)")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+        if cfg.vram_limit is not None:  # before the first allocation
+            total = torch.cuda.get_device_properties(device).total_memory
+            torch.cuda.set_per_process_memory_fraction(min(1.0, cfg.vram_limit / total), device)
+    modes = TrainModes.record(task.model)
+    model = task.model.to(device)
+    collate = task.collate or default_collate
+    amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.precision)
+    autocast: Callable[[], ContextManager] = ((lambda: torch.autocast(device.type, dtype=amp_dtype)) if amp_dtype
+                                              else contextlib.nullcontext)
+    loss_checked = check_first_batch(task, model, collate, autocast, device, modes)
+    policy = _window_policy(cfg, task)
+    # Everything step 0 needs, built before the run folder is touched: a task whose
+    # optimizer factory, scheduler or checkpointing switch fails is bad input.
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = _optimizer(task, cfg, device, params)
+    scaler = torch.amp.GradScaler(device.type) if cfg.precision == "fp16" else None
+    scheduler = _task_scheduler(task, optimizer, cfg)
+    switch = find_switch(task, model)
+    if cfg.checkpointing and switch is None:
+        raise ConfigError(f"--checkpointing on: {why_no_switch(task, model)}")
+    # A fork reads another run's checkpoint: checked before its own folder is made. A resume
+    # reads its own folder's checkpoints: only once the folder is ours (no writer races it).
+    origin = fork_origin(cfg.fork, cfg, model) if cfg.fork else Origin()
+    run_dir, lock = _claim_folder(cfg, ctx)
+    if lock is not None:
+        claimed.append(lock)
+    if cfg.resume:
+        origin = resume_origin(run_dir, model)
+
+    D.init(ctx, device)  # the process group, once the input is known good
+    D.share_rank0_model(model, ctx, device)  # torchrun: the same model on every rank, rank 0's values
+    memory = WindowMemory(model, optimizer)
+    snapshots = SnapshotRecorder()
+    if cfg.memory_snapshot == "on-oom":
+        snapshots.start(device)  # on CUDA: allocator history from here on; elsewhere it says why not
+    stepper = S.choose(optimizer, scaler, ctx.enabled, device, os.environ.get("HEADROOM_STEP_MODE", "auto"))
+    stepper.before_zero = memory.at_window_end  # the breakdown sees the gradients before they go
+    if origin.state is not None:
+        _load_state(origin, model, optimizer, scaler, scheduler)
+    schedule = LrSchedule.plan(cfg.lr_schedule, cfg.warmup, cfg.min_lr_ratio,
+                               planned_samples(cfg, len(task.train_data), ctx.world))
+    window = WindowContext(net=model, loss=task.loss, task_name=task.name, params=params, optimizer=optimizer,
+                           scaler=scaler, autocast=autocast, device=device, ctx=ctx, stepper=stepper,
+                           loss_checked=loss_checked,
+                           grad_sync=GradSync(params, list(model.buffers())) if ctx.enabled else None)
+    return RunParts(config=cfg, ctx=ctx, device=device, task=task, model=model, collate=collate, autocast=autocast,
+                    optimizer=optimizer, scaler=scaler, window=window, policy=policy, probe=MemoryProbe(device),
+                    run_dir=run_dir, origin=origin, lock=lock, progress=Progress(),
+                    settings=LiveSettings.from_config(cfg), modes=modes,
+                    scheduler=scheduler, switch=switch, memory=memory, snapshots=snapshots,
+                    feeder=Feeder(task.train_data, collate, device,
+                                  cfg.workers if cfg.workers is not None else auto_workers(task.train_data,
+                                                                                           cfg.micro_batch),
+                                  seed=cfg.seed),
+                    schedule=schedule, lr=LrControl(optimizer, schedule, scheduler))
+
+
+def _optimizer(task: Task, cfg: TrainConfig, device: torch.device, params: list) -> torch.optim.Optimizer:
+    make = task.optimizer or default_optimizer(cfg.optimizer, device)
+    try:
+        opt = make(params, cfg.lr)
+    except Exception as e:
+        raise TaskError(f"task {task.name}: optimizer(params, lr) failed: {type(e).__name__}: {e}") from None
+    if not isinstance(opt, torch.optim.Optimizer):
+        raise TaskError(f"task {task.name}: optimizer(params, lr) must return a torch.optim.Optimizer, "
+                        f"got {type(opt).__name__}")
+    return opt
+
+
+def _task_scheduler(task: Task, optimizer: torch.optim.Optimizer, cfg: TrainConfig) -> Any:
+    if task.scheduler is None:
+        return None
+    if cfg.lr_schedule != "constant" or cfg.warmup:
+        raise ConfigError(f"task {task.name} brings its own lr scheduler: leave --lr-schedule constant and "
+                          "--warmup 0 (or drop the task's scheduler)")
+    try:
+        sched = task.scheduler(optimizer)
+    except Exception as e:
+        raise TaskError(f"task {task.name}: scheduler(optimizer) failed: {type(e).__name__}: {e}") from None
+    if not (callable(getattr(sched, "step", None)) and callable(getattr(sched, "state_dict", None))):
+        raise TaskError(f"task {task.name}: scheduler(optimizer) must return a torch lr scheduler, "
+                        f"got {type(sched).__name__}")
+    return sched
+
+
+def planned_samples(cfg: TrainConfig, data_len: int, world: int) -> int:
+    """The run's planned samples: epochs x data set, or with --max-steps, max steps x the
+    effective batch at the start (what the schedule's warmup fraction and decay span)."""
+    by_epochs = cfg.epochs * data_len
+    if cfg.max_steps is None:
+        return by_epochs
+    return min(by_epochs, cfg.max_steps * cfg.micro_batch * cfg.accum * world)
+
+
+def check_first_batch(task: Task, model: torch.nn.Module, collate: Callable, autocast: Callable,
+                      device: torch.device, modes: TrainModes) -> bool:
+    """What step 0 does, on two samples, before the run folder exists: a first batch, the loss,
+    and its backward. A malformed task is bad input here, not a failure halfway through the
+    first window. Runs in eval mode (no BatchNorm statistics or dropout draws spent) and
+    leaves no gradient behind. False if it could not run (out of memory: the run's own
+    recovery decides)."""
+    data, name = task.train_data, task.name
+    try:
+        batch = to_device(collate([data[i] for i in range(min(2, len(data)))]), device)
+    except Exception as e:
+        raise TaskError(f"task {name}: building a first batch failed: {type(e).__name__}: {e}") from None
+    model.eval()
+    try:
+        with autocast():
+            out = task.loss(model, batch)
+        loss_sum, _ = check_loss_output(name, out)
+        if not loss_sum.requires_grad:
+            raise TaskError(f"task {name}: loss_sum has no gradient (a .detach(), .item() or torch.no_grad() "
+                            "in the loss?)")
+        loss_sum.backward()
+    except TaskError:
+        raise
+    except Exception as e:
+        if is_oom(e):
+            return False
+        raise TaskError(f"task {name}: loss(model, batch) failed on a first batch: {type(e).__name__}: {e}") from None
+    finally:
+        model.zero_grad(set_to_none=True)
+        modes.restore_built(model)
+    return True
+
+
+def _window_policy(cfg: TrainConfig, task: Task) -> WindowPolicy:
+    data = task.train_data
+    if cfg.token_budget is None:
+        return FixedWindows(len(data), cfg.seed)
+    assert task.sample_length is not None
+    try:
+        lengths = [int(task.sample_length(data[i])) for i in range(len(data))]
+    except Exception as e:
+        raise TaskError(f"task {task.name}: sample_length(sample) failed: {type(e).__name__}: {e}") from None
+    return TokenBudgetWindows(len(data), cfg.seed, cfg.token_budget, lengths.__getitem__, cfg.micro_tokens)
+
+
+def _claim_folder(cfg: TrainConfig, ctx: D.DistContext) -> tuple[str, Optional[RunLock]]:
+    """The run folder, and (rank 0) the OS lock that makes this process its one writer; a
+    killed writer's temporary files are removed once the folder is ours."""
+    if cfg.resume:
+        run_dir = cfg.resume
+        if not os.path.isfile(os.path.join(run_dir, "run.db")):
+            raise ConfigError(f"--resume {run_dir}: not a run folder (no run.db)")
+    else:
+        run_dir = cfg.run_dir or default_run_dir(cfg.task)
+        if ctx.is_main:
+            check_writable_dir(run_dir)
+    if not ctx.is_main:
+        return run_dir, None
+    lock = runlock.acquire(run_dir)
+    if not cfg.resume and os.path.exists(os.path.join(run_dir, "run.db")):  # another writer got in first
+        lock.release()
+        raise ConfigError(f"--run-dir {run_dir}: already holds a run (use --resume {run_dir} to continue it)")
+    ckpt.remove_orphans(run_dir, lock)
+    return run_dir, lock
+
+
+def _load_state(origin: Origin, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                scaler: Optional[torch.amp.GradScaler], scheduler: Any) -> None:
+    """Weights, optimizer, scaler and scheduler from the checkpoint, before anything is
+    written: a checkpoint that does not fit is bad input."""
+    state = origin.state
+    assert state is not None
+    try:
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        if scaler is not None and state.get("scaler"):
+            scaler.load_state_dict(state["scaler"])
+        if scheduler is not None and state.get("scheduler"):
+            scheduler.load_state_dict(state["scheduler"])
+    except (RuntimeError, ValueError, KeyError, TypeError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ConfigError(f"checkpoint {origin.path} does not fit the task: {first[:200]}") from None
+
+
+def check_writable_dir(path: str) -> None:
+    """Refuse a run folder we could not write. Creates the folder (the run is about to
+    start), and removes what it created if any part is not writable."""
+    import tempfile
+    if os.path.exists(path):
+        if not os.path.isdir(path):
+            raise ConfigError(f"--run-dir {path}: exists and is not a folder")
+        if os.path.exists(os.path.join(path, "run.db")):
+            raise ConfigError(f"--run-dir {path}: already holds a run (use --resume {path} to continue it)")
+    created = []
+    probe = os.path.join(path, ckpt.CKPT_DIR)
+    try:
+        missing, p = [], os.path.abspath(probe)
+        while not os.path.exists(p):
+            missing.append(p)
+            p = os.path.dirname(p)
+        for d in reversed(missing):
+            os.mkdir(d)
+            created.append(d)
+        fd, tmp = tempfile.mkstemp(prefix=".probe-", dir=probe)
+        os.close(fd)
+        os.unlink(tmp)
+    except OSError as e:
+        for d in reversed(created):
+            try:
+                os.rmdir(d)
+            except OSError:
+                pass
+        raise ConfigError(f"--run-dir {path}: not writable ({e.strerror or e})") from None

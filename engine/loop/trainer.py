@@ -1,0 +1,447 @@
+"""The training engine's run loop: epochs, windows, boundaries, stop.
+
+One optimizer step is one accumulation window. Read `_train_epochs` top to bottom:
+the policy plans the epoch's windows, `step_window` trains one (accumulate.py does
+the micro-batches, step.py the optimizer step), `_report` turns its numbers into
+metrics and alerts, and commands are applied only at boundaries, so no window is
+ever split between two settings. Set-up is setup.py, checkpoints run_state.py,
+commands inbox.py + command_rules.py, alerts watchers.py. No Qt here.
+"""
+from __future__ import annotations
+
+import os
+import queue
+import threading
+import time
+from collections import deque
+from typing import Callable, Optional
+
+import torch
+
+from engine.checkpoints import files as ckpt
+from engine import distributed as D
+from . import opening, run_state
+from engine.window import sampling as W
+from engine.window.accumulate import StopRequested, train_window
+from engine.control.rules import CommandRules
+from .autopilot import MAX_IN_A_ROW, Autopilot, roll_back
+from engine.control.boundaries import Boundaries
+from engine.memory.activation_checkpointing import why_no_switch
+from engine.declarations.commands import Command, Stop
+from engine.declarations.config import TrainConfig
+from engine.distributed.devices import device_name
+from .evaluate import validation_loss
+from engine.declarations.events import (CheckpointSaved, EpochEnd, Event, LrPlanned, MemorySnapshot,
+    OomRecovered, RunFailed, RunFinished, RunStarted, StoreProblem)
+from .finder import NothingFits, find_micro_batch
+from engine.control.inbox import CommandInbox
+from engine.memory.forecast import MemoryModel
+from engine.window.oom import free_memory, halved, is_oom, smaller_shape
+from engine.declarations.paths import resolve_task_spec
+from .progress import Progress
+from engine.declarations.settings import LiveSettings, scaled_to_reference
+from .setup import RunParts, build
+from .report import Launched, failure_message, skip_events, skip_kind, step_metrics
+from engine.window.step import InFlight, WindowNumbers
+from engine.store import RunStore
+from engine.tasks.task import Task
+from .views import TrainerViews
+from engine.declarations.outcome import (NonFiniteStop, OutOfMemoryStop, RunResult, StepNotRedoable,
+    TrainingError)
+from .watchers import (BatchNormWatcher, ClipSaturationWatcher, LeversWatcher, MemoryForecastWatcher,
+    VramLowWatcher, Watcher)
+
+
+class Trainer(TrainerViews):
+    def __init__(self, config: TrainConfig, task: Optional[Task] = None,
+                 sink: Optional[Callable[[Event], None]] = None,
+                 commands: Optional["queue.Queue[Command]"] = None,
+                 dist_ctx: Optional[D.DistContext] = None) -> None:
+        config = config.validate()
+        self.config = config.with_(task=resolve_task_spec(config.task))  # resumable from any folder
+        self.sink = sink
+        self.commands: "queue.Queue[Command]" = commands if commands is not None else queue.Queue()
+        self.ctx = dist_ctx if dist_ctx is not None else D.from_env()
+        self._task = task
+        self._stop = threading.Event()
+        self._stop_agreed = False  # under torchrun: a stop every rank knows about (see _report)
+        self._step_commands_agreed = False  # under torchrun: rank 0 holds commands for the next step
+        self._feed_index = 0  # the window's place in the current plan (the feeder's position)
+        self.parts: Optional[RunParts] = None
+        self.store: Optional[RunStore] = None
+        self.inbox = CommandInbox(self.commands, self._stop, self.ctx, self._emit)
+        self.boundaries = Boundaries(self.inbox, self._rules, self._emit, self._settings_changed)
+        self.progress = Progress()
+        self.settings = LiveSettings.from_config(self.config)
+        self.memory_model = MemoryModel()
+        self.watchers: list[Watcher] = []
+        self.autopilot: Optional[Autopilot] = None  # --nonfinite rollback / --spike-factor
+        self._in_flight: deque[Launched] = deque()
+        self._losses: list[float] = []  # the loss of every applied step, for RunResult
+        self._store_problems: list[str] = []  # from the store's flusher thread, emitted by this one
+
+    # -- control from other threads -------------------------------------------------------
+    def send(self, command: Command) -> None:
+        """Thread-safe. Settings and pause apply at the next epoch boundary, stop at the next step."""
+        self.commands.put(command)
+        if isinstance(command, Stop):
+            self._stop.set()
+
+    def request_stop(self) -> None:
+        """Thread-safe and signal-safe: stop after the current micro-batch, with a checkpoint."""
+        self._stop.set()
+
+    # -- set-up ---------------------------------------------------------------------------
+    def prepare(self) -> RunParts:
+        """Everything that can fail on bad input, before anything is written (setup.py)."""
+        if self.parts is None:
+            self.parts = build(self.config, self._task, self.ctx)
+            self.inbox.device = self.parts.device
+            self.parts.window.commands_waiting = self.inbox.has_step_commands
+            self.watchers = [ClipSaturationWatcher(), VramLowWatcher(self.config.vram_low_fraction),
+                             MemoryForecastWatcher(self.memory_model, self.config.vram_limit,
+                                                   self.config.memory_margin, self.ctx.world, self.config.precision),
+                             BatchNormWatcher(self.parts.model),
+                             LeversWatcher(self.config.precision, self.ctx.world, self.config.vram_limit,
+                                           self.config.memory_margin, self.config.effective_batch,
+                                           self.parts.switch.layers if self.parts.switch else None,
+                                           self.parts.switch is not None)]
+        return self.parts
+
+    def _rules(self) -> CommandRules:
+        parts = self.prepare()
+
+        def refusal(setting: str) -> Optional[str]:
+            if setting == "checkpointing" and parts.switch is None:
+                return why_no_switch(parts.task, parts.model)
+            return parts.policy.refusal(setting)
+        return CommandRules(len(parts.task.train_data), refusal)
+
+    def _open(self, parts: RunParts) -> None:
+        """Open the run folder (rank 0) and continue from the checkpoint, if any (opening.py)."""
+        if self.ctx.is_main:
+            self.store = self.inbox.store = opening.open_store(parts, self._store_problems.append)
+        if parts.origin.state is not None:
+            self.progress, self.settings, asked = opening.continue_from(parts, parts.origin.state)
+            for cmd in asked:
+                self.commands.put(cmd)
+        if self.store is not None:
+            opening.record_start(self.store, parts, self.progress.step)
+        for note in parts.origin.skipped:
+            self._emit(StoreProblem(self.step, self.epoch, problem=note))
+
+    # -- the run --------------------------------------------------------------------------
+    def run(self) -> RunResult:
+        parts = self.prepare()
+        reason, message = "completed", ""
+        try:
+            self._open(parts)
+            self._emit(RunStarted(self.step, self.epoch, run_dir=os.path.abspath(parts.run_dir),
+                                  task=parts.task.name, device=str(parts.device),
+                                  device_name=device_name(parts.device), torch_version=torch.__version__,
+                                  world_size=self.ctx.world, resumed=parts.resume_state is not None,
+                                  config=self.config.to_dict()))
+            if self.config.find_micro_batch and parts.resume_state is None:
+                try:
+                    found = find_micro_batch(parts, self.memory_model)
+                except NothingFits as e:
+                    raise OutOfMemoryStop(str(e)) from None
+                self.settings = self.settings.with_(micro_batch=found.micro_batch, accum=found.accum)
+                self._emit(found)
+            if self.config.nonfinite == "rollback" or self.config.spike_factor is not None:
+                self.autopilot = Autopilot(self.config.nonfinite == "rollback", self.config.spike_factor, self.step,
+                                           run_state.weights_state(parts))
+            self.settings = scaled_to_reference(self.settings, self.config, self.ctx.world, self._emit, self.step)
+            parts.modes.train_mode(parts.model)  # train mode, except the parts the user froze in eval
+            if self.settings.checkpointing and parts.switch is not None:
+                parts.switch(True)
+            self._emit(self._lr_plan())
+            self._emit_all(BatchNormWatcher(parts.model).check(self.step, self.epoch, self.settings))
+            reason = self._train_epochs(parts)
+        except NonFiniteStop as e:
+            reason, message = "nonfinite", str(e)
+            self._save_checkpoint()
+        except BaseException as e:
+            self._fail(e)
+            if isinstance(e, SystemExit):  # task code called sys.exit(): a failed run, said in one line
+                raise TrainingError(f"the task's code called sys.exit({e.code!r}) at step {self.step}") from None
+            raise
+        self._emit(RunFinished(self.step, self.epoch, reason=reason))
+        self._finish("finished")
+        losses = self._losses
+        return RunResult(parts.run_dir, self.step, self.epoch - 1, reason, losses[-1] if losses else None,
+                         self.progress.nonfinite_steps, self.progress.scaler_skips, losses, message)
+
+    def _train_epochs(self, parts: RunParts) -> str:
+        cfg, p = self.config, self.progress
+        if cfg.max_steps is not None and p.step >= cfg.max_steps:  # resumed at or past the limit
+            return "max_steps"
+        while p.epoch <= cfg.epochs:
+            if p.epoch_offset == 0:
+                self._epoch_boundary()  # pending settings apply here; waits while paused
+                p.start_epoch()  # (a run resumed mid-epoch keeps the epoch's loss so far)
+            if self._stop.is_set():
+                return self._stopped()
+            epoch_start = time.perf_counter()
+            while plan := self._plan_rest_of_epoch(parts):
+                for k, window in enumerate(plan):
+                    self._feed_index = k
+                    if not self.step_window(window):  # stopped mid-window: the partial window is dropped
+                        return self._stopped()
+                    p.window += 1
+                    p.epoch_offset += len(window)
+                    if cfg.max_steps is not None and p.step >= cfg.max_steps:
+                        return self._stopped("max_steps")
+                    self.inbox.poll(p.step, p.epoch, p.epoch + 1)
+                    self._drain_store_problems()
+                    if self._should_stop():
+                        return self._stopped()
+                    if cfg.checkpoint_every and p.step % cfg.checkpoint_every == 0:
+                        self._save_checkpoint(step_checkpoint=True)
+                    if self.autopilot is not None and self.autopilot.pending is not None:
+                        self._roll_back(parts)
+                    if self._step_boundary():  # the windows changed: plan the rest of the epoch anew
+                        break
+                else:
+                    break  # the epoch's plan is done
+            self._drain()
+            done = EpochEnd(p.step, p.epoch, train_loss=p.epoch_train_loss,
+                            val_loss=validation_loss(parts, self.settings.micro_batch),
+                            seconds=time.perf_counter() - epoch_start)
+            p.end_epoch()
+            self._save_checkpoint(epoch_done=p.epoch - 1)  # before the event: what is seen is saved
+            self._emit(done)
+        return "completed"
+
+    def _plan_rest_of_epoch(self, parts: RunParts) -> list[list[int]]:
+        """The windows of the epoch from the first sample not yet trained, as the current
+        settings cut them; the feeder's workers start loading them."""
+        plan = parts.policy.plan(self.epoch, self.settings, self.ctx.world, start=self.progress.epoch_offset)
+        parts.feeder.begin_epoch([W.rank_share(w, self.ctx.rank, self.ctx.world) for w in plan],
+                                 lambda share: parts.policy.split(share, self.settings))
+        return plan
+
+    def _roll_back(self, parts: RunParts) -> None:
+        """The autopilot saw a divergence: back to the newest good checkpoint (autopilot.py)."""
+        ap = self.autopilot
+        assert ap is not None and ap.pending is not None
+        self._drain()
+        trouble = ap.pending
+        if not ap.rolled_back():
+            raise NonFiniteStop(f"gave up after {MAX_IN_A_ROW} rollbacks in a row without progress ({trouble.reason} "
+                                f"at step {trouble.at_step})")
+        self.progress, settings, event = roll_back(parts, self.progress, self.settings, trouble,
+                                                   ap.target(trouble), ap.start_state)
+        if self.store is not None:
+            self.store.discard_after(self.step, f"rolled back at step {trouble.at_step} ({trouble.reason})")
+        self._emit(event)
+        self._settings_changed(self.settings, settings)
+
+    def _stopped(self, reason: str = "stopped") -> str:
+        self._save_checkpoint()
+        return reason
+
+    def _should_stop(self) -> bool:
+        return self._stop_agreed if self.ctx.enabled else self._stop.is_set()
+
+    # -- one optimizer step -----------------------------------------------------------------
+    def step_window(self, window: list[int]) -> bool:
+        """Train one window (False if a stop interrupted it). On out-of-memory, halve the
+        micro-batch and redo the window from its first sample."""
+        parts = self.prepare()
+        t0 = time.perf_counter()
+        share = W.rank_share(window, self.ctx.rank, self.ctx.world)
+        if parts.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(parts.device)  # so mem_peak is this window's peak
+        launch_settings = parts.lr.for_window(self.settings, self.progress.samples)
+        while True:
+            micro = parts.policy.split(share, self.settings)
+            try:
+                flight = self.train_window(micro, len(window))
+                break
+            except StopRequested:
+                self.drop_window_grads()
+                self._drain()
+                return False
+            except BaseException as e:
+                if not is_oom(e):
+                    raise
+                self._snapshot_oom(parts)  # while the exception still holds what filled the memory
+            # Out of memory: recover here, once the exception (and the frames it holds) is gone.
+            self.drop_window_grads()
+            free_memory(parts.device)
+            self._set_shape(*halved(self.settings.micro_batch, self.settings.accum, self.config.oom_recovery))
+        self.progress.step += 1
+        self.progress.samples += len(window)
+        if parts.scheduler is not None:
+            run_state.step_scheduler(parts.scheduler)
+        if self.settings.micro_batch != launch_settings.micro_batch:  # shrunk after an out-of-memory error
+            launch_settings = launch_settings.with_(micro_batch=self.settings.micro_batch, accum=self.settings.accum)
+        self._in_flight.append(Launched(self.step, self.epoch, len(window), len(micro), launch_settings, t0,
+                                        parts.probe.sample(), flight, parts.memory.last, parts.device))
+        # Deferred steps are reported once the next one is launched: by then their numbers
+        # reached pinned memory while this window's work queued behind them.
+        while len(self._in_flight) > parts.window.stepper.depth:
+            self._report(self._in_flight.popleft())
+        return True
+
+    def _lr_plan(self) -> LrPlanned:
+        return self.prepare().lr.plan(self.step, self.epoch, self.settings.lr, self.progress.samples)
+
+    def train_window(self, micro: list[list[int]], window_samples: int) -> InFlight:
+        """Forward/backward each micro-batch, then the optimizer step (accumulate.py)."""
+        parts = self.prepare()
+        batches = parts.feeder.take(self._feed_index, micro)  # one at a time: none outlives its backward
+        s = self.settings
+        return train_window(parts.window, batches, window_samples, s.clip, s.micro_batch,
+                            self._stop.is_set)
+
+    def _snapshot_oom(self, parts: RunParts) -> None:
+        if self.config.memory_snapshot != "on-oom":
+            return
+        path = parts.snapshots.on_oom(parts.run_dir, self.step + 1, rank=self.ctx.rank if self.ctx.enabled else None)
+        self._emit(MemorySnapshot(self.step, self.epoch, path=path, reason="" if path else parts.snapshots.reason))
+
+    def _set_shape(self, micro_batch: int, accum: int) -> None:
+        """A smaller micro-batch after an out-of-memory error (here or on another rank)."""
+        s = self.settings
+        self.settings = s.with_(micro_batch=micro_batch, accum=accum)
+        self._emit(OomRecovered(self.step, self.epoch, s.micro_batch, s.accum, micro_batch, accum))
+
+    def drop_window_grads(self) -> None:
+        """Forget a window that will not be stepped: its gradients and any fp16 inf checks."""
+        parts = self.prepare()
+        parts.optimizer.zero_grad(set_to_none=True)
+        if parts.scaler is not None:
+            parts.scaler._per_optimizer_states.clear()  # noqa: SLF001 - no public reset exists
+
+    def _drain(self) -> None:
+        while self._in_flight:
+            self._report(self._in_flight.popleft())
+
+    def _report(self, launched: Launched) -> None:
+        """A finished step's numbers become events: metrics, alerts, agreement, stop."""
+        nums = launched.flight.numbers()
+        if self.ctx.enabled:
+            self._agree(nums)
+        parts, p = self.prepare(), self.progress
+        skip = skip_kind(nums, parts.scaler)
+        p.scaler_skips += skip == "scaler"
+        p.nonfinite_steps += skip == "nonfinite"
+        self._emit_all(skip_events(launched, nums, skip, parts, self.config.nonfinite))
+        m = step_metrics(launched, nums, skip)
+        self._emit(m)
+        if not skip:
+            self._losses.append(m.loss)
+            p.add_loss(m.loss, nums.count)
+        for w in self.watchers:
+            self._emit_all(w.on_step(m, self.settings))
+        if self.autopilot is not None and skip != "scaler":
+            self.autopilot.observe(m.step, m.loss, skip == "nonfinite")
+        if skip == "nonfinite" and self.config.nonfinite == "stop":
+            self._drain()
+            raise NonFiniteStop(f"non-finite loss or gradient at step {launched.step}: stopped with the last "
+                                "good weights saved (--nonfinite stop)")
+
+    def _agree(self, nums: WindowNumbers) -> None:
+        """torchrun: every rank takes the same stop decision and the same (smallest) micro-batch."""
+        if nums.stop_any:
+            self._stop_agreed = True
+        if nums.step_commands_any:
+            self._step_commands_agreed = True
+        if nums.min_micro < self.settings.micro_batch:  # another rank ran out of memory and fell back
+            self._set_shape(*smaller_shape(self.settings.micro_batch, self.settings.accum, nums.min_micro))
+
+    # -- commands at boundaries -----------------------------------------------------------------
+    def _step_boundary(self) -> bool:
+        """Settings sent with at="step" apply here, between two windows. True if that changed
+        how the epoch is cut into windows."""
+        agreed, self._step_commands_agreed = self._step_commands_agreed, False
+        before = self.settings
+        self.settings = self.boundaries.step(self.step, self.epoch, before, agreed)
+        return before.window_samples != self.settings.window_samples
+
+    def _epoch_boundary(self) -> None:
+        self.settings = self.boundaries.epoch(self.step, self.epoch, self.settings)
+
+    def _settings_changed(self, before: LiveSettings, after: LiveSettings) -> None:
+        """What follows a change: the new lr curve, the watchers' word, and run.db on disk."""
+        self.settings = after
+        self.prepare().lr.invalidate()  # the next window writes the scheduled lr of the new peak
+        changed = {f for f in before.to_dict() if getattr(before, f) != getattr(after, f)}
+        if "checkpointing" in changed:
+            self.prepare().switch(after.checkpointing)  # CommandRules refused it if there is no switch
+        if "lr" in changed:
+            run_state.rescale_scheduler(self.prepare(), before.lr, after.lr)
+            self._emit(self._lr_plan())
+        for w in self.watchers:
+            self._emit_all(w.on_settings(self.step, self.epoch, after, changed))
+        if self.store is not None:
+            self.store.commit()
+
+    # -- checkpoints, failure, finish -------------------------------------------------------------
+    def _save_checkpoint(self, epoch_done: Optional[int] = None, step_checkpoint: bool = False) -> None:
+        if self.step == 0:
+            return
+        self._drain()
+        if self.autopilot is not None:  # every rank: each must know the same rollback targets
+            numbered = run_state.numbered_path(self.prepare(), self.step, epoch_done, step_checkpoint)
+            self.autopilot.saved(self.step, numbered or ckpt.last_path(self.run_dir), numbered is not None)
+        if not self.ctx.is_main:
+            return
+        assert self.store is not None and self.parts is not None
+        self._drain()
+        self.store.commit()  # metrics first: run.db never lags behind a checkpoint
+        try:
+            path = run_state.save(self.parts, self.progress, self.settings, epoch_done, step_checkpoint)
+        except OSError as e:
+            raise TrainingError(f"could not write checkpoint {ckpt.last_path(self.parts.run_dir)}: "
+                                f"{e.strerror or e}; the previous checkpoint is kept") from None
+        self._emit(CheckpointSaved(self.step, self.epoch, path=path))
+
+    def _fail(self, e: BaseException) -> None:
+        msg = failure_message(e, self.ctx, (TrainingError,))
+        try:
+            if self.step > 0 and not isinstance(e, StepNotRedoable):  # that rank's state is half-stepped
+                self._save_checkpoint()
+        except Exception as save_error:  # the disk may be the problem: say so, keep the old checkpoint
+            msg += f" (checkpoint not written: {save_error})"
+        self._emit(RunFailed(self.step, self.epoch, error=msg), safe=True)
+        self._finish("failed", safe=True)
+
+    def _finish(self, status: str, safe: bool = False) -> None:
+        try:
+            if self.store is not None:
+                self.store.set_info(status=status, finished=time.time(), step=self.step)
+                self.store.close()
+                self.store = self.inbox.store = None
+        except Exception:
+            if not safe:
+                raise
+        finally:
+            if self.parts is not None:
+                if self.parts.lock is not None:
+                    self.parts.lock.release()  # after the store closed: the folder is free for the next writer
+                self.parts.probe.close()
+                self.parts.snapshots.stop()
+                self.parts.feeder.close()
+            D.shutdown(self.ctx, clean=status == "finished")
+
+    # -- events ---------------------------------------------------------------------------
+    def _emit(self, event: Event, safe: bool = False) -> None:
+        try:
+            if self.store is not None:
+                self.store.record(event)
+        except Exception:
+            if not safe:
+                raise
+        if self.sink is not None and self.ctx.is_main:
+            self.sink(event)
+
+    def _drain_store_problems(self) -> None:
+        while self._store_problems:
+            self._emit(StoreProblem(self.step, self.epoch, problem=self._store_problems.pop(0)))
+
+    def _emit_all(self, events: list[Event]) -> None:
+        for e in events:
+            self._emit(e)

@@ -1,0 +1,59 @@
+"""Read-only views of a trainer for tests, the CLI and the app: where the run is and what it
+trains, without reaching into its parts."""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+
+from .progress import Progress
+from engine.tasks.task import Task
+
+
+class TrainerViews:
+    progress: Progress
+    parts: Any
+
+    def prepare(self) -> Any:  # the trainer's: builds the parts on first use
+        raise NotImplementedError
+
+    @property
+    def step(self) -> int:
+        return self.progress.step
+
+    @property
+    def epoch(self) -> int:
+        return self.progress.epoch
+
+    @property
+    def nonfinite_steps(self) -> int:
+        return self.progress.nonfinite_steps
+
+    @property
+    def deferred(self) -> bool:
+        """True when steps are reported one step late (the sync-free step, step.py)."""
+        return self.prepare().window.stepper.depth > 0
+
+    @property
+    def run_dir(self) -> str:
+        return self.parts.run_dir if self.parts is not None else ""
+
+    @property
+    def model(self) -> torch.nn.Module:
+        return self.prepare().model
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        return self.prepare().optimizer
+
+    @property
+    def scaler(self) -> Optional[torch.amp.GradScaler]:
+        return self.prepare().scaler
+
+    @property
+    def device(self) -> torch.device:
+        return self.prepare().device
+
+    @property
+    def task(self) -> Task:
+        return self.prepare().task

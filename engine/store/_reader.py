@@ -1,0 +1,184 @@
+"""The side of run.db other processes use: `RunReader` (read-only, live or finished runs,
+damaged files salvaged) and `send_command` (queue a command for a running engine).
+
+`RunReader` reads only the columns a file has (NULL for the others), so runs written by an
+older engine open. Torch-free: the app reads run folders with it without loading torch.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import time
+from typing import Any, Iterable, Optional
+
+from engine.declarations.commands import Command
+from ._tables import DB_NAME, DISCARD_COLUMNS, METRIC_COLUMNS, StoreError
+
+
+def send_command(run_dir: str, command: Command) -> int:
+    """Queue a command for a run in another process. Returns the row id."""
+    path = os.path.join(run_dir, DB_NAME)
+    if not os.path.isfile(path):
+        raise StoreError(f"{run_dir} is not a run folder (no {DB_NAME})")
+    try:
+        db = sqlite3.connect(path, timeout=10)
+    except sqlite3.Error as e:
+        raise StoreError(f"{path}: {e}") from None
+    try:
+        cur = db.execute("INSERT INTO commands (time, kind, payload) VALUES (?,?,?)",
+                         (time.time(), command.kind, command.to_json()))
+        db.commit()
+        return int(cur.lastrowid)
+    except sqlite3.Error as e:
+        raise StoreError(f"could not queue {command.kind} in {path}: {e}") from None
+    finally:
+        db.close()
+
+
+def _uri(path: str, mode: str = "ro") -> str:
+    from urllib.parse import quote
+    return f"file:{quote(os.fsencode(os.path.abspath(path)))}?mode={mode}"
+
+
+def _decode(b: bytes) -> str:
+    return b.decode("utf-8", "replace")  # text another program wrote that is not UTF-8
+
+
+class RunReader:
+    """Read-only view of a run folder, live or finished. Used by the app and tests."""
+
+    def __init__(self, run_dir: str) -> None:
+        self.run_dir = run_dir
+        self.path = os.path.join(run_dir, DB_NAME)
+        self.problems: list[str] = []  # what could not be read, for the user
+        self._salvage_path: Optional[str] = None
+        if not os.path.isfile(self.path):
+            raise StoreError(f"{run_dir} is not a run folder (no {DB_NAME})")
+        try:
+            # mode=ro: never create or change the file; WAL readers still see live commits.
+            self._db = sqlite3.connect(_uri(self.path), uri=True, timeout=5, check_same_thread=False)
+            self._db.text_factory = _decode
+            self._db.execute("SELECT count(*) FROM run").fetchone()
+        except sqlite3.DatabaseError as e:
+            if "locked" in str(e) or "no such table" in str(e) or not self._salvage(str(e)):
+                raise StoreError(f"{self.path} cannot be read: {e}") from None
+
+    @property
+    def connection(self) -> sqlite3.Connection:
+        """The open read-only connection (for a damaged file, to the salvaged copy), for a
+        reader that runs its own column queries over the metrics table (the app's long runs)."""
+        return self._db
+
+    def _salvage(self, error: str) -> bool:
+        """A truncated run.db (a full disk, a copy cut short): SQLite refuses the whole file when
+        its header promises more pages than there are. Read a private copy whose header is
+        corrected to the pages that exist; tables on the missing pages come back short."""
+        import shutil
+        import struct
+        import tempfile
+        try:
+            with open(self.path, "rb") as f:
+                data = bytearray(f.read())
+            if len(data) < 100 or not data.startswith(b"SQLite format 3\x00"):
+                return False
+            page = struct.unpack(">H", data[16:18])[0]
+            page = 65536 if page == 1 else page
+            data = data[: len(data) // page * page]
+            data[28:32] = struct.pack(">I", len(data) // page)
+            fd, tmp = tempfile.mkstemp(prefix="headroom-salvage-", suffix=".db")
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            wal = self.path + "-wal"
+            if os.path.exists(wal):
+                shutil.copyfile(wal, tmp + "-wal")
+            db = sqlite3.connect(_uri(tmp), uri=True, check_same_thread=False)
+            db.text_factory = _decode
+            db.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        except (OSError, sqlite3.DatabaseError):
+            return False
+        self._db, self._salvage_path = db, tmp
+        self.problems.append(f"run.db is damaged ({error}): showing what could be read")
+        return True
+
+    def _present(self, table: str) -> set[str]:
+        try:
+            return {r[1] for r in self._db.execute(f"PRAGMA table_info({table})")}
+        except sqlite3.DatabaseError:
+            return set()
+
+    def _select(self, table: str, wanted: Iterable[str]) -> str:
+        """The select list for `wanted`: columns this file has, NULL for those it lacks (a run
+        written by an older engine)."""
+        have = self._present(table)
+        return ",".join(f'"{c}"' if c in have else "NULL" for c in wanted)
+
+    def info(self) -> dict[str, Any]:
+        out = {}
+        for k, v in self._query("SELECT key, value FROM run"):
+            try:
+                out[k] = json.loads(v)
+            except (TypeError, ValueError, RecursionError):
+                out[k] = v
+        return out
+
+    def metrics(self, after_step: int = -1) -> list[dict[str, Any]]:
+        rows = self._query(f"SELECT {self._select('metrics', METRIC_COLUMNS)} FROM metrics "
+                           "WHERE step > ? ORDER BY step", (after_step,))
+        return [dict(zip(METRIC_COLUMNS, r)) for r in rows]
+
+    def discarded(self) -> list[dict[str, Any]]:
+        """Metrics rows a resume or a rerun of a step superseded, in the order they were moved,
+        each with `discarded_at` and `reason`. Empty for runs written before they were kept."""
+        if not self._present("discarded_metrics"):
+            return []
+        cols = METRIC_COLUMNS + DISCARD_COLUMNS
+        rows = self._query(f"SELECT {self._select('discarded_metrics', cols)} FROM discarded_metrics ORDER BY rowid")
+        return [dict(zip(cols, r)) for r in rows]
+
+    def epochs(self) -> list[dict[str, Any]]:
+        cols = ("epoch", "step", "train_loss", "val_loss", "seconds")
+        rows = self._query(f"SELECT {','.join(cols)} FROM epochs ORDER BY epoch")
+        return [dict(zip(cols, r)) for r in rows]
+
+    def events(self, after_id: int = 0, kinds: Optional[Iterable[str]] = None) -> list[dict[str, Any]]:
+        rows = self._query("SELECT id, time, step, epoch, kind, message, data FROM events WHERE id > ? ORDER BY id",
+                           (after_id,))
+        out = []
+        for r in rows:
+            if kinds is not None and r[4] not in kinds:
+                continue
+            try:
+                data = json.loads(r[6]) if r[6] else {}
+            except (TypeError, ValueError, RecursionError):
+                data = {}
+            out.append(dict(id=r[0], time=r[1], step=r[2], epoch=r[3], kind=r[4], message=r[5], data=data))
+        return out
+
+    def commands(self) -> list[dict[str, Any]]:
+        cols = ("id", "time", "kind", "payload", "status", "applied_step", "note")
+        return [dict(zip(cols, r)) for r in self._query(f"SELECT {','.join(cols)} FROM commands ORDER BY id")]
+
+    def _query(self, sql: str, args: tuple = ()) -> list[tuple]:
+        rows: list[tuple] = []
+        try:
+            for row in self._db.execute(sql, args):  # row by row: a damaged table gives what it has
+                rows.append(row)
+        except sqlite3.DatabaseError as e:
+            if self._salvage_path is None or "malformed" not in str(e):
+                raise StoreError(f"{self.path}: {e}") from None
+            table = sql.split(" FROM ")[1].split()[0]
+            note = f"{table}: only the first {len(rows)} rows could be read ({e})"
+            if note not in self.problems:
+                self.problems.append(note)
+        return rows
+
+    def close(self) -> None:
+        self._db.close()
+        if self._salvage_path is not None:
+            for suffix in ("", "-wal", "-shm"):
+                try:
+                    os.unlink(self._salvage_path + suffix)
+                except OSError:
+                    pass
+            self._salvage_path = None

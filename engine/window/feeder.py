@@ -1,0 +1,113 @@
+"""Micro-batches on their way to the model: the plan's micro-batches, fetched and collated
+by `torch.utils.data.DataLoader` workers ahead of the step that needs them.
+
+The DataLoader's batch sampler yields exactly the plan's micro-batches of this rank, in
+training order, for the rest of the epoch, so workers prefetch the next window while this
+one trains. The sample order is the plan's: the weights after a run do not depend on the
+number of workers. When the split changes (an out-of-memory redo, a micro-batch changed at
+a step boundary) the sampler is re-aimed from the current window and the workers, kept
+alive (`persistent_workers`), start over from there; batches fetched for the old split
+are dropped, never trained on.
+
+With 0 workers the batches are fetched in the training thread, as a plain loop would:
+no DataLoader machinery on the hot path of a model that loads from memory.
+"""
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Callable, Iterator, Optional, Sequence
+
+import torch
+
+from engine.distributed.devices import to_device
+
+Split = Callable[[Sequence[int]], list[list[int]]]
+AUTO_MAX_WORKERS = 4
+AUTO_LOAD_SECONDS = 0.5e-3  # per micro-batch: above this, loading competes with the step
+
+
+class _PlanSampler:
+    """A batch sampler over a list of micro-batches that the feeder replaces as it goes."""
+
+    def __init__(self) -> None:
+        self.batches: list[list[int]] = []
+
+    def __iter__(self) -> Iterator[list[int]]:
+        return iter(list(self.batches))
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+
+class Feeder:
+    def __init__(self, dataset: Any, collate: Callable[[list], Any], device: torch.device, workers: int,
+                 seed: int, prefetch: int = 2) -> None:
+        self.dataset, self.collate, self.device, self.workers = dataset, collate, device, workers
+        self._sampler = _PlanSampler()
+        self._loader: Optional[torch.utils.data.DataLoader] = None
+        if workers > 0:
+            # Its own generator: creating an iterator draws a seed from it, and drawing from the
+            # global RNG would change the model's dropout masks with the number of workers.
+            self._loader = torch.utils.data.DataLoader(
+                dataset, batch_sampler=self._sampler, collate_fn=collate, num_workers=workers,
+                pin_memory=device.type == "cuda", persistent_workers=True, prefetch_factor=prefetch,
+                generator=torch.Generator().manual_seed(seed))
+        self._it: Optional[Iterator[Any]] = None
+        self._expected: list[list[int]] = []  # what the iterator will yield next, in order
+        self._shares: list[list[int]] = []  # this epoch's windows (this rank's share of each)
+        self._split: Optional[Split] = None
+
+    def begin_epoch(self, shares: list[list[int]], split: Split) -> None:
+        """This rank's share of each of the epoch's windows, and how a share splits now."""
+        self._shares, self._split = shares, split
+        self._it, self._expected = None, []
+
+    def take(self, k: int, micro: list[list[int]]) -> Iterator[Any]:
+        """The micro-batches of window k (split as `micro`), on the device, one at a time."""
+        if self._loader is None:
+            for idx in micro:
+                yield self._fetch(idx)
+            return
+        if self._it is None or self._expected[:len(micro)] != micro:
+            self._aim(k, micro)
+        for _ in micro:
+            self._expected.pop(0)
+            assert self._it is not None
+            yield to_device(next(self._it), self.device)
+
+    def _aim(self, k: int, micro: list[list[int]]) -> None:
+        """Point the workers at window k (split as `micro`) and the windows after it."""
+        assert self._loader is not None and self._split is not None
+        rest = [mb for share in self._shares[k + 1:] for mb in self._split(share)]
+        self._sampler.batches = list(micro) + rest
+        self._expected = list(self._sampler.batches)
+        self._it = iter(self._loader)  # persistent workers: a reset, not a new pool
+
+    def _fetch(self, indices: list[int]) -> Any:
+        data = self.dataset
+        return to_device(self.collate([data[j] for j in indices]), self.device)
+
+    def close(self) -> None:
+        """Stop the workers (they are daemons, but a run that ends should not leave them)."""
+        self._it = None
+        if self._loader is not None:
+            it = getattr(self._loader, "_iterator", None)
+            if it is not None and hasattr(it, "_shutdown_workers"):
+                it._shutdown_workers()  # noqa: SLF001 - the documented way to end persistent workers early
+            self._loader._iterator = None  # noqa: SLF001
+            self._loader = None
+
+
+def auto_workers(dataset: Any, micro_batch: int, cpus: Optional[int] = None) -> int:
+    """Workers for `--workers auto`: none for data that loads from memory, else up to 4
+    (leaving a core to the training thread) when a micro-batch takes over 0.5 ms to load."""
+    n = min(len(dataset), 8)
+    t0 = time.perf_counter()
+    for i in range(n):
+        dataset[i]
+    per_sample = (time.perf_counter() - t0) / max(n, 1)
+    if per_sample * micro_batch <= AUTO_LOAD_SECONDS:
+        return 0
+    cpus = cpus or os.cpu_count() or 1
+    return max(1, min(AUTO_MAX_WORKERS, cpus - 1))
