@@ -37,7 +37,7 @@ BLOCKING_TASK = str(ROOT / "tests" / "faults" / "blocking_task.py")
 WRITER = r'''
 import os, sys, time
 sys.path.insert(0, sys.argv[3])
-from engine import runlock
+from engine.store import runlock
 from engine.declarations.config import TrainConfig
 from engine.declarations.events import RunStarted, StepMetrics
 from engine.store import RunStore
@@ -64,7 +64,7 @@ while True:
 '''
 
 
-LOCKER = "import sys, time\nsys.path.insert(0, sys.argv[2])\nfrom engine import runlock\n" \
+LOCKER = "import sys, time\nsys.path.insert(0, sys.argv[2])\nfrom engine.store import runlock\n" \
          "lock = runlock.acquire(sys.argv[1])\nprint('locked', flush=True)\ntime.sleep(120)\n"
 
 
