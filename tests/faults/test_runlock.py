@@ -22,7 +22,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 HOLDER = """
 import os, sys, time
 sys.path.insert(0, {root!r})
-from engine import runlock
+from engine.store import runlock
 lock = runlock.acquire(sys.argv[1])
 if len(sys.argv) > 2 and sys.argv[2] == "fork":
     child = os.fork()
@@ -98,7 +98,7 @@ def test_another_process_probing_holder_never_makes_acquire_fail(tmp_path):
     prober = subprocess.Popen([sys.executable, "-c", f"""
 import sys, time
 sys.path.insert(0, {ROOT!r})
-from engine import runlock
+from engine.store import runlock
 t = time.monotonic()
 while time.monotonic() - t < 20:
     runlock.holder({str(tmp_path)!r})

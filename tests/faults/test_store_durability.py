@@ -392,7 +392,7 @@ def test_commands_left_pending_by_an_earlier_engine_expire_when_a_new_one_takes_
 WRITER = """
 import sys, torch
 sys.path.insert(0, {root!r})
-from engine import checkpoint as ckpt
+from engine.checkpoints import files as ckpt
 path = sys.argv[1]
 big = torch.zeros(16 * 2**20)
 i = 0

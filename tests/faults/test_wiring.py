@@ -37,7 +37,7 @@ def tree(folder):
 def test_resume_of_a_run_another_process_writes_is_refused_naming_it(tmp_path):
     run_dir = finished_run(tmp_path)
     holder = subprocess.Popen([sys.executable, "-c", f"import sys, time\nsys.path.insert(0, {ROOT!r})\n"
-                               "from engine import runlock\nlock = runlock.acquire(sys.argv[1])\n"
+                               "from engine.store import runlock\nlock = runlock.acquire(sys.argv[1])\n"
                                "print('locked', flush=True)\ntime.sleep(60)\n", str(run_dir)],
                               stdout=subprocess.PIPE, text=True)
     try:
