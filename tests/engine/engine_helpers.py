@@ -10,8 +10,6 @@ trains `task.model` in place, so build a fresh task for every run.
 from __future__ import annotations
 
 import copy
-import os
-import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
@@ -19,12 +17,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
-
-from engine.declarations.config import TrainConfig  # noqa: E402
-from engine.tasks.task import Task  # noqa: E402
+from engine.declarations.config import TrainConfig
+from engine.tasks.task import Task
+from testkit import ROOT  # noqa: F401 - re-exported: engine tests import it from here
 
 VOCAB = 11
 DIM = 6

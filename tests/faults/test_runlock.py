@@ -16,8 +16,7 @@ import pytest
 from engine.checkpoints import files as ckpt
 from engine.store import runlock
 from engine.declarations.config import ConfigError
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from testkit import ROOT
 
 HOLDER = """
 import os, sys, time
@@ -37,7 +36,7 @@ time.sleep(60)
 
 
 def start_holder(run_dir, *extra):
-    p = subprocess.Popen([sys.executable, "-c", HOLDER.format(root=ROOT), str(run_dir), *extra],
+    p = subprocess.Popen([sys.executable, "-c", HOLDER.format(root=str(ROOT)), str(run_dir), *extra],
                          stdout=subprocess.PIPE, text=True)
     lines = []
     for line in p.stdout:
@@ -97,7 +96,7 @@ def test_another_process_probing_holder_never_makes_acquire_fail(tmp_path):
     stop = threading.Event()
     prober = subprocess.Popen([sys.executable, "-c", f"""
 import sys, time
-sys.path.insert(0, {ROOT!r})
+sys.path.insert(0, {str(ROOT)!r})
 from engine.store import runlock
 t = time.monotonic()
 while time.monotonic() - t < 20:
