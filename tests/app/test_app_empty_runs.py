@@ -11,18 +11,18 @@ from engine.declarations.events import StepMetrics
 from engine.store import RunStore, runlock
 
 from app_folders import LOCKER, tree
-from app_helpers import ROOT, start
-from app_tasks import slow_task
+from app_helpers import ROOT, start, wait_until
+from app_tasks import loading_mark, slow_task
 
 
-# -- 5. no empty run left by a window closed while its task loads ------------------------------------
+# -- no empty run left by a window closed while its task loads ------------------------------------
 def test_closing_while_the_task_loads_leaves_no_empty_run_in_the_history(qtbot, make_window, tmp_path):
     from app.core.runs import list_runs
     runs = tmp_path / "runs"  # HEADROOM_RUNS (the isolated fixture): where the engine names new folders
     w = make_window()
-    # Loading takes well over the wait plus the close's JOIN_S (2 s), however loaded the machine.
+    # Loading takes well over the close's JOIN_S (2 s) from when it starts.
     start(w, task=slow_task(tmp_path, 6.0))  # no --run-dir: a new folder under the runs folder
-    qtbot.wait(300)
+    wait_until(qtbot, loading_mark(tmp_path).exists, 60, "the engine thread to be in build_task")
     assert not w.close()  # hidden until the thread ends
     with qtbot.waitSignal(w.closed, timeout=60_000):
         pass

@@ -72,7 +72,7 @@ def writer(run_dir: Path, info_pid: int | None = None):
         proc.wait()
 
 
-# -- 1. a live run is shown as live, and never gets a second writer ---------------------------
+# -- a live run is shown as live, and never gets a second writer ---------------------------
 def test_a_folder_another_process_writes_is_followed_live_and_names_its_writer(qtbot, make_window, tmp_path):
     run_dir = tmp_path / "shared"
     with writer(run_dir, info_pid=dead_pid()) as proc:  # run.db's pid is no process here: only the lock says live
@@ -142,7 +142,7 @@ def test_the_window_shows_its_own_run_live_without_refusing_itself(qtbot, make_w
     assert w.live_text() == "" and runlock.holder(str(run_dir)) is None
 
 
-# -- 2. commands that cannot reach a run folder --------------------------------------------------
+# -- commands that cannot reach a run folder --------------------------------------------------
 @contextmanager
 def read_only_view(folder: Path, view: Path):
     """`view`: the folder as a read-only mount shows it (root: a read-only bind mount;

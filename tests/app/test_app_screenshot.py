@@ -16,7 +16,7 @@ from app_tasks import slow_task
 APP = [sys.executable, "-m", "app"]
 
 
-# -- 4. a screenshot that cannot be written -------------------------------------------------------
+# -- a screenshot that cannot be written -------------------------------------------------------
 def _one_error(r: subprocess.CompletedProcess) -> str:
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in r.stderr, r.stderr

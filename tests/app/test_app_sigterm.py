@@ -11,13 +11,14 @@ from pathlib import Path
 
 from engine.store import RunReader, runlock
 
+import testkit
 from app_helpers import ROOT
 
 APP = [sys.executable, "-m", "app"]
 BLOCKING_TASK = str(ROOT / "tests" / "faults" / "blocking_task.py")
 
 
-# -- 7. SIGTERM while task code blocks ---------------------------------------------------------------
+# -- SIGTERM while task code blocks ---------------------------------------------------------------
 def _blocked_app(tmp_path: Path):
     mark = tmp_path / "blocked"
     env = {**os.environ, "QT_QPA_PLATFORM": "offscreen", "HEADROOM_FAULT_BLOCK_AFTER": "60",
@@ -31,8 +32,19 @@ def _blocked_app(tmp_path: Path):
         assert proc.poll() is None, proc.communicate()
         assert time.monotonic() < deadline, "the task never blocked"
         time.sleep(0.05)
-    time.sleep(1.5)  # the store's flusher: rows reach run.db within a second
+    # The store's flusher commits the rows so far within a second, with the training thread blocked.
+    testkit.wait_until(lambda: _rows_on_disk(run_dir), 30, "the steps before the block in run.db")
     return proc, run_dir
+
+
+def _rows_on_disk(run_dir: Path) -> int:
+    if not (run_dir / "run.db").exists():
+        return 0
+    reader = RunReader(str(run_dir))
+    try:
+        return len(reader.metrics())
+    finally:
+        reader.close()
 
 
 def _ended(proc, run_dir, seconds):
