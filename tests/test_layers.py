@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from testkit import ROOT
+
 LINT = os.path.join(os.path.dirname(sys.executable), "lint-imports")
 
 pytestmark = pytest.mark.skipif(not os.path.exists(LINT), reason="import-linter is not installed (pip install -e .[dev])")
@@ -21,7 +22,7 @@ def lint(root: str) -> subprocess.CompletedProcess:
 
 
 def test_contracts_are_kept():
-    r = lint(ROOT)
+    r = lint(str(ROOT))
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
     assert "0 broken" in r.stdout
 

@@ -17,7 +17,8 @@ import pytest
 from engine.cli import build_parser
 from engine.store import RunReader
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from testkit import ROOT
+
 README = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
 VENV_PY = os.path.join(ROOT, ".venv", "bin", "python")
 PY = VENV_PY if os.path.exists(VENV_PY) else sys.executable
@@ -42,7 +43,7 @@ def engine_args(line: str) -> list[str]:
 
 
 def run(args: list[str], timeout: int = 300, **kw) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
     return subprocess.run(args, cwd=kw.pop("cwd", ROOT), env=env, capture_output=True, text=True, timeout=timeout, **kw)
 
 

@@ -56,7 +56,7 @@ class Trainer(TrainerViews):
     def __init__(self, config: TrainConfig, task: Optional[Task] = None,
                  sink: Optional[Callable[[Event], None]] = None,
                  commands: Optional["queue.Queue[Command]"] = None,
-                 dist_ctx: Optional[D.DistContext] = None) -> None:
+                 dist_ctx: Optional[D.DistContext] = None, *, db_interval: float = 1.0) -> None:
         config = config.validate()
         self.config = config.with_(task=resolve_task_spec(config.task))  # resumable from any folder
         self.sink = sink
@@ -69,7 +69,7 @@ class Trainer(TrainerViews):
         self._feed_index = 0  # the window's place in the current plan (the feeder's position)
         self.parts: Optional[RunParts] = None
         self.store: Optional[RunStore] = None
-        self.inbox = CommandInbox(self.commands, self._stop, self.ctx, self._emit)
+        self.inbox = CommandInbox(self.commands, self._stop, self.ctx, self._emit, db_interval=db_interval)
         self.boundaries = Boundaries(self.inbox, self._rules, self._emit, self._settings_changed)
         self.progress = Progress()
         self.settings = LiveSettings.from_config(self.config)

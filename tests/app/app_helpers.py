@@ -2,15 +2,12 @@
 from __future__ import annotations
 
 import os
-import sys
-import time
-from pathlib import Path
 from typing import Any, Callable
 
+import testkit
+from testkit import ROOT  # noqa: F401 - re-exported: the app tests import it from here
+
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))  # the real app package (not an editable-install namespace)
 
 from app.core import compat  # noqa: E402,F401 - before any widget is painted (see app/core/compat.py)
 
@@ -19,12 +16,8 @@ FAST = {"task": "mlp", "micro_batch": 64, "accum": 2, "lr": 1e-3, "clip": 1.0, "
 
 
 def wait_until(qtbot: Any, cond: Callable[[], bool], timeout: float = 60.0, what: str = "") -> None:
-    """Process Qt events until cond() holds."""
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what or cond}")
-        qtbot.wait(20)
+    """Process Qt events until cond() holds (testkit.wait_until, polling every 20 ms)."""
+    testkit.wait_until(cond, timeout, what, pause=lambda: qtbot.wait(20))
 
 
 def run_to_end(qtbot: Any, window: Any, timeout: float = 120.0) -> dict:

@@ -79,12 +79,19 @@ def loss(model, batch):
 
 
 def build_task(seed):
+    open({mark!r}, "w").close()  # loading now: tests wait for this file, not a fixed time
     time.sleep({seconds})  # a task that takes a while to load: the window closes meanwhile
     return Task(model=torch.nn.Linear(4, 2), train_data=Data(), loss=loss, name="slow")
 """
 
 
 def slow_task(folder: Path, seconds: float = 4.0) -> str:
+    """A task file whose build_task takes `seconds`; it creates loading_mark(folder) first."""
     path = folder / "slow.py"
-    path.write_text(SLOW.format(seconds=seconds))
+    path.write_text(SLOW.format(seconds=seconds, mark=str(loading_mark(folder))))
     return str(path)
+
+
+def loading_mark(folder: Path) -> Path:
+    """The file slow_task's build_task creates when it starts loading."""
+    return folder / "slow.loading"

@@ -1,22 +1,11 @@
-"""pytest-qt fixtures for the app tests: offscreen, isolated settings/runs/log. Helpers: app_helpers.py."""
+"""pytest-qt fixtures for the app tests (settings/runs/log isolation: tests/conftest.py). Helpers: app_helpers.py."""
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Callable
 
 import pytest
 
 from app_helpers import ROOT  # noqa: E402,F401 - sets up sys.path and app.compat first
-
-
-@pytest.fixture(autouse=True)
-def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """Settings, runs folder, log and data dir under tmp: never the user's."""
-    monkeypatch.setenv("HEADROOM_SETTINGS", str(tmp_path / "settings.ini"))
-    monkeypatch.setenv("HEADROOM_RUNS", str(tmp_path / "runs"))
-    monkeypatch.setenv("HEADROOM_LOG", str(tmp_path / "headroom.log"))
-    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
-    return tmp_path
 
 
 @pytest.fixture

@@ -11,10 +11,7 @@ the built-in mlp task (4096 samples; FAST trains 128 per step, 32 steps an epoch
 """
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 
 import numpy as np
 
@@ -22,7 +19,8 @@ from engine.declarations.commands import SetAccum, SetLr
 from engine.declarations.limits import RANGES
 from engine.store import RunReader
 
-from app_helpers import ROOT, run_to_end, start, wait_until
+from app_helpers import run_to_end, start, wait_until
+from testkit import run_cli
 
 
 def _cum_samples(w) -> np.ndarray:
@@ -182,9 +180,7 @@ def test_run_panel_fields_reach_the_engine_config(qtbot, make_window, tmp_path):
 
 
 def _cli_error(module: str, *args: str) -> tuple[int, str]:
-    env = {**os.environ, "QT_QPA_PLATFORM": "offscreen"}
-    p = subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, env=env, capture_output=True, text=True,
-                       timeout=120)
+    p = run_cli(module, *args, timeout=120)
     return p.returncode, p.stderr.strip()
 
 

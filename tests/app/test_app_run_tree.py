@@ -12,8 +12,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import textwrap
 
 import numpy as np
@@ -21,7 +19,8 @@ import pytest
 
 from engine.store import RunReader
 
-from app_helpers import ROOT, run_to_end, start, wait_until
+from app_helpers import run_to_end, start, wait_until
+from testkit import run_engine
 
 # The task of tests/engine/test_run_tree.py: NaN windows on purpose (steps bad_from..bad_until-1).
 DIVERGING = textwrap.dedent("""
@@ -149,9 +148,7 @@ def test_history_shows_the_tree_lists_checkpoints_and_compares_a_family(qtbot, m
 
 
 def _cli(*args: str) -> None:
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    r = subprocess.run([sys.executable, "-m", "engine", "--device", "cpu", *args], env=env, capture_output=True,
-                       text=True, timeout=180, cwd=str(ROOT))
+    r = run_engine("--device", "cpu", *args)
     assert r.returncode == 0, r.stderr
 
 

@@ -12,8 +12,9 @@ import torch
 
 from engine.store import RunReader
 
+import testkit
 from app_helpers import ROOT, run_to_end, start, wait_until
-from app_tasks import slow_task
+from app_tasks import loading_mark, slow_task
 
 
 def _checkpoint_step(run_dir) -> int:
@@ -95,7 +96,7 @@ def test_closing_while_the_task_loads_hides_then_closes_when_the_thread_ends(qtb
     terminates the thread, and closes (quitting the app) once the thread has stopped."""
     w = make_window()
     start(w, task=slow_task(tmp_path, 4.0), run_dir=str(tmp_path / "run"))
-    qtbot.wait(300)
+    wait_until(qtbot, loading_mark(tmp_path).exists, 60, "the engine thread to be in build_task")
     t0 = time.perf_counter()
     assert not w.close()  # refused for now: the thread is still in build_task
     assert 1.9 < time.perf_counter() - t0 < 4.0
@@ -120,7 +121,7 @@ def test_ctrl_c_while_the_task_loads_exits_cleanly(tmp_path):
             assert proc.poll() is None, proc.communicate()
             assert time.monotonic() < deadline
             time.sleep(0.05)
-        time.sleep(0.3)
+        testkit.wait_until(loading_mark(tmp_path).exists, 60, "the task to be loading")
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=40)
     finally:

@@ -21,15 +21,15 @@ from engine.declarations.config import TrainConfig
 from engine.store import RunReader, send_command
 from engine.loop.trainer import Trainer
 from tests.ddp import varlen_task
+from testkit import ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
 
 
 def env(**extra: str) -> dict[str, str]:
     e = {k: v for k, v in os.environ.items() if not k.startswith("HEADROOM_TEST_")}
     e.update(extra)
-    e["PYTHONPATH"] = ROOT
+    e["PYTHONPATH"] = str(ROOT)
     e["OMP_NUM_THREADS"] = "1"
     return e
 

@@ -10,8 +10,6 @@ trains `task.model` in place, so build a fresh task for every run.
 from __future__ import annotations
 
 import copy
-import os
-import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
@@ -19,12 +17,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
-
-from engine.declarations.config import TrainConfig  # noqa: E402
-from engine.tasks.task import Task  # noqa: E402
+from engine.declarations.config import TrainConfig
+from engine.tasks.task import Task
+from testkit import ROOT  # noqa: F401 - re-exported: engine tests import it from here
 
 VOCAB = 11
 DIM = 6
@@ -175,8 +170,9 @@ class Run:
 
 
 def run_trainer(task: Task, run_dir, on_event: Optional[Callable[[Any, Any], None]] = None,
-                recorder: Optional[Recorder] = None, **cfg: Any) -> Run:
-    """Train `task` on CPU with clip off and one epoch unless told otherwise."""
+                recorder: Optional[Recorder] = None, db_interval: float = 1.0, **cfg: Any) -> Run:
+    """Train `task` on CPU with clip off and one epoch unless told otherwise. `db_interval`:
+    seconds between the engine's reads of run.db's commands (0: at every step)."""
     from engine.loop.trainer import Trainer
     settings = dict(device="cpu", clip=0.0, epochs=1, lr=0.1, micro_batch=2, accum=3)
     settings.update(cfg)
@@ -195,7 +191,7 @@ def run_trainer(task: Task, run_dir, on_event: Optional[Callable[[Any, Any], Non
         if on_event is not None:
             on_event(e, box["trainer"])
 
-    trainer = Trainer(config, task=task, sink=sink)
+    trainer = Trainer(config, task=task, sink=sink, db_interval=db_interval)
     box["trainer"] = trainer
     result = trainer.run()
     return Run(result, trainer, events, str(settings.get("resume") or run_dir))

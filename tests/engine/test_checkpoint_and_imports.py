@@ -82,7 +82,7 @@ def test_checkpoint_load_refuses_code_and_damage(tmp_path):
 
 def _python(code: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120,
-                          env={**os.environ, "PYTHONPATH": ROOT})
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
 
 
 def test_import_engine_loads_no_qt_and_light_modules_no_torch():

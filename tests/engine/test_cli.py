@@ -112,7 +112,7 @@ def tree(folder) -> dict[str, bytes]:
 
 def env_for(case_dir) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HEADROOM", "PYTEST"))}
-    env.update(PYTHONPATH=ROOT, HEADROOM_RUNS=str(case_dir / "runs"), PYTHONDONTWRITEBYTECODE="1",
+    env.update(PYTHONPATH=str(ROOT), HEADROOM_RUNS=str(case_dir / "runs"), PYTHONDONTWRITEBYTECODE="1",
                CUDA_VISIBLE_DEVICES=env.get("CUDA_VISIBLE_DEVICES", ""))
     if torch.cuda.is_available():
         env.pop("CUDA_VISIBLE_DEVICES")

@@ -269,11 +269,10 @@ def test_engine_never_holds_the_run_db_write_lock_between_writes(tmp_path):
             in_thread(lambda: got.append(probe()))
             probes.append((e.step, e.kind, got[0]))
         if e.kind == "step" and e.step == 3:
-            in_thread(lambda: send_command(str(run_dir), SetLr(0.05)))
-            time.sleep(1.05)  # the engine reads run.db's commands once a second: it does so after this step
+            in_thread(lambda: send_command(str(run_dir), SetLr(0.05)))  # read after this step (db_interval=0)
 
     run = run_trainer(make_task(N, loss=poisoned_loss((2,))), run_dir, on_event=on_event, micro_batch=MICRO,
-                      accum=ACCUM, lr=LR, epochs=2)
+                      accum=ACCUM, lr=LR, epochs=2, db_interval=0)
     assert run.result.nonfinite_steps == 1 and run.steps[-1].lr == 0.05
     assert [c["status"] for c in RunReader(str(run_dir)).commands()] == ["applied"]
     locked = [p for p in probes if p[2] != "free"]

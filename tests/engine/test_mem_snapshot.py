@@ -119,7 +119,7 @@ def test_cuda_path_calls_the_torch_api_with_arguments_it_accepts(tmp_path, monke
     assert calls[2] == ("record", (), dict(enabled=None)) and not rec.active
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (the real recorder and a real OOM)")
+@pytest.mark.gpu  # the real recorder and a real OOM
 def test_real_cuda_oom_snapshot(tmp_path):
     rec = SnapshotRecorder()
     assert rec.start(torch.device("cuda"), max_entries=10_000)

@@ -6,9 +6,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import os
-import subprocess
-import sys
 import textwrap
 from typing import NamedTuple
 
@@ -23,7 +20,8 @@ from engine.loop.modes import TrainModes
 from engine.tasks.task import Task
 from engine.loop.trainer import Trainer
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from testkit import run_engine
+
 
 
 def classifier_task(model: nn.Module, n: int = 64, seed: int = 0) -> Task:
@@ -217,9 +215,7 @@ HELPERS = textwrap.dedent("""
 
 
 def cli(*args, cwd):
-    env = dict(os.environ, PYTHONPATH=ROOT)
-    return subprocess.run([sys.executable, "-m", "engine", *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=120)
+    return run_engine(*args, cwd=cwd, timeout=120)
 
 
 def test_a_task_file_imports_its_neighbours_and_resumes_from_another_folder(tmp_path):

@@ -5,8 +5,6 @@ and on a spike, and gives up after repeated rollbacks."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -15,7 +13,8 @@ import torch
 from engine.checkpoints import files as ckpt
 from engine.store import RunReader
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from testkit import run_engine
+
 
 TASK = textwrap.dedent("""
     import os, torch
@@ -53,10 +52,7 @@ def task(tmp_path):
 
 
 def cli(*args):
-    env = dict(os.environ, PYTHONPATH=ROOT)
-    r = subprocess.run([sys.executable, "-m", "engine", "--device", "cpu", *args], env=env, capture_output=True,
-                       text=True, timeout=180, cwd=ROOT)
-    return r
+    return run_engine("--device", "cpu", *args)
 
 
 def losses(run_dir):

@@ -80,8 +80,6 @@ def test_workers_do_not_change_a_run_with_step_level_changes(tmp_path):
 
 def test_at_step_through_run_db(tmp_path):
     def on_event(e, trainer):
-        if e.kind == "step":
-            time.sleep(0.3)  # slow steps: run.db is read about once a second
         if e.kind == "step" and e.step == 1:
             db = sqlite3.connect(str(tmp_path / "run" / "run.db"), timeout=10)
             db.execute("INSERT INTO commands (time, kind, payload) VALUES (?,?,?)",
@@ -89,7 +87,8 @@ def test_at_step_through_run_db(tmp_path):
             db.commit()
             db.close()
 
-    run = run_trainer(make_task(2 * N), tmp_path / "run", on_event=on_event, micro_batch=3, accum=4, epochs=1)
+    run = run_trainer(make_task(2 * N), tmp_path / "run", on_event=on_event, micro_batch=3, accum=4, epochs=1,
+                      db_interval=0)  # run.db read at every step
     accums = [m.accum for m in run.steps]
     assert accums[0] == 4 and accums[-1] == 1 and run.steps[-1].epoch == 1  # changed within the epoch
     applied = run.of("settings_applied")

@@ -3,9 +3,6 @@ where they parse, stored in the run so --resume rebuilds the same task; bad name
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -14,7 +11,8 @@ from engine.declarations.config import ConfigError, TrainConfig, parse_task_arg
 from engine.store import RunReader
 from engine.tasks.loader import load_task
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from testkit import run_engine
+
 
 TASK = textwrap.dedent("""
     import json, os, torch
@@ -37,9 +35,7 @@ TASK = textwrap.dedent("""
 
 
 def cli(*args):
-    env = dict(os.environ, PYTHONPATH=ROOT)
-    return subprocess.run([sys.executable, "-m", "engine", *args], env=env, capture_output=True, text=True,
-                          timeout=120, cwd=ROOT)
+    return run_engine(*args, timeout=120)
 
 
 @pytest.mark.parametrize("text,key,value", [

@@ -14,17 +14,15 @@ import time
 import pytest
 
 from engine.store import RunReader
+from testkit import ROOT, subprocess_env
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TASK = os.path.join(ROOT, "tests", "faults", "fault_task.py")
 BLOCKING = os.path.join(ROOT, "tests", "faults", "blocking_task.py")
 RUN = ["--micro-batch", "8", "--accum", "2", "--epochs", "1"]  # 16 steps
 
 
 def env(**extra):
-    e = {k: v for k, v in os.environ.items() if not k.startswith("HEADROOM_FAULT_")}
-    e.update(extra)
-    return e
+    return subprocess_env(extra)
 
 
 def steps_in(run_dir) -> list[int]:

@@ -17,16 +17,12 @@ import torch
 
 from engine.store import RunReader
 from tests.faults.bad_tasks import CASES
+from testkit import ROOT, run_engine
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TASK = os.path.join(ROOT, "tests", "faults", "fault_task.py")
 
 
-def cli(*args, env=None, timeout=180, preexec_fn=None):
-    e = {k: v for k, v in os.environ.items() if not k.startswith("HEADROOM_FAULT_")}
-    e.update(env or {})
-    return subprocess.run([sys.executable, "-m", "engine", *args], cwd=ROOT, env=e, capture_output=True, text=True,
-                          timeout=timeout, preexec_fn=preexec_fn)
+cli = run_engine  # cli(*args, env=None, timeout=180, preexec_fn=None)
 
 
 def one_error_line(stderr: str) -> str:

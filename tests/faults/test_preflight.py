@@ -2,14 +2,11 @@
 folder exists; task code that exits or raises KeyboardInterrupt mid-run ends with one line."""
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from testkit import run_engine
 
 HEAD = """
 import sys, torch
@@ -92,10 +89,8 @@ def build_task(seed):
 def cli(tmp_path, body, *extra):
     f = tmp_path / "task.py"
     f.write_text(HEAD + textwrap.dedent(body))
-    env = dict(os.environ, PYTHONPATH=ROOT)
-    return subprocess.run([sys.executable, "-m", "engine", "--task", str(f), "--device", "cpu", "--micro-batch", "4",
-                           "--accum", "2", "--epochs", "1", "--run-dir", str(tmp_path / "run"), *extra],
-                          env=env, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    return run_engine("--task", f, "--device", "cpu", "--micro-batch", "4", "--accum", "2", "--epochs", "1",
+                      "--run-dir", tmp_path / "run", *extra, timeout=120)
 
 
 @pytest.mark.parametrize("case", list(CASES))

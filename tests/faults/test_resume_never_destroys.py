@@ -5,18 +5,14 @@ from __future__ import annotations
 
 import os
 import sqlite3
-import subprocess
-import sys
 import textwrap
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from testkit import ROOT, run_engine
+
 TASK = os.path.join(ROOT, "tests", "faults", "fault_task.py")
 
 
-def cli(*args):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HEADROOM_FAULT_")}
-    return subprocess.run([sys.executable, "-m", "engine", *args], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=180)
+cli = run_engine
 
 
 def rows(run_dir, table="metrics"):

@@ -8,7 +8,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 
 import pytest
@@ -16,8 +15,7 @@ import pytest
 from engine.checkpoints import files as ckpt
 from engine.store import runlock
 from engine.declarations.config import ConfigError
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from testkit import ROOT
 
 HOLDER = """
 import os, sys, time
@@ -37,7 +35,7 @@ time.sleep(60)
 
 
 def start_holder(run_dir, *extra):
-    p = subprocess.Popen([sys.executable, "-c", HOLDER.format(root=ROOT), str(run_dir), *extra],
+    p = subprocess.Popen([sys.executable, "-c", HOLDER.format(root=str(ROOT)), str(run_dir), *extra],
                          stdout=subprocess.PIPE, text=True)
     lines = []
     for line in p.stdout:
@@ -92,23 +90,46 @@ def test_holder_of_a_folder_never_locked_is_none_and_creates_nothing(tmp_path):
     assert os.listdir(tmp_path) == []
 
 
+PROBER = """
+import os, sys
+sys.path.insert(0, {root!r})
+from engine.store import runlock
+run_dir, stop = sys.argv[1], sys.argv[2]
+probes = held = 0
+print("probing", flush=True)
+while not os.path.exists(stop):
+    probes += 1
+    held += runlock.holder(run_dir) is not None
+print(probes, held, flush=True)
+"""
+
+
 def test_another_process_probing_holder_never_makes_acquire_fail(tmp_path):
     """The app polls holder() on every folder it shows; a writer starting meanwhile must get in."""
-    stop = threading.Event()
-    prober = subprocess.Popen([sys.executable, "-c", f"""
-import sys, time
-sys.path.insert(0, {ROOT!r})
-from engine.store import runlock
-t = time.monotonic()
-while time.monotonic() - t < 20:
-    runlock.holder({str(tmp_path)!r})
-"""])
+    runlock.acquire(str(tmp_path)).release()  # the lock file exists: every probe takes it, shared, for a moment
+    stop = tmp_path / "stop"
+    prober = subprocess.Popen([sys.executable, "-c", PROBER.format(root=str(ROOT)), str(tmp_path), str(stop)],
+                              stdout=subprocess.PIPE, text=True)
     try:
-        time.sleep(0.5)
-        for _ in range(50):
-            runlock.acquire(str(tmp_path)).release()
+        assert prober.stdout.readline().strip() == "probing"
+        # Negative control: an acquire that does not wait out a probe collides with one, so the
+        # probes below really contend for the lock.
+        collided = False
+        deadline = time.monotonic() + 30
+        while not collided and time.monotonic() < deadline:
+            try:
+                runlock.acquire(str(tmp_path), wait=0).release()
+            except runlock.RunFolderBusy:
+                collided = True
+        assert collided, "no probe was ever seen holding the lock file: nothing to test against"
+        for _ in range(200):
+            runlock.acquire(str(tmp_path)).release()  # never RunFolderBusy: the wait covers a probe
+        stop.touch()
+        probes, held = map(int, prober.stdout.readline().split())
+        assert probes > 0 and held > 0  # it probed all along, and saw this process hold the lock
+        assert prober.wait(timeout=10) == 0
     finally:
-        stop.set()
+        stop.touch()
         prober.kill()
         prober.wait()
 

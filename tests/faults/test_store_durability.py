@@ -18,7 +18,8 @@ from engine.declarations.commands import SetAccum, Stop
 from engine.declarations.events import CheckpointSaved, EpochEnd, StepMetrics
 from engine.store import METRIC_COLUMNS, RunReader, RunStore, send_command
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from testkit import ROOT, subprocess_env
+
 TASK = os.path.join(ROOT, "tests", "faults", "fault_task.py")
 
 
@@ -49,9 +50,7 @@ def hold_write_lock(path, seconds: float) -> subprocess.Popen:
 
 
 def cli_env(**extra):
-    e = {k: v for k, v in os.environ.items() if not k.startswith("HEADROOM_FAULT_")}
-    e.update(extra)
-    return e
+    return subprocess_env(extra)
 
 
 # -- (a) on time ------------------------------------------------------------------------------
@@ -132,7 +131,7 @@ print(json.dumps(dict(problems=problems, slowest=slowest, closed=closed, unwritt
 
 
 def test_a_full_disk_under_run_db_never_ends_the_writer_and_is_reported(tmp_path):
-    r = subprocess.run([sys.executable, "-c", FULL_DISK.format(root=ROOT), str(tmp_path)], capture_output=True,
+    r = subprocess.run([sys.executable, "-c", FULL_DISK.format(root=str(ROOT)), str(tmp_path)], capture_output=True,
                        text=True, timeout=120)
     assert r.returncode == 0, r.stderr  # the old store raised StoreError out of record()
     out = json.loads(r.stdout)
@@ -292,7 +291,7 @@ print(row["mem_future"], row["ratio_future"], row["flag_future"])
 
 
 def test_a_new_step_metrics_field_reaches_disk_with_no_other_edit(tmp_path):
-    r = subprocess.run([sys.executable, "-c", NEW_FIELD.format(root=ROOT), str(tmp_path)], capture_output=True,
+    r = subprocess.run([sys.executable, "-c", NEW_FIELD.format(root=str(ROOT)), str(tmp_path)], capture_output=True,
                        text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["12345", "0.5", "1"]
@@ -365,7 +364,7 @@ time.sleep(60)
 
 
 def test_commands_left_pending_by_an_earlier_engine_expire_when_a_new_one_takes_the_run(tmp_path):
-    first = subprocess.Popen([sys.executable, "-c", EARLIER_ENGINE.format(root=ROOT), str(tmp_path)],
+    first = subprocess.Popen([sys.executable, "-c", EARLIER_ENGINE.format(root=str(ROOT)), str(tmp_path)],
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert first.stdout.readline().strip() == "open"
@@ -408,7 +407,7 @@ def test_a_sigkill_during_a_checkpoint_write_leaves_an_orphan_the_next_writer_re
     folder = tmp_path / "checkpoints"
     path = folder / "last.pt"
     for attempt in range(6):
-        p = subprocess.Popen([sys.executable, "-c", WRITER.format(root=ROOT), str(path)], stdout=subprocess.PIPE,
+        p = subprocess.Popen([sys.executable, "-c", WRITER.format(root=str(ROOT)), str(path)], stdout=subprocess.PIPE,
                              text=True)
         try:
             assert p.stdout.readline().strip()  # one checkpoint is complete

@@ -11,14 +11,12 @@ from engine.store import runlock
 from engine.declarations.commands import SetAccum
 from engine.store import RunReader, send_command
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from testkit import ROOT, run_engine
+
 TASK = os.path.join(ROOT, "tests", "faults", "fault_task.py")
 
 
-def cli(*args):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HEADROOM_FAULT_")}
-    return subprocess.run([sys.executable, "-m", "engine", *args], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=180)
+cli = run_engine
 
 
 def finished_run(tmp_path):
@@ -36,7 +34,7 @@ def tree(folder):
 
 def test_resume_of_a_run_another_process_writes_is_refused_naming_it(tmp_path):
     run_dir = finished_run(tmp_path)
-    holder = subprocess.Popen([sys.executable, "-c", f"import sys, time\nsys.path.insert(0, {ROOT!r})\n"
+    holder = subprocess.Popen([sys.executable, "-c", f"import sys, time\nsys.path.insert(0, {str(ROOT)!r})\n"
                                "from engine.store import runlock\nlock = runlock.acquire(sys.argv[1])\n"
                                "print('locked', flush=True)\ntime.sleep(60)\n", str(run_dir)],
                               stdout=subprocess.PIPE, text=True)

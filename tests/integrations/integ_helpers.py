@@ -6,17 +6,14 @@ Tiny models built from code, data made here: nothing is downloaded.
 from __future__ import annotations
 
 import os
-import sys
-from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("WANDB_DISABLED", "true")
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+
+from testkit import ROOT  # noqa: E402,F401 - re-exported: the integration tests import it from here
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from testkit import ROOT
+
 DESKTOP = ROOT / "resources" / "headroom.desktop"
 SIZES = (48, 128, 256)
 

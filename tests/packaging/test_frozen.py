@@ -27,7 +27,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from testkit import ROOT
+
 DIST = ROOT / "dist" / "headroom"
 APP = DIST / "headroom"
 TRAIN = DIST / "headroom-train"

@@ -1,0 +1,43 @@
+"""Every test: the repository first on sys.path, settings/runs/log/data/Hugging Face cache under
+the test's tmp_path (never the user's), and the markers' rules. Shared helpers: testkit.py."""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+for _p in (_HERE, os.path.dirname(_HERE)):  # tests/ (testkit) and the repository (the real engine and app)
+    if _p in sys.path:
+        sys.path.remove(_p)
+    sys.path.insert(0, _p)
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+
+
+@pytest.fixture(autouse=True)
+def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Settings, runs folder, log, data dir and the Hugging Face cache under tmp_path. A run that
+    forgot --run-dir lands in tmp_path/runs; subprocesses inherit all of it."""
+    monkeypatch.setenv("HEADROOM_SETTINGS", str(tmp_path / "settings.ini"))
+    monkeypatch.setenv("HEADROOM_RUNS", str(tmp_path / "runs"))
+    monkeypatch.setenv("HEADROOM_LOG", str(tmp_path / "headroom.log"))
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    return tmp_path
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """`gpu` tests need CUDA: skipped, saying so, where torch sees none."""
+    if not any(item.get_closest_marker("gpu") for item in items):
+        return
+    import torch
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if item.get_closest_marker("gpu"):
+            item.add_marker(skip)
