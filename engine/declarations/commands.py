@@ -51,12 +51,27 @@ class SettingCommand(Command):
         check_value(self.setting, self.value, f"{self.kind} {self.setting}")
 
 
+# The setting commands' fields as older versions named them (SetAccum(steps=...) read as optimizer
+# steps): command_from_json reads rows that use them, and each command still answers to its
+# old name as a read-only attribute (cmd.steps is cmd.accum), for loops written against it.
+OLD_FIELDS: dict[str, dict[str, str]] = {
+    "set_accum": {"steps": "accum"}, "set_micro_batch": {"size": "micro_batch"}, "set_clip": {"norm": "clip"},
+    "set_lr_scaling": {"rule": "lr_scaling"}, "set_checkpointing": {"on": "checkpointing"},
+}
+
+
+def _old_name(new: str) -> property:
+    return property(lambda self: getattr(self, new), doc=f"The old name of `{new}`.")
+
+
 def _setting_command(s: Setting) -> type[SettingCommand]:
     """set_<name>: a SettingCommand whose one field is the setting, typed as its TrainConfig field."""
     class_name = "Set" + "".join(part.capitalize() for part in s.name.split("_"))
-    cls = make_dataclass(class_name, [(s.name, s.type)], bases=(SettingCommand,), frozen=True,
-                         namespace={"kind": f"set_{s.name}", "setting": s.name,
-                                    "__doc__": f"Set {s.label or s.words} ({s.option}) while the run trains."})
+    kind = f"set_{s.name}"
+    namespace: dict[str, Any] = {"kind": kind, "setting": s.name,
+                                 "__doc__": f"Set {s.label or s.words} ({s.option}) while the run trains."}
+    namespace.update({old: _old_name(new) for old, new in OLD_FIELDS.get(kind, {}).items()})
+    cls = make_dataclass(class_name, [(s.name, s.type)], bases=(SettingCommand,), frozen=True, namespace=namespace)
     cls.__module__ = __name__
     return cls
 
@@ -107,13 +122,8 @@ class Stop(Command):
 COMMANDS: dict[str, type[Command]] = {
     c.kind: c for c in (*SETTING_COMMANDS.values(), SetPrecision, Pause, Unpause, Stop)
 }
-# What older versions wrote: command kinds, and payload fields of the setting commands (before
-# each took its setting's name). command_from_json reads them as today's.
+# Command kinds older versions wrote, and what they are called now (command_from_json reads them).
 OLD_KINDS: dict[str, str] = {"resume": "unpause"}
-OLD_FIELDS: dict[str, dict[str, str]] = {
-    "set_accum": {"steps": "accum"}, "set_micro_batch": {"size": "micro_batch"}, "set_clip": {"norm": "clip"},
-    "set_lr_scaling": {"rule": "lr_scaling"}, "set_checkpointing": {"on": "checkpointing"},
-}
 
 
 def command_for(name: str, value: Any, at: str = "epoch") -> SettingCommand:
