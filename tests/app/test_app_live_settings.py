@@ -15,7 +15,8 @@ def test_changes_apply_exactly_at_the_next_epoch_boundary(qtbot, make_window, tm
     # Before the run starts its Apply is off; the live fields stay editable.
     wait_until(qtbot, lambda: len(w.model.epochs) >= 1, 90, "the first epoch to end")
     c = w.controls
-    assert c.engine == {"micro_batch": 64, "accum": 2, "lr": 1e-3, "clip": 1.0, "lr_scaling": "none"}
+    assert c.engine == {"micro_batch": 64, "accum": 2, "lr": 1e-3, "clip": 1.0, "lr_scaling": "none",
+                        "checkpointing": False}
     c.accum.setValue(4)
     c.lr.setText("0.002")
     c.clip.setText("0.5")
