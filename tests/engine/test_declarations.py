@@ -19,7 +19,7 @@ from engine.declarations.commands import (COMMANDS, OLD_FIELDS, SETTING_COMMANDS
     setting_of)
 from engine.declarations.config import CHOICES, ConfigError, TrainConfig
 from engine.declarations.events import SettingsApplied, StepMetrics, Unpaused
-from engine.declarations.settings import (BY_NAME, GROUPS, LIVE_SETTINGS, SETTINGS, LiveSettings, scale_lr,
+from engine.declarations.settings import (GROUPS, LIVE_SETTINGS, SETTINGS, LiveSettings, scale_lr,
     scaled_to_reference)
 from engine.store import METRIC_COLUMNS
 
