@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .declarations.commands import Pause, Resume, SetAccum, SetClip, SetLr, SetLrScaling, SetMicroBatch, Stop
+from .declarations.commands import (Pause, Resume, SetAccum, SetCheckpointing, SetClip, SetLr, SetLrScaling,
+                                    SetMicroBatch, Stop, Unpause)
 from .declarations.config import ConfigError, TrainConfig
 from .declarations.events import EventBuffer
 
@@ -28,5 +29,5 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = ["ConfigError", "TrainConfig", "EventBuffer", "Task", "TaskError", "load_task", "Trainer",
-           "TrainingError", "RunResult", "Pause", "Resume", "SetAccum", "SetClip", "SetLr", "SetLrScaling",
-           "SetMicroBatch", "Stop", "__version__"]
+           "TrainingError", "RunResult", "Pause", "Unpause", "Resume", "SetAccum", "SetCheckpointing", "SetClip", "SetLr",
+           "SetLrScaling", "SetMicroBatch", "Stop", "__version__"]

@@ -14,17 +14,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import signal
 import sys
 import threading
 import time
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from .declarations import limits
-from .declarations.config import (LR_SCHEDULES, MEMORY_SNAPSHOTS, ConfigError, TrainConfig, parse_size,
-    parse_task_arg)
+from .declarations.config import ConfigError, TrainConfig, overlay, split_warmup
+from .declarations.settings import GROUPS, OLD_WARMUP_FLAG, SETTINGS, Setting, read_float
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -119,114 +118,69 @@ class _Parser(argparse.ArgumentParser):
         raise ConfigError(message)
 
 
-def _finite_float(text: str) -> float:
-    try:
-        v = float(text) if len(text) <= 100 else math.nan
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {limits.quote(text)}") from None
-    if not math.isfinite(v):
-        raise argparse.ArgumentTypeError(f"not a finite number: {limits.quote(text)}")
-    return v
+def _arg_type(setting: Setting) -> Callable[[str], Any]:
+    """The setting's reader as an argparse type: its one-line refusal becomes argparse's."""
+    read = setting.reader
+
+    def parse(text: str) -> Any:
+        try:
+            return read(text)
+        except ConfigError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    parse.__name__ = setting.name
+    return parse
 
 
-def _task_arg(text: str) -> tuple[str, Any]:
-    try:
-        return parse_task_arg(text)
-    except ConfigError as e:  # argparse names the flag itself
-        raise argparse.ArgumentTypeError(str(e).removeprefix("--task-arg: ").removeprefix("--task-arg ")) from None
+class _OldWarmup(argparse.Action):
+    """--warmup W, the old spelling: below 1 it is --warmup-fraction W, 1 or more --warmup-samples W."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: Optional[str] = None) -> None:
+        try:
+            parts = split_warmup(read_float(str(values)), OLD_WARMUP_FLAG)
+        except ConfigError as e:
+            raise argparse.ArgumentError(self, str(e).removeprefix(OLD_WARMUP_FLAG + " ")) from None
+        for name, value in parts.items():
+            setattr(namespace, name, value)
 
 
-def _workers(text: str) -> Optional[int]:
-    return None if str(text).strip().lower() == "auto" else _int(text)
+def _add(group: Any, flag: str, setting: Setting, help_text: str) -> None:
+    kw: dict[str, Any] = {"dest": setting.name, "default": argparse.SUPPRESS, "help": help_text.replace("%", "%%")}
+    if setting.switch:
+        kw["action"] = "store_true"
+    else:
+        if setting.choices:
+            kw["choices"] = setting.choices
+        else:
+            kw["type"] = _arg_type(setting)
+        if setting.repeat:
+            kw["action"] = "append"
+        if setting.metavar:
+            kw["metavar"] = setting.metavar
+    group.add_argument(flag, **kw)
 
 
-def _int(text: str) -> int:
-    """An integer flag. Range checks are validate()'s (engine/declarations/limits.py); this only reads
-    the number, quoting at most a prefix of what it could not read."""
-    try:
-        if len(text) > 100:  # no run needs a 100-digit number; int() of 5000 digits raises
-            raise ValueError
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {limits.quote(text)}") from None
-
-
-def _on_off(text: str) -> bool:
-    if text not in ("on", "off"):
-        raise argparse.ArgumentTypeError(f"expected on or off, got {limits.quote(text)}")
-    return text == "on"
-
-
-def _size(text: str) -> int:
-    try:
-        return parse_size(text)
-    except ConfigError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
-def add_run_flags(p: argparse.ArgumentParser) -> None:
-    """The run flags shared by the engine's CLI and the app. Defaults are None so that
-    --resume can tell which flags were given."""
-    S = argparse.SUPPRESS
-    p.add_argument("--task", default=S, help="built-in name (mlp, charlm, cnn-bn), path/to/file.py or module:attr")
-    p.add_argument("--micro-batch", type=_int, default=S, help="samples per forward/backward (default 16)")
-    p.add_argument("--accum", type=_int, default=S, help="micro-batches per optimizer step (default 4)")
-    p.add_argument("--lr", type=_finite_float, default=S, help="learning rate (default 1e-3)")
-    p.add_argument("--clip", type=_finite_float, default=S, help="gradient norm clip, 0 = off (default 1.0)")
-    p.add_argument("--epochs", type=_int, default=S, help="epochs (default 3)")
-    p.add_argument("--max-steps", type=_int, default=S, help="stop after N optimizer steps")
-    p.add_argument("--optimizer", choices=("adamw", "sgd"), default=S)
-    p.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default=S)
-    p.add_argument("--device", default=S, help="auto, cpu, cuda or cuda:N")
-    p.add_argument("--seed", type=_int, default=S)
-    p.add_argument("--run-dir", default=S, help="folder for run.db and checkpoints")
-    p.add_argument("--resume", default=S, metavar="DIR", help="continue the run in DIR from its last checkpoint")
-    p.add_argument("--nonfinite", choices=("skip", "stop", "rollback"), default=S,
-                   help="a non-finite window: skip it (default), stop, or roll back to the newest good checkpoint "
-                        "when skips repeat")
-    p.add_argument("--lr-scaling", choices=("none", "linear", "sqrt"), default=S,
-                   help="how lr follows the effective batch when accumulation changes")
-    p.add_argument("--lr-schedule", choices=LR_SCHEDULES, default=S,
-                   help="lr over samples seen: constant (default), linear or cosine decay to --min-lr-ratio x lr")
-    p.add_argument("--warmup", type=_finite_float, default=S,
-                   help="linear warmup: < 1 a fraction of the run's samples, >= 1 a number of samples (default 0)")
-    p.add_argument("--min-lr-ratio", type=_finite_float, default=S, help="where linear/cosine end (default 0.1)")
-    p.add_argument("--task-arg", dest="task_args", type=_task_arg, action="append", default=S, metavar="KEY=VALUE",
-                   help="passed to build_task(seed, KEY=VALUE, ...); VALUE is read as JSON where it parses "
-                        "(repeatable)")
-    p.add_argument("--fork", default=S, metavar="DIR[@CHECKPOINT]",
-                   help="a new run from DIR's checkpoint (last, epoch-N or step-S; default last) with any setting "
-                        "flag given here changed")
-    p.add_argument("--checkpoint-every", type=_int, default=S, metavar="N",
-                   help="also write checkpoints/step-S.pt every N optimizer steps")
-    p.add_argument("--keep-checkpoints", type=_int, default=S, metavar="K", help="step checkpoints kept (default 3)")
-    p.add_argument("--spike-factor", type=_finite_float, default=S, metavar="F",
-                   help="with --nonfinite rollback: a window loss above F x the loss EMA rolls back too")
-    p.add_argument("--rollback-lr-factor", type=_finite_float, default=S, metavar="F",
-                   help="a rollback multiplies the lr peak by F (default 0.5)")
-    p.add_argument("--reference-batch", type=_int, default=S, metavar="B",
-                   help="the effective batch --lr was tuned for: with --lr-scaling the lr is scaled to the run's")
-    p.add_argument("--checkpointing", type=_on_off, default=S, metavar="on|off",
-                   help="activation checkpointing (the task's switch or a Hugging Face model's own)")
-    p.add_argument("--memory-snapshot", choices=MEMORY_SNAPSHOTS, default=S,
-                   help="on-oom: record allocator history and write RUN_DIR/memory/oom-step-S.pickle at every "
-                        "out-of-memory error (open it at pytorch.org/memory_viz)")
-    p.add_argument("--workers", type=_workers, default=S, metavar="N|auto",
-                   help="DataLoader worker processes (default auto: 0 for data in memory, up to 4 for slow loading)")
-    p.add_argument("--micro-tokens", type=_int, default=S,
-                   help="under --token-budget: close a micro-batch before it would exceed N counted items")
-    p.add_argument("--token-budget", type=_int, default=S, help="close a window once it holds N counted items")
-    p.add_argument("--find-micro-batch", action="store_true", default=S)
-    p.add_argument("--effective-batch", type=_int, default=S)
-    p.add_argument("--memory-margin", type=_finite_float, default=S)
-    p.add_argument("--oom-recovery", type=_on_off, default=S, metavar="on|off")
-    p.add_argument("--vram-limit", type=_size, default=S, metavar="SIZE", help="simulate a smaller card, e.g. 24GiB")
+def add_run_flags(p: argparse.ArgumentParser) -> dict[str, Any]:
+    """The run flags shared by the engine's CLI and the app, one per declared setting
+    (engine/declarations/settings.py), in option groups; returns the groups by name. Defaults
+    are left out of the namespace (SUPPRESS) so that --resume can tell which flags were given;
+    each help line names the TrainConfig default."""
+    groups = {name: p.add_argument_group(name) for name in GROUPS}
+    for s in SETTINGS:
+        _add(groups[s.group], s.option, s, s.help_text())
+    old = p.add_argument_group("Old spellings (still read)")
+    for s in SETTINGS:
+        for flag in s.old_flags:
+            _add(old, flag, s, f"the old name of {s.option}")
+    old.add_argument(OLD_WARMUP_FLAG, action=_OldWarmup, default=argparse.SUPPRESS, metavar="W",
+                     help="the old warmup flag: below 1 it is --warmup-fraction W, 1 or more --warmup-samples W")
+    return groups
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="headroom-train", description="Headroom's headless trainer (exact gradient accumulation).")
-    add_run_flags(p)
-    p.add_argument("--json", action="store_true", help="print one JSON object per event on stdout")
+    groups = add_run_flags(p)
+    groups["Output"].add_argument("--json", action="store_true", help="print one JSON object per event on stdout")
     return p
 
 
@@ -246,15 +200,14 @@ def config_from_args(ns: argparse.Namespace) -> TrainConfig:
             reader.close()
         except StoreError as e:
             raise ConfigError(f"--{source} {folder}: {e}") from None
-        if not isinstance(saved, dict):
-            saved = {}
+        saved = dict(saved) if isinstance(saved, dict) else {}
         for key in ("run_dir", "resume", "fork", "find_micro_batch", "fork_changes"):
             saved.pop(key, None)
         if source == "fork":  # what the user set for this fork, even to the value the parent started with
             given["fork_changes"] = tuple(k for k in given if k not in ("fork", "run_dir"))
         if source == "resume":
             saved.pop("max_steps", None)  # the limit that stopped the run is not one for its continuation
-        base = {**saved, **given}
+        base = overlay(saved, given)
         try:
             return TrainConfig.from_dict(base).validate()
         except ConfigError as e:

@@ -66,10 +66,17 @@ def test_every_engine_command_line_parses():
 
 
 def test_flag_table_matches_the_cli():
+    """The table names every flag of the parser (but the old spellings, said below it) and no other."""
     table = re.search(r"```\n(python -m engine \[flags\].*?)```", README, flags=re.S).group(1)
     flags = set(re.findall(r"--[a-z][a-z-]+", table))
-    known = {a for action in build_parser()._actions for a in action.option_strings}
+    parser = build_parser()
+    known = {a for action in parser._actions for a in action.option_strings}
+    old = {a for g in parser._action_groups if g.title.startswith("Old spellings") for x in g._group_actions
+           for a in x.option_strings}
     assert flags <= known, flags - known
+    assert known - old - {"-h", "--help"} <= flags, known - old - flags
+    for flag in old:  # each old spelling is explained next to the table
+        assert f"`{flag} " in README or f"`{flag}`" in README, flag
 
 
 def test_headless_demo(tmp_path):

@@ -1,52 +1,21 @@
-"""The run settings a user can change while a run goes, and how each maps to an engine command.
-
-Derived from the engine's one declaration (engine/declarations/settings.py LIVE_SETTINGS), so the form, the
-session, the pending-changes model and the engine agree on names, order, command kinds and
-the command field that carries the value. Qt-free, torch-free.
+"""How the app compares and shows the values of run settings. The settings themselves (names,
+labels, order, commands) are the engine's one declaration, used as it is:
+engine/declarations/settings.py (SETTINGS, LIVE_SETTINGS) and engine/declarations/commands.py
+(command_for, setting_of). Qt-free, torch-free.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any
 
-from engine.declarations.commands import Command
-from engine.declarations.settings import LIVE_SETTINGS
+from engine.declarations.settings import BY_NAME
 
 
-@dataclass(frozen=True)
-class LiveField:
-    name: str  # the TrainConfig field, also the key in every dict of live values
-    label: str  # how the alerts, markers and hints name it
-    command: type[Command]
-    arg: str  # the command's field that carries the value
-    cast: Callable[[Any], Any]
-
-    def make(self, value: Any, at: str = "epoch") -> Command:
-        """The command that sets this field, applied at the next "epoch" or "step" boundary
-        (raises ConfigError for a value out of range)."""
-        return self.command(**{self.arg: self.cast(value)}, at=at)
-
-
-# The settings the Controls form edits, in the engine's order (micro-batch and accumulation
-# before lr, so lr scaling sees the new batch). Activation checkpointing is switched from the
-# memory view's "what fits" table, which sends its commands itself.
-FORM_SETTINGS = ("micro_batch", "accum", "lr", "clip", "lr_scaling")
-FIELDS: tuple[LiveField, ...] = tuple(LiveField(s.name, s.short, s.command, s.payload, s.type)
-                                      for s in LIVE_SETTINGS if s.name in FORM_SETTINGS)
-LIVE_FIELDS: tuple[str, ...] = tuple(f.name for f in FIELDS)
-BY_NAME: dict[str, LiveField] = {f.name: f for f in FIELDS}
-BY_COMMAND: dict[str, LiveField] = {f.command.kind: f for f in FIELDS}
-SETTING_LABELS: dict[str, str] = {f.name: f.label for f in FIELDS}
-
-
-def make_command(name: str, value: Any, at: str = "epoch") -> Command:
-    return BY_NAME[name].make(value, at)
-
-
-def field_of_command(kind: str) -> Optional[LiveField]:
-    """The live field a command kind sets (None for pause, stop, a run.db row's error...)."""
-    return BY_COMMAND.get(kind)
+def words(name: str) -> str:
+    """How a sentence names setting `name` ("micro-batch", "lr scaling"); any other config key
+    with its underscores as spaces."""
+    s = BY_NAME.get(name)
+    return s.words if s is not None else name.replace("_", " ")
 
 
 def same(a: Any, b: Any) -> bool:
@@ -57,6 +26,8 @@ def same(a: Any, b: Any) -> bool:
 
 
 def fmt_value(v: Any) -> str:
+    if isinstance(v, bool):  # a switch (activation checkpointing), as its flag says it
+        return "on" if v else "off"
     if isinstance(v, float):
         return f"{v:.4g}"
     return str(v)

@@ -15,9 +15,11 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional
 from urllib.parse import quote
 
+from engine.declarations.config import overlay
+from engine.declarations.settings import LIVE_NAMES
 from engine.store import DB_NAME, RunReader, StoreError
 
-from .fields import LIVE_FIELDS, SETTING_LABELS, fmt_value
+from .fields import fmt_value, words
 
 CKPT_DIR = "checkpoints"  # engine/checkpoints/files.py's names (that module loads torch)
 _NUMBERED = re.compile(r"(epoch|step)-(\d{1,18})\.pt")
@@ -54,7 +56,7 @@ def changed_text(changed: dict[str, Any]) -> str:
     """{'lr': 0.0005, 'accum': 4} -> 'lr 0.0005, accum 4' ('no change' when empty)."""
     if not changed:
         return "no change"
-    return ", ".join(f"{SETTING_LABELS.get(k, k.replace('_', ' '))} {fmt_value(v)}" for k, v in changed.items())
+    return ", ".join(f"{words(k)} {fmt_value(v)}" for k, v in changed.items())
 
 
 def fork_text(p: Parent) -> str:
@@ -207,7 +209,7 @@ def settings_at(run_dir: str, step: int, config: dict[str, Any]) -> dict[str, An
     """The live settings (micro-batch, accum, lr peak, clip, lr scaling) the run had after `step`,
     from its config and the events that changed them (settings applied, out-of-memory
     recoveries, the micro-batch finder, rollbacks' lr)."""
-    out = {k: config.get(k) for k in LIVE_FIELDS if k in config}
+    out = {k: config.get(k) for k in LIVE_NAMES if k in config}
     try:
         reader = RunReader(run_dir)
     except StoreError:
@@ -227,7 +229,7 @@ def settings_at(run_dir: str, step: int, config: dict[str, Any]) -> dict[str, An
             first = d.get("from_step") or at + 1
             if isinstance(first, int) and first <= step:
                 for c in d.get("changes") or ():
-                    if isinstance(c, (list, tuple)) and len(c) == 3 and c[0] in LIVE_FIELDS:
+                    if isinstance(c, (list, tuple)) and len(c) == 3 and c[0] in LIVE_NAMES:
                         out[c[0]] = c[2]
         elif kind == "oom_recovered" and at < step:
             out.update(micro_batch=d.get("new_micro_batch", out.get("micro_batch")),
@@ -243,8 +245,7 @@ def fork_config(parent_config: dict[str, Any], edits: dict[str, Any], spec: str)
     """The TrainConfig fields of a fork: the parent's config (as the engine's --fork reads it)
     with the edited fields changed. Fields left alone keep the parent's values, so the engine
     records exactly the edits as the fork's change."""
-    cfg = {k: v for k, v in parent_config.items() if k not in DROPPED}
-    cfg.update(edits)
+    cfg = overlay({k: v for k, v in parent_config.items() if k not in DROPPED}, edits)
     cfg["fork"] = spec
     cfg["fork_changes"] = tuple(edits)  # a change even when set back to the parent's start value
     return cfg

@@ -30,16 +30,14 @@ from typing import Any, Callable, Iterable, Optional, Protocol, Sequence
 
 import numpy as np
 
+from engine.store import METRIC_COLUMNS
+
 from .decimate import PeakPyramid
 from .growable import GrowableArray
 
-# Columns kept per optimizer step. None (no GPU, say) is stored as NaN.
-STEP_COLUMNS = (
-    "step", "epoch", "loss", "grad_norm", "lr", "accum", "clip", "micro_batch", "samples", "tokens",
-    "clipped", "nonfinite", "throughput", "step_time", "mem_allocated", "mem_reserved", "mem_peak",
-    "mem_used", "mem_total", "time",
-    "mem_params", "mem_grads", "mem_optimizer", "mem_activations",  # bytes by kind (activations: CUDA only)
-)
+# Columns kept per optimizer step: run.db's metrics columns, which are the StepMetrics fields
+# (engine/declarations/events.py) and `time`. None (no GPU, say) is stored as NaN.
+STEP_COLUMNS: tuple[str, ...] = METRIC_COLUMNS
 _F32, _F64 = np.dtype(np.float32), np.dtype(np.float64)
 COLUMN_DTYPES: dict[str, np.dtype] = {c: _F32 for c in STEP_COLUMNS}
 COLUMN_DTYPES.update(step=np.dtype(np.int64), time=_F64, loss=_F64, lr=_F64, clip=_F64, samples=_F64, tokens=_F64,

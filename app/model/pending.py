@@ -15,7 +15,10 @@ from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Any, Callable, Iterable, Optional
 
-from .fields import BY_NAME, LIVE_FIELDS, field_of_command, fmt_value, same
+from engine.declarations.commands import payload_value, setting_of
+from engine.declarations.settings import LIVE_NAMES
+
+from .fields import fmt_value, same
 
 
 class ChangeStatus(str, Enum):
@@ -109,7 +112,7 @@ class PendingChanges:
         """Form values worth sending: different from the engine's, and not already on their way.
         A value back to the engine's while another is pending is sent too (it cancels that one)."""
         out: dict[str, Any] = {}
-        for name in LIVE_FIELDS:
+        for name in LIVE_NAMES:
             v = form.get(name)
             if v is None or name not in self.engine:
                 continue
@@ -131,7 +134,7 @@ class PendingChanges:
     def set_engine(self, values: dict[str, Any]) -> dict[str, Any]:
         """What the engine has (run_started's config, a first step, an OOM recovery). Returns
         the values taken."""
-        taken = {n: v for n, v in values.items() if n in BY_NAME and v is not None}
+        taken = {n: v for n, v in values.items() if n in LIVE_NAMES and v is not None}
         self.engine.update(taken)
         return taken
 
@@ -143,9 +146,10 @@ class PendingChanges:
                  paused: bool) -> list[str]:
         """The engine's command_received. An older command's receipt (a newer value was sent
         since) or one this window did not send changes nothing."""
-        f = field_of_command(command)
+        f = setting_of(command)
         c = self.changes.get(f.name) if f is not None else None
-        if f is None or c is None or c.status is not ChangeStatus.SENT or not same(c.value, payload.get(f.arg)):
+        if f is None or c is None or c.status is not ChangeStatus.SENT or not same(c.value,
+                                                                                   payload_value(command, payload)):
             return []
         self.changes[f.name] = replace(c, status=ChangeStatus.RECEIVED, applies=applies,
                                        target_epoch=target_epoch, while_paused=paused)
@@ -156,7 +160,7 @@ class PendingChanges:
         epoch about to start (the first one with the new values)."""
         touched: list[str] = []
         for name, _old, new in (tuple(c) for c in changes):
-            if name not in BY_NAME:
+            if name not in LIVE_NAMES:
                 continue
             self.engine[name] = new
             prev = self.changes.get(name)
@@ -168,7 +172,7 @@ class PendingChanges:
         return touched + self._settle(lambda c: True)
 
     def refused(self, command: str, reason: str) -> list[str]:
-        f = field_of_command(command)
+        f = setting_of(command)
         if f is None:  # not a setting (a run.db row the engine could not read, say): the alerts show it
             return []
         prev = self.changes.get(f.name)

@@ -18,7 +18,7 @@ import numpy as np
 from engine.declarations.events import StepMetrics
 
 from .discarded import KEPT, DiscardedSteps
-from .fields import SETTING_LABELS, fmt_value
+from .fields import fmt_value, words
 from .metrics import MetricsBuffer, StepColumns, _num
 from .notes import Note
 from .state import RunState
@@ -77,7 +77,7 @@ def _changes(raw: Any) -> tuple:
 
 
 def marker_label(changes: Sequence[Sequence[Any]]) -> str:
-    return ", ".join(f"{SETTING_LABELS.get(n, n)} {fmt_value(o)}\u2192{fmt_value(v)}" for n, o, v in changes)
+    return ", ".join(f"{words(n)} {fmt_value(o)}\u2192{fmt_value(v)}" for n, o, v in changes)
 
 
 class RunModel:

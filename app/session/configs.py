@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from engine.declarations.config import ConfigError, TrainConfig
+from engine.declarations.config import ConfigError, TrainConfig, overlay
 from engine.declarations.paths import default_run_dir
 
 from app.core.runs import is_run_dir
@@ -21,15 +21,13 @@ def start_config(base: dict[str, Any], form: dict[str, Any], resume_used: bool) 
         cfg.pop("run_dir")  # --run-dir already holds the earlier run: a new folder under the runs folder
     if cfg.get("resume"):
         cfg.pop("run_dir", None)
-    cfg.update(form)
-    return TrainConfig.from_dict(cfg).validate()
+    return TrainConfig.from_dict(overlay(cfg, form)).validate()
 
 
 def launch_config(base: dict[str, Any], form: dict[str, Any]) -> TrainConfig:
     """The run Run on N GPUs starts: always a new one, in a folder of its own."""
     cfg = {k: v for k, v in base.items() if k not in ("resume", "run_dir")}
-    cfg.update(form)
-    return TrainConfig.from_dict(cfg).validate()
+    return TrainConfig.from_dict(overlay(cfg, form)).validate()
 
 
 def launch_dir(config: TrainConfig, n: int, run_dir: str = "") -> str:

@@ -18,11 +18,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
-from engine.declarations.commands import Command, Pause, Resume, Stop
+from engine.declarations.commands import SETTING_COMMANDS, Command, Pause, Stop, Unpause, command_for
 from engine.declarations.config import ConfigError
 from engine.declarations.events import Event, StepMetrics
+from engine.declarations.settings import LIVE_NAMES
 
-from app.model.fields import BY_NAME, LIVE_FIELDS
 from app.model.metrics import StepColumns
 from app.model.notes import Note
 from app.model.pending import PendingChanges
@@ -105,7 +105,8 @@ class RunSession:
         self._seen_epoch = 0  # the epoch of the last steps seen; 0 until the run's first steps
         self._peak_lr: Optional[float] = None  # the lr setting, from lr_planned (a schedule's peak)
         self._on_note: dict[str, Callable[[Note, Update], None]] = {
-            "run_started": self._run_started, "paused": self._paused, "resumed": self._resumed,
+            "run_started": self._run_started, "paused": self._paused, "unpaused": self._unpaused,
+            "resumed": self._unpaused,  # what older versions called unpaused
             "run_finished": lambda n, u: self._set(RunState.FINISHED, u),
             "run_failed": lambda n, u: self._set(RunState.FAILED, u),
             "command_received": self._command_received, "settings_applied": self._settings_applied,
@@ -281,7 +282,7 @@ class RunSession:
     def _run_started(self, note: Note, u: Update) -> None:
         cfg = note.data.get("config")
         cfg = cfg if isinstance(cfg, dict) else {}
-        u.engine_values.update(self.pending.set_engine({n: cfg.get(n) for n in LIVE_FIELDS}))
+        u.engine_values.update(self.pending.set_engine({n: cfg.get(n) for n in LIVE_NAMES}))
         if self.state not in (RunState.PAUSING, RunState.STOPPING):
             self._set(RunState.TRAINING, u)
 
@@ -289,7 +290,7 @@ class RunSession:
         if self.state is not RunState.STOPPING:
             self._set(RunState.PAUSED, u)
 
-    def _resumed(self, note: Note, u: Update) -> None:
+    def _unpaused(self, note: Note, u: Update) -> None:
         if self.state is not RunState.STOPPING:
             self._set(RunState.TRAINING, u)
 
@@ -334,10 +335,10 @@ class RunSession:
         return u
 
     def resume(self) -> Update:
-        """Resume; a run already paused stays PAUSED until the engine says it resumed."""
+        """Unpause; a run already paused stays PAUSED until the engine says it is unpaused."""
         u = Update()
         if self.source is not None and self.state in (RunState.PAUSING, RunState.PAUSED):
-            u.error = self._try_send(Resume())
+            u.error = self._try_send(Unpause())
             if not u.error and self.state is RunState.PAUSING:
                 self._set(RunState.TRAINING, u)
         return u
@@ -365,14 +366,13 @@ class RunSession:
         u = Update()
         if self.source is None or not self.state.is_live or self.state is RunState.STOPPING:
             return u, ""
-        for name in LIVE_FIELDS:
+        for name in LIVE_NAMES:
             if name not in edits:
                 continue
-            f = BY_NAME[name]
             try:
-                cmd = f.make(edits[name], at)
+                cmd = command_for(name, edits[name], at)
             except ConfigError as e:  # the form let through a value the command refuses
-                u.pending += self.pending.refused(f.command.kind, str(e))
+                u.pending += self.pending.refused(SETTING_COMMANDS[name].kind, str(e))
                 continue
             err = self._try_send(cmd)
             if err:

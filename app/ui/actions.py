@@ -48,13 +48,14 @@ class ActionButton(QPushButton):
 
 
 class RunActions(QObject):
-    """Start, Pause, Resume, Stop and Apply changes."""
+    """Start, Pause, Unpause, Stop and Apply changes. (`resume` is the unpause action: a paused run
+    goes on. Continuing a stopped run from its folder is --resume DIR.)"""
 
     def __init__(self, parent: QWidget) -> None:
         super().__init__(parent)
         self.start = make_action(parent, "Start", "start", "start", "Start a run with the form's settings")
         self.pause = make_action(parent, "Pause", "pause", "pause", "Pause after the current epoch")
-        self.resume = make_action(parent, "Resume", "resume", "resume", "Resume a paused run")
+        self.resume = make_action(parent, "Unpause", "resume", "resume", "Go on with a paused run")
         self.stop = make_action(parent, "Stop", "stop", "stop", "Stop at the next step and write a checkpoint")
         self.apply = make_action(parent, "Apply changes", "apply", "apply",
                                  "Send the edited settings to the run; the engine says when they apply")

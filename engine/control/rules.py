@@ -7,13 +7,12 @@ arithmetic is tested on its own (tests/engine/test_command_rules.py).
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Callable, NamedTuple, Optional, Sequence
 
-from engine.declarations.commands import Command, SetLr
+from engine.declarations.commands import Command, SetLr, setting_change
 from engine.declarations.events import CommandRefused, Event, LrHint, SettingsApplied
-from engine.declarations.settings import LIVE_SETTINGS, LiveSettings, setting_change
+from engine.declarations.settings import LIVE_SETTINGS, LiveSettings, scale_lr
 
 
 class Applied(NamedTuple):
@@ -71,8 +70,7 @@ def _scale_lr(before: LiveSettings, after: LiveSettings, explicit_lr: bool, step
     if new_eff == old_eff or explicit_lr:
         return after, []
     ratio = new_eff / old_eff
-    if after.lr_scaling == "linear":
-        return after.with_(lr=after.lr * ratio), []
-    if after.lr_scaling == "sqrt":
-        return after.with_(lr=after.lr * math.sqrt(ratio)), []
-    return after, [LrHint(step, epoch, accum_old=before.accum, accum_new=after.accum, suggested_lr=after.lr * ratio)]
+    if after.lr_scaling != "none":
+        return after.with_(lr=scale_lr(after.lr, after.lr_scaling, ratio)), []
+    return after, [LrHint(step, epoch, accum_old=before.accum, accum_new=after.accum,
+                          suggested_lr=scale_lr(after.lr, "linear", ratio))]

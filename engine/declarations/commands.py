@@ -8,11 +8,12 @@ Torch-free.
 from __future__ import annotations
 
 import json
-from dataclasses import MISSING, asdict, dataclass, field, fields
-from typing import Any, ClassVar
+from dataclasses import MISSING, asdict, dataclass, field, fields, make_dataclass
+from typing import Any, ClassVar, Optional
 
 from . import limits
-from .config import LR_SCALINGS, ConfigError, check_clip, check_lr, check_range
+from .config import ConfigError, check_value
+from .settings import BY_NAME as SETTINGS_BY_NAME, LIVE_SETTINGS, Setting
 
 
 @dataclass(frozen=True)
@@ -31,74 +32,58 @@ APPLY_AT = ("epoch", "step")
 class SettingCommand(Command):
     """A change of a live setting. `at`: "epoch" (the next epoch boundary, the default) or
     "step" (the next optimizer-step boundary); either way no window is split between two
-    settings. Through run.db it is a payload field: {"steps": 4, "at": "step"}."""
+    settings. Its one other field is named like the setting (SetAccum(accum=4)); through
+    run.db it is a payload field: {"accum": 4, "at": "step"}."""
     at: str = field(default="epoch", kw_only=True)
+    setting: ClassVar[str] = ""  # the live setting it changes ("" for a command that is refused)
 
     def __post_init__(self) -> None:
         if not isinstance(self.at, str) or self.at not in APPLY_AT:
             raise ConfigError(f"{self.kind} at must be one of {', '.join(APPLY_AT)}, got {limits.quote(self.at)}")
         self.check()
 
-    def check(self) -> None:
-        """The value's own range (each setting)."""
-
-
-@dataclass(frozen=True)
-class SetAccum(SettingCommand):
-    steps: int
-    kind: ClassVar[str] = "set_accum"
+    @property
+    def value(self) -> Any:
+        return getattr(self, self.setting)
 
     def check(self) -> None:
-        check_range("accum", self.steps, "set_accum steps")
+        """The value against the setting's range or choices (engine/declarations/config.check_value)."""
+        check_value(self.setting, self.value, f"{self.kind} {self.setting}")
 
 
-@dataclass(frozen=True)
-class SetMicroBatch(SettingCommand):
-    size: int
-    kind: ClassVar[str] = "set_micro_batch"
-
-    def check(self) -> None:
-        check_range("micro_batch", self.size, "set_micro_batch size")
-
-
-@dataclass(frozen=True)
-class SetClip(SettingCommand):
-    norm: float
-    kind: ClassVar[str] = "set_clip"
-
-    def check(self) -> None:
-        check_clip(self.norm, "set_clip norm")
+# The setting commands' fields as older versions named them (SetAccum(steps=...) read as optimizer
+# steps): command_from_json reads rows that use them, and each command still answers to its
+# old name as a read-only attribute (cmd.steps is cmd.accum), for loops written against it.
+OLD_FIELDS: dict[str, dict[str, str]] = {
+    "set_accum": {"steps": "accum"}, "set_micro_batch": {"size": "micro_batch"}, "set_clip": {"norm": "clip"},
+    "set_lr_scaling": {"rule": "lr_scaling"}, "set_checkpointing": {"on": "checkpointing"},
+}
 
 
-@dataclass(frozen=True)
-class SetLr(SettingCommand):
-    lr: float
-    kind: ClassVar[str] = "set_lr"
-
-    def check(self) -> None:
-        check_lr(self.lr, "set_lr lr")
+def _old_name(new: str) -> property:
+    return property(lambda self: getattr(self, new), doc=f"The old name of `{new}`.")
 
 
-@dataclass(frozen=True)
-class SetLrScaling(SettingCommand):
-    rule: str
-    kind: ClassVar[str] = "set_lr_scaling"
+def _setting_command(s: Setting) -> type[SettingCommand]:
+    """set_<name>: a SettingCommand whose one field is the setting, typed as its TrainConfig field."""
+    class_name = "Set" + "".join(part.capitalize() for part in s.name.split("_"))
+    kind = f"set_{s.name}"
+    namespace: dict[str, Any] = {"kind": kind, "setting": s.name,
+                                 "__doc__": f"Set {s.label or s.words} ({s.option}) while the run trains."}
+    namespace.update({old: _old_name(new) for old, new in OLD_FIELDS.get(kind, {}).items()})
+    cls = make_dataclass(class_name, [(s.name, s.type)], bases=(SettingCommand,), frozen=True, namespace=namespace)
+    cls.__module__ = __name__
+    return cls
 
-    def check(self) -> None:
-        if not isinstance(self.rule, str) or self.rule not in LR_SCALINGS:
-            raise ConfigError(f"set_lr_scaling rule must be one of {', '.join(LR_SCALINGS)}, "
-                              f"got {limits.quote(self.rule)}")
 
-
-@dataclass(frozen=True)
-class SetCheckpointing(SettingCommand):
-    """Activation checkpointing on or off (the task's switch, or a Hugging Face model's own)."""
-    on: bool
-    kind: ClassVar[str] = "set_checkpointing"
-
-    def check(self) -> None:
-        if not isinstance(self.on, bool):
-            raise ConfigError(f"set_checkpointing on must be true or false, got {limits.quote(self.on)}")
+# One command per live setting (engine/declarations/settings.py LIVE_SETTINGS), by setting name.
+SETTING_COMMANDS: dict[str, type[SettingCommand]] = {s.name: _setting_command(s) for s in LIVE_SETTINGS}
+SetMicroBatch = SETTING_COMMANDS["micro_batch"]
+SetAccum = SETTING_COMMANDS["accum"]
+SetLr = SETTING_COMMANDS["lr"]
+SetClip = SETTING_COMMANDS["clip"]
+SetLrScaling = SETTING_COMMANDS["lr_scaling"]
+SetCheckpointing = SETTING_COMMANDS["checkpointing"]  # activation checkpointing on or off
 
 
 @dataclass(frozen=True)
@@ -111,10 +96,7 @@ class SetPrecision(SettingCommand):
                               "--resume DIR --precision P")
 
     def check(self) -> None:
-        from .config import PRECISIONS
-        if not isinstance(self.precision, str) or self.precision not in PRECISIONS:
-            raise ConfigError(f"set_precision precision must be one of {', '.join(PRECISIONS)}, "
-                              f"got {limits.quote(self.precision)}")
+        check_value("precision", self.precision, "set_precision precision")
 
 
 @dataclass(frozen=True)
@@ -123,8 +105,12 @@ class Pause(Command):
 
 
 @dataclass(frozen=True)
-class Resume(Command):
-    kind: ClassVar[str] = "resume"
+class Unpause(Command):
+    """Go on after a pause. (Not --resume DIR, which continues a stopped run from its folder.)"""
+    kind: ClassVar[str] = "unpause"
+
+
+Resume = Unpause  # the old name (kind "resume" rows are read as unpause too)
 
 
 @dataclass(frozen=True)
@@ -134,9 +120,42 @@ class Stop(Command):
 
 
 COMMANDS: dict[str, type[Command]] = {
-    c.kind: c for c in (SetAccum, SetMicroBatch, SetClip, SetLr, SetLrScaling, SetCheckpointing, SetPrecision,
-                        Pause, Resume, Stop)
+    c.kind: c for c in (*SETTING_COMMANDS.values(), SetPrecision, Pause, Unpause, Stop)
 }
+# Command kinds older versions wrote, and what they are called now (command_from_json reads them).
+OLD_KINDS: dict[str, str] = {"resume": "unpause"}
+
+
+def command_for(name: str, value: Any, at: str = "epoch") -> SettingCommand:
+    """The command that sets live setting `name` to `value` (ConfigError if out of range)."""
+    return SETTING_COMMANDS[name](value, at=at)  # type: ignore[call-arg]
+
+
+def setting_change(command: Command) -> Optional[tuple[Setting, Any]]:
+    """(setting, new value) if `command` changes a live setting, else None."""
+    if not isinstance(command, SettingCommand) or not command.setting:
+        return None
+    return SETTINGS_BY_NAME[command.setting], command.value
+
+
+def setting_of(kind: Any) -> Optional[Setting]:
+    """The live setting a command kind changes (an older kind too); None for pause, stop, an
+    unknown kind..."""
+    cls = COMMANDS.get(OLD_KINDS.get(kind, kind)) if isinstance(kind, str) else None
+    name = getattr(cls, "setting", "")
+    return SETTINGS_BY_NAME[name] if name else None
+
+
+def payload_value(kind: str, payload: dict[str, Any]) -> Any:
+    """The value a setting command's payload carries (a command_received event's, say), under
+    today's field name or an older one; None if it carries none."""
+    cls = COMMANDS.get(OLD_KINDS.get(kind, kind))
+    name = getattr(cls, "setting", "")
+    if not name:
+        return None
+    if name in payload:
+        return payload[name]
+    return next((payload[old] for old, new in OLD_FIELDS.get(cls.kind, {}).items() if old in payload), None)
 
 
 def command_from_json(kind: Any, payload: Any) -> Command:
@@ -148,7 +167,7 @@ def command_from_json(kind: Any, payload: Any) -> Command:
     short prefix of what was given) for anything else; never another exception."""
     if isinstance(kind, (bytes, bytearray)):
         kind = bytes(kind).decode("utf-8", "replace")
-    cls = COMMANDS.get(kind) if isinstance(kind, str) else None
+    cls = COMMANDS.get(OLD_KINDS.get(kind, kind)) if isinstance(kind, str) else None
     if cls is None:
         raise ConfigError(f"unknown command {limits.quote(kind)}")
     if payload is None:
@@ -175,6 +194,9 @@ def command_from_json(kind: Any, payload: Any) -> Command:
         raise ConfigError(f"command {kind}: payload is not JSON ({limits.one_line(e, 80)})") from None
     if not isinstance(data, dict):
         raise ConfigError(f"command {kind}: payload must be a JSON object, got {limits.quote(data)}")
+    for old, new in OLD_FIELDS.get(cls.kind, {}).items():  # a row an older version wrote
+        if old in data and new not in data:
+            data[new] = data.pop(old)
     names = [f.name for f in fields(cls)]
     unknown = [k for k in data if k not in names]
     if unknown:

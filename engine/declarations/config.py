@@ -4,8 +4,9 @@ Torch-free on purpose: the app imports this at start-up, before torch loads.
 """
 from __future__ import annotations
 
+import math
 import re
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import InitVar, asdict, dataclass, field, fields, replace
 from typing import Any, Optional
 
 from . import limits
@@ -17,6 +18,13 @@ NONFINITE_MODES = ("skip", "stop", "rollback")
 LR_SCHEDULES = ("constant", "linear", "cosine")
 MEMORY_SNAPSHOTS = ("off", "on-oom")
 DEFAULT_TASK = "mlp"
+# The fields that take one of a fixed set of words, and the words (the flags' choices, the app's lists).
+CHOICES: dict[str, tuple[str, ...]] = {
+    "optimizer": OPTIMIZERS, "precision": PRECISIONS, "lr_scaling": LR_SCALINGS, "nonfinite": NONFINITE_MODES,
+    "lr_schedule": LR_SCHEDULES, "memory_snapshot": MEMORY_SNAPSHOTS,
+}
+# Linear warmup is one of two fields: a number of samples or a fraction of the run's samples.
+WARMUP_FIELDS = ("warmup_samples", "warmup_fraction")
 
 
 class ConfigError(ValueError):
@@ -48,7 +56,8 @@ class TrainConfig:
     vram_limit: Optional[int] = None  # bytes
     vram_low_fraction: float = 0.10
     lr_schedule: str = "constant"  # constant | linear | cosine, over samples seen (engine/declarations/schedule.py)
-    warmup: float = 0.0  # < 1: a fraction of the planned samples; >= 1: samples
+    warmup_samples: int = 0  # linear warmup over this many samples (or warmup_fraction; not both)
+    warmup_fraction: float = 0.0  # linear warmup over this fraction of the run's planned samples
     min_lr_ratio: float = 0.1  # linear and cosine end at this x the peak
     workers: Optional[int] = None  # DataLoader workers; None = auto (engine/window/feeder.py)
     micro_tokens: Optional[int] = None  # under --token-budget: a micro-batch's counted items at most
@@ -62,24 +71,31 @@ class TrainConfig:
     spike_factor: Optional[float] = None  # a window loss above F x the loss EMA is a spike (rollback)
     rollback_lr_factor: float = 0.5  # a rollback multiplies the lr peak by this
     reference_batch: Optional[int] = None  # the effective batch --lr was tuned for (with --lr-scaling)
+    # The old single warmup field (< 1 a fraction, >= 1 samples): TrainConfig(warmup=W) still works and
+    # sets warmup_fraction or warmup_samples. An argument only, never stored: read those two fields.
+    warmup: InitVar[Optional[float]] = None
+
+    def __post_init__(self, warmup: Optional[float]) -> None:
+        if warmup is None:
+            return
+        if self.warmup_samples or self.warmup_fraction:
+            raise ConfigError("warmup and warmup_samples / warmup_fraction: give one")
+        for name, value in split_warmup(warmup, "warmup").items():
+            object.__setattr__(self, name, value)
 
     def validate(self) -> "TrainConfig":
-        """Every field against its range in engine/declarations/limits.py (the same ranges the commands and
-        the app's fields use); one-line ConfigError for the first that is out."""
-        for name in ("micro_batch", "accum", "epochs", "seed", "lr", "clip", "memory_margin", "warmup",
-                     "min_lr_ratio", "keep_checkpoints", "rollback_lr_factor"):
-            limits.check(name, getattr(self, name), error=ConfigError)
-        for name in ("max_steps", "token_budget", "effective_batch", "vram_limit", "workers", "micro_tokens",
-                     "checkpoint_every", "spike_factor", "reference_batch"):
-            if getattr(self, name) is not None:
-                limits.check(name, getattr(self, name), error=ConfigError)
-        _choice("optimizer", self.optimizer, OPTIMIZERS)
-        _choice("precision", self.precision, PRECISIONS)
-        _choice("lr-scaling", self.lr_scaling, LR_SCALINGS)
-        _choice("nonfinite", self.nonfinite, NONFINITE_MODES)
-        _choice("lr-schedule", self.lr_schedule, LR_SCHEDULES)
-        _choice("memory-snapshot", self.memory_snapshot, MEMORY_SNAPSHOTS)
+        """Every field against its declared range (engine/declarations/limits.py) or choices
+        (CHOICES), the same the commands and the app's fields use; a field whose default is None
+        may be None. One-line ConfigError for the first that is out."""
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value is None and f.default is None:
+                continue
+            check_value(f.name, value)
         check_device_name(self.device)
+        if self.warmup_samples and self.warmup_fraction:
+            raise ConfigError("--warmup-samples and --warmup-fraction: give one (a number of samples or a "
+                              "fraction of the run)")
         check_task_args(self.task_args)
         if self.fork is not None and self.resume is not None:
             raise ConfigError("--fork and --resume: give one (a fork starts a new run folder, a resume continues one)")
@@ -96,8 +112,10 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "TrainConfig":
+        """From a saved or merged config; keys of older versions are read (upgrade_keys), unknown
+        keys are ignored."""
         names = {f.name for f in fields(cls)}
-        kw = {k: v for k, v in d.items() if k in names}
+        kw = {k: v for k, v in upgrade_keys(d).items() if k in names}
         if "fork_changes" in kw:
             kw["fork_changes"] = tuple(kw["fork_changes"] or ())
         return cls(**kw)
@@ -105,6 +123,60 @@ class TrainConfig:
     def with_(self, **changes: Any) -> "TrainConfig":
         return replace(self, **changes)
 
+
+def split_warmup(warmup: Any, who: str = "--warmup") -> dict[str, Any]:
+    """The old single warmup value as the two fields: below 1 a fraction of the run, 1 or more
+    a number of samples (rounded to a whole sample)."""
+    high = limits.RANGES["warmup_samples"].high
+    if isinstance(warmup, bool) or not isinstance(warmup, (int, float)) or not math.isfinite(warmup) \
+            or not 0 <= warmup <= high:
+        raise ConfigError(f"{who} must be a number from 0 to 2**40 (below 1: a fraction of the run's samples, "
+                          f"1 or more: samples), got {limits.quote(warmup)}")
+    if warmup < 1:
+        return {"warmup_samples": 0, "warmup_fraction": float(warmup)}
+    return {"warmup_samples": int(round(warmup)), "warmup_fraction": 0.0}
+
+
+def upgrade_keys(d: dict[str, Any]) -> dict[str, Any]:
+    """A config dict with the keys of older versions read as today's: `warmup` becomes
+    warmup_samples or warmup_fraction (unless the dict already has one of those, which then
+    wins). A value the old key cannot hold is left to validate() to refuse."""
+    if "warmup" not in d:
+        return d
+    out = {k: v for k, v in d.items() if k != "warmup"}
+    if not any(k in out for k in WARMUP_FIELDS):
+        try:
+            out.update(split_warmup(d["warmup"], "warmup"))
+        except ConfigError:
+            out["warmup_fraction"] = d["warmup"]  # validate() says what is wrong with it
+    return out
+
+
+def overlay(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
+    """`changes` over `base` (a saved config under the flags given, a parent's under a fork's
+    edits), both read as today's keys. A warmup among the changes replaces the base's however
+    it was given (samples or a fraction), so the two never add up to both."""
+    base, changes = dict(upgrade_keys(base)), upgrade_keys(changes)
+    if any(k in changes for k in WARMUP_FIELDS):
+        for key in WARMUP_FIELDS:
+            base.pop(key, None)
+    return {**base, **changes}
+
+
+def check_value(name: str, value: Any, who: Optional[str] = None) -> Any:
+    """A value of TrainConfig field `name` against what it may hold: its range (limits.RANGES),
+    its choices (CHOICES) or, for a switch, true or false. ConfigError with one line if not."""
+    said = who or "--" + name.replace("_", "-")
+    if name in limits.RANGES:
+        return limits.check(name, value, who, ConfigError)
+    if name in CHOICES:
+        _choice(said, value, CHOICES[name])
+    elif isinstance(_DEFAULTS.get(name), bool) and not isinstance(value, bool):
+        raise ConfigError(f"{said} must be on or off (true or false), got {limits.quote(value)}")
+    return value
+
+
+_DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(TrainConfig)}
 
 MAX_TASK_ARGS = 64  # options of one task; more is not a configuration
 MAX_TASK_ARG_CHARS = 1024  # one value as JSON text: options, not data
@@ -144,9 +216,9 @@ def parse_task_arg(text: str) -> tuple[str, Any]:
     return key, value
 
 
-def _choice(name: str, value: str, choices: tuple[str, ...]) -> None:
+def _choice(who: str, value: str, choices: tuple[str, ...]) -> None:
     if not isinstance(value, str) or value not in choices:
-        raise ConfigError(f"--{name} must be one of {', '.join(choices)}, got {limits.quote(value)}")
+        raise ConfigError(f"{who} must be one of {', '.join(choices)}, got {limits.quote(value)}")
 
 
 def check_lr(lr: Any, who: str = "--lr") -> float:
@@ -154,7 +226,7 @@ def check_lr(lr: Any, who: str = "--lr") -> float:
 
 
 def check_clip(clip: Any, who: str = "--clip") -> float:
-    return limits.check("clip", clip, f"{who} (0 = off)", ConfigError)
+    return limits.check("clip", clip, who, ConfigError)
 
 
 def check_range(name: str, value: Any, who: Optional[str] = None) -> Any:

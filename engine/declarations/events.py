@@ -321,11 +321,17 @@ class Paused(Event):
 
 
 @dataclass(frozen=True)
-class Resumed(Event):
-    kind: ClassVar[str] = "resumed"
+class Unpaused(Event):
+    """A paused run goes on. (A run continued with --resume DIR says so in run_started.)"""
+    kind: ClassVar[str] = "unpaused"
 
     def message(self) -> str:
-        return "resumed"
+        return "unpaused"
+
+
+Resumed = Unpaused  # the old name; run.db rows of kind "resumed" (OLD_KINDS) mean the same
+# Event kinds older versions wrote, and what they are called now.
+OLD_KINDS: dict[str, str] = {"resumed": "unpaused"}
 
 
 @dataclass(frozen=True)

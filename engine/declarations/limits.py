@@ -52,12 +52,18 @@ class LimitError(ValueError):
 @dataclass(frozen=True)
 class Range:
     name: str  # the TrainConfig field
-    flag: str  # the command-line flag
     kind: type  # int or float
     low: Number
     high: Number
     high_open: bool = False  # [low, high) rather than [low, high]
     unit: str = ""  # "bytes": bounds are shown as sizes
+    note: str = ""  # what a special value means, said with the name ("0 = off")
+
+    @property
+    def flag(self) -> str:
+        """The command-line flag: the field's name with dashes (engine/declarations/settings.py
+        declares the flags the same way)."""
+        return "--" + self.name.replace("_", "-")
 
     def describe(self) -> str:
         lo, hi = self._show(self.low), self._show(self.high)
@@ -93,37 +99,39 @@ class Range:
     def check(self, value: Any, who: Optional[str] = None, error: type[Exception] = LimitError) -> Any:
         """The value itself if it is in range; else `error` with one line."""
         if not self.ok(value):
-            raise error(f"{who or self.flag} must be {self.describe()}, got {quote(value)}")
+            said = f"{who or self.flag} ({self.note})" if self.note else (who or self.flag)
+            raise error(f"{said} must be {self.describe()}, got {quote(value)}")
         return float(value) if self.kind is float else value
 
 
 RANGES: dict[str, Range] = {r.name: r for r in (
-    Range("micro_batch", "--micro-batch", int, 1, 2**20),
-    Range("accum", "--accum", int, 1, 2**20),
-    Range("epochs", "--epochs", int, 1, 10**6),
-    Range("max_steps", "--max-steps", int, 1, 10**12),
-    Range("token_budget", "--token-budget", int, 1, 2**40),
-    Range("effective_batch", "--effective-batch", int, 1, 2**40),
-    Range("seed", "--seed", int, 0, 2**63 - 1),
-    Range("vram_limit", "--vram-limit", int, 2**20, 2**50, unit="bytes"),
-    Range("lr", "--lr", float, 0.0, 1e4),
-    Range("clip", "--clip", float, 0.0, 1e6),
-    Range("memory_margin", "--memory-margin", float, 0.0, 1.0, high_open=True),
-    Range("vram_low_fraction", "--vram-low-fraction", float, 0.0, 1.0, high_open=True),
-    # warmup < 1 is a fraction of the run, >= 1 a number of samples (up to the window bound).
-    Range("warmup", "--warmup", float, 0.0, 2.0**40),
-    Range("min_lr_ratio", "--min-lr-ratio", float, 0.0, 1.0),
+    Range("micro_batch", int, 1, 2**20),
+    Range("accum", int, 1, 2**20),
+    Range("epochs", int, 1, 10**6),
+    Range("max_steps", int, 1, 10**12),
+    Range("token_budget", int, 1, 2**40),
+    Range("effective_batch", int, 1, 2**40),
+    Range("seed", int, 0, 2**63 - 1),
+    Range("vram_limit", int, 2**20, 2**50, unit="bytes"),
+    Range("lr", float, 0.0, 1e4),
+    Range("clip", float, 0.0, 1e6, note="0 = off"),
+    Range("memory_margin", float, 0.0, 1.0, high_open=True),
+    Range("vram_low_fraction", float, 0.0, 1.0, high_open=True),
+    # Linear warmup: a number of samples (up to the window bound), or a fraction of the run's samples.
+    Range("warmup_samples", int, 0, 2**40),
+    Range("warmup_fraction", float, 0.0, 1.0),
+    Range("min_lr_ratio", float, 0.0, 1.0),
     # Step checkpoints: every 1..10**9 steps, keeping 1..10**4 of them (each is a full copy).
-    Range("checkpoint_every", "--checkpoint-every", int, 1, 10**9),
-    Range("keep_checkpoints", "--keep-checkpoints", int, 1, 10**4),
+    Range("checkpoint_every", int, 1, 10**9),
+    Range("keep_checkpoints", int, 1, 10**4),
     # A spike is a window loss above F x its running average; F <= 1 would call every step one.
-    Range("spike_factor", "--spike-factor", float, 1.01, 1e6),
-    Range("rollback_lr_factor", "--rollback-lr-factor", float, 1e-6, 1.0),
-    Range("reference_batch", "--reference-batch", int, 1, 2**40),
+    Range("spike_factor", float, 1.01, 1e6),
+    Range("rollback_lr_factor", float, 1e-6, 1.0),
+    Range("reference_batch", int, 1, 2**40),
     # DataLoader worker processes; past 64 a workstation spends more on IPC than it gains.
-    Range("workers", "--workers", int, 0, 64),
+    Range("workers", int, 0, 64),
     # A micro-batch's counted items under a token budget (the window bound above).
-    Range("micro_tokens", "--micro-tokens", int, 1, 2**40),
+    Range("micro_tokens", int, 1, 2**40),
 )}
 
 

@@ -21,9 +21,11 @@ class LrSchedule:
     min_ratio: float  # linear and cosine end at min_ratio x peak
 
     @classmethod
-    def plan(cls, kind: str, warmup: float, min_ratio: float, planned_samples: float) -> "LrSchedule":
-        """`warmup` < 1 is a fraction of the planned samples, >= 1 a number of samples."""
-        w = warmup * planned_samples if warmup < 1 else warmup
+    def plan(cls, kind: str, min_ratio: float, planned_samples: float, *, warmup_samples: float = 0,
+             warmup_fraction: float = 0.0) -> "LrSchedule":
+        """The warmup is a number of samples or a fraction of the planned samples (TrainConfig
+        allows one of the two)."""
+        w = warmup_samples or warmup_fraction * planned_samples
         return cls(kind, float(w), float(max(planned_samples, 1)), float(min_ratio))
 
     def factor(self, samples: float) -> float:

@@ -8,6 +8,7 @@ from typing import Any, Optional
 from engine.checkpoints import files as ckpt
 from engine.declarations.commands import Command
 from .progress import Progress
+from engine.declarations.commands import command_for
 from engine.declarations.settings import LIVE_SETTINGS, LiveSettings
 from .setup import RunParts
 
@@ -92,7 +93,7 @@ def restore(parts: RunParts, state: dict[str, Any]) -> tuple[Progress, LiveSetti
         settings, commands = settings.with_(**changes), []
     else:
         saved = state.get("config") or {}
-        commands = [s.command_for(getattr(asked, s.name)) for s in LIVE_SETTINGS
+        commands = [command_for(s.name, getattr(asked, s.name)) for s in LIVE_SETTINGS
                     if s.name in saved and saved[s.name] != getattr(asked, s.name)
                     and getattr(settings, s.name) != getattr(asked, s.name)]
     if parts.scheduler is None:  # the task's scheduler keeps the lrs its state says

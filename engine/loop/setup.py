@@ -129,7 +129,7 @@ def _build(config: TrainConfig, task: Optional[Task], ctx: D.DistContext, claime
     scheduler = _task_scheduler(task, optimizer, cfg)
     switch = find_switch(task, model)
     if cfg.checkpointing and switch is None:
-        raise ConfigError(f"--checkpointing on: {why_no_switch(task, model)}")
+        raise ConfigError(f"--activation-checkpointing on: {why_no_switch(task, model)}")
     # A fork reads another run's checkpoint: checked before its own folder is made. A resume
     # reads its own folder's checkpoints: only once the folder is ours (no writer races it).
     origin = fork_origin(cfg.fork, cfg, model) if cfg.fork else Origin()
@@ -149,8 +149,9 @@ def _build(config: TrainConfig, task: Optional[Task], ctx: D.DistContext, claime
     stepper.before_zero = memory.at_window_end  # the breakdown sees the gradients before they go
     if origin.state is not None:
         _load_state(origin, model, optimizer, scaler, scheduler)
-    schedule = LrSchedule.plan(cfg.lr_schedule, cfg.warmup, cfg.min_lr_ratio,
-                               planned_samples(cfg, len(task.train_data), ctx.world))
+    schedule = LrSchedule.plan(cfg.lr_schedule, cfg.min_lr_ratio,
+                               planned_samples(cfg, len(task.train_data), ctx.world),
+                               warmup_samples=cfg.warmup_samples, warmup_fraction=cfg.warmup_fraction)
     window = WindowContext(net=model, loss=task.loss, task_name=task.name, params=params, optimizer=optimizer,
                            scaler=scaler, autocast=autocast, device=device, ctx=ctx, stepper=stepper,
                            loss_checked=loss_checked,
@@ -182,9 +183,9 @@ def _optimizer(task: Task, cfg: TrainConfig, device: torch.device, params: list)
 def _task_scheduler(task: Task, optimizer: torch.optim.Optimizer, cfg: TrainConfig) -> Any:
     if task.scheduler is None:
         return None
-    if cfg.lr_schedule != "constant" or cfg.warmup:
+    if cfg.lr_schedule != "constant" or cfg.warmup_samples or cfg.warmup_fraction:
         raise ConfigError(f"task {task.name} brings its own lr scheduler: leave --lr-schedule constant and "
-                          "--warmup 0 (or drop the task's scheduler)")
+                          "no warmup (or drop the task's scheduler)")
     try:
         sched = task.scheduler(optimizer)
     except Exception as e:

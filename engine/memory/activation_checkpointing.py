@@ -22,11 +22,11 @@ How the trainer calls it:
 
     # once, at setup (after the task is built, with the model itself):
     self.ckpt_switch = checkpointing.find_switch(self.task, self.model)
-    # on SetCheckpointing(on) at a boundary (never inside a window):
+    # on SetCheckpointing(checkpointing) at a boundary (never inside a window):
     if self.ckpt_switch is None:
         refuse(checkpointing.why_no_switch(self.task, self.model))
     else:
-        self.ckpt_switch(cmd.on)            # idempotent; self.ckpt_switch.on is the state now
+        self.ckpt_switch(cmd.checkpointing)  # idempotent; self.ckpt_switch.on is the state now
     # for the what-fits table: CheckpointModel(layers=self.ckpt_switch.layers)
 
 torch-importing, Qt-free.

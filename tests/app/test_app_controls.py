@@ -30,7 +30,8 @@ def test_typing_cannot_enter_an_invalid_lr(qtbot, make_window):
     qtbot.keyClicks(lr, "-abc0.5")
     assert lr.text() == "0.5"
     lr.clear()
-    assert w.controls.values() == (None, "Learning rate: enter a number >= 0, e.g. 0.001 or 3e-4")
+    # The label and the range of the settings' declaration (engine/declarations/settings.py, limits.py).
+    assert w.controls.values() == (None, "Learning rate: enter a finite number from 0 to 10000")
     assert not w.start_run() and w.last_error[1].startswith("Learning rate")
 
 

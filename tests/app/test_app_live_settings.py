@@ -15,7 +15,8 @@ def test_changes_apply_exactly_at_the_next_epoch_boundary(qtbot, make_window, tm
     # Before the run starts its Apply is off; the live fields stay editable.
     wait_until(qtbot, lambda: len(w.model.epochs) >= 1, 90, "the first epoch to end")
     c = w.controls
-    assert c.engine == {"micro_batch": 64, "accum": 2, "lr": 1e-3, "clip": 1.0, "lr_scaling": "none"}
+    assert c.engine == {"micro_batch": 64, "accum": 2, "lr": 1e-3, "clip": 1.0, "lr_scaling": "none",
+                        "checkpointing": False}
     c.accum.setValue(4)
     c.lr.setText("0.002")
     c.clip.setText("0.5")
@@ -72,7 +73,7 @@ def test_changes_apply_exactly_at_the_next_epoch_boundary(qtbot, make_window, tm
     assert "accum 2\u21924" in loss_label and "clip 1\u21920.5" in loss_label and "lr 0.001\u21920.002" in loss_label
 
 
-def test_pause_then_change_then_resume(qtbot, make_window, tmp_path):
+def test_pause_then_change_then_unpause(qtbot, make_window, tmp_path):
     w = make_window()
     start(w, epochs=3, micro_batch=32, run_dir=str(tmp_path / "run"))  # 64 steps an epoch
     wait_until(qtbot, lambda: w.model.step >= 3, 90, "a few steps")
@@ -95,7 +96,7 @@ def test_pause_then_change_then_resume(qtbot, make_window, tmp_path):
     outcome = run_to_end(qtbot, w)
     assert outcome["reason"] == "completed"
     kinds = [n.kind for n in w.model.notes]
-    assert kinds.index("paused") < kinds.index("settings_applied") < kinds.index("resumed")
+    assert kinds.index("paused") < kinds.index("settings_applied") < kinds.index("unpaused")
     assert "lr_hint" in w.alerts.kinds()  # accumulation changed, lr not: the engine suggests one
     accum = w.model.metrics.view("accum")
     epoch = w.model.metrics.view("epoch")

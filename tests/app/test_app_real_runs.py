@@ -155,7 +155,7 @@ def test_run_panel_fields_reach_the_engine_config(qtbot, make_window, tmp_path):
     c.set_task(str(task))
     c.set_values({"device": "cpu", "micro_batch": 64, "accum": 2})
     c.lr_schedule.setCurrentIndex(c.lr_schedule.findData("linear"))
-    c.warmup.setText("0.25")
+    c.warmup_fraction.setText("0.25")
     c.min_lr_ratio.setText("0.3")
     c.workers.setValue(0)
     c.token_budget.setText("128")
@@ -166,14 +166,14 @@ def test_run_panel_fields_reach_the_engine_config(qtbot, make_window, tmp_path):
     assert w.start_run(), w.last_error
     assert run_to_end(qtbot, w)["status"] == "finished"
     cfg = RunReader(str(run_dir)).info()["config"]
-    assert (cfg["lr_schedule"], cfg["warmup"], cfg["min_lr_ratio"], cfg["workers"]) == ("linear", 0.25, 0.3, 0)
+    assert (cfg["lr_schedule"], cfg["warmup_fraction"], cfg["min_lr_ratio"], cfg["workers"]) == ("linear", 0.25, 0.3, 0)
     assert (cfg["token_budget"], cfg["micro_tokens"]) == (128, 32)
     assert cfg["task_args"] == {"hidden": 64, "note": "two words"}
     assert set(w.model.metrics.view("accum")) == {128 // 32}  # micro-tokens bounded the micro-batches
     w.close()
     w2 = make_window(restore_settings=True)  # kept in the preferences
     v, err = w2.controls.values()
-    assert err == "" and (v["lr_schedule"], v["warmup"], v["min_lr_ratio"], v["workers"], v["micro_tokens"],
+    assert err == "" and (v["lr_schedule"], v["warmup_fraction"], v["min_lr_ratio"], v["workers"], v["micro_tokens"],
                           v["task_args"]) == ("linear", 0.25, 0.3, 0, 32, {"hidden": 64, "note": "two words"})
     w2.controls.workers.setValue(w2.controls.workers.minimum())
     assert w2.controls.workers.text() == "auto" and w2.controls.values()[0]["workers"] is None
@@ -208,7 +208,7 @@ def test_fields_keep_to_the_engine_limits_and_refuse_with_its_line(qtbot, make_w
     c.lr.setText("20000")
     assert c.values() == (None, line.removeprefix("error: "))
     c.lr.setText("0.001")
-    for name, text in (("warmup", "-1"), ("min_lr_ratio", "1.5"), ("micro_tokens", "0")):
+    for name, text in (("warmup_fraction", "-1"), ("min_lr_ratio", "1.5"), ("micro_tokens", "0")):
         getattr(c, name).setText(text)
         v, err = c.values()
         assert v is None and err.startswith(f"{RANGES[name].flag} must be {RANGES[name].describe()}"), err
@@ -239,6 +239,6 @@ def test_scripted_demo_flags_take_the_readme_screenshot(tmp_path):
     applied = [e for e in reader.events() if e["kind"] == "settings_applied"]
     assert applied and applied[0]["data"]["at"] == "step"
     rc, err = _cli_error("app", "--change", "3:accum=3000000000", "--autostart")
-    assert rc == 2 and err == "error: set_accum steps must be an integer from 1 to 1048576, got 3000000000", err
+    assert rc == 2 and err == "error: set_accum accum must be an integer from 1 to 1048576, got 3000000000", err
     rc, err = _cli_error("app", "--change", "3:warmup=2", "--autostart")
     assert rc == 2 and "not a live setting" in err

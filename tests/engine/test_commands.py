@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from engine.checkpoints import files as ckpt
-from engine.declarations.commands import (COMMANDS, Pause, Resume, SetAccum, SetClip, SetLr, SetLrScaling,
-    SetMicroBatch, Stop, command_from_json)
+from engine.declarations.commands import (COMMANDS, Pause, SetAccum, SetClip, SetLr, SetLrScaling, SetMicroBatch,
+    Stop, Unpause, command_from_json)
 from engine.declarations.config import ConfigError
 from engine.store import RunReader, send_command
 
@@ -129,7 +129,7 @@ def test_set_micro_batch_and_lr_scaling_command(tmp_path):
     assert ("micro_batch", MICRO, 4) in ev.changes and ("lr_scaling", "none", "linear") in ev.changes
 
 
-def test_pause_waits_at_boundary_until_resume(tmp_path):
+def test_pause_waits_at_boundary_until_unpause(tmp_path):
     def on_event(e, trainer):
         if e.kind == "epoch_end" and e.epoch == 1:
             trainer.send(Pause())
@@ -137,15 +137,15 @@ def test_pause_waits_at_boundary_until_resume(tmp_path):
             def later():
                 time.sleep(0.3)
                 trainer.send(SetLr(0.02))
-                trainer.send(Resume())
+                trainer.send(Unpause())
             threading.Thread(target=later, daemon=True).start()
 
     t0 = time.monotonic()
     run = run_trainer(make_task(N), tmp_path / "run", on_event=on_event, micro_batch=MICRO, accum=ACCUM, lr=LR,
                       epochs=2)
-    kinds = [e.kind for e in run.events if e.kind in ("epoch_end", "paused", "resumed", "settings_applied", "step")]
+    kinds = [e.kind for e in run.events if e.kind in ("epoch_end", "paused", "unpaused", "settings_applied", "step")]
     i = kinds.index("paused")
-    assert kinds[i - 1] == "epoch_end" and kinds[i + 1:i + 4] == ["resumed", "settings_applied", "step"]
+    assert kinds[i - 1] == "epoch_end" and kinds[i + 1:i + 4] == ["unpaused", "settings_applied", "step"]
     paused = run.of("paused")[0]
     assert (paused.step, paused.epoch) == (4, 1)
     assert [m.lr for m in run.steps] == [LR] * 4 + [0.02] * 4
@@ -202,7 +202,7 @@ def test_invalid_command_row_is_refused(tmp_path):
 
 # -- command_from_json -------------------------------------------------------------------------------
 @pytest.mark.parametrize("cmd", [SetAccum(3), SetMicroBatch(8), SetClip(0.0), SetClip(2.5), SetLr(0.0), SetLr(3e-4),
-                                 SetLrScaling("sqrt"), Pause(), Resume(), Stop()])
+                                 SetLrScaling("sqrt"), Pause(), Unpause(), Stop()])
 def test_command_json_round_trip(cmd):
     assert command_from_json(cmd.kind, cmd.to_json()) == cmd
     assert COMMANDS[cmd.kind] is type(cmd)
@@ -221,6 +221,8 @@ def test_command_json_round_trip(cmd):
     ("set_accum", '{"steps": true}'),
     ("set_accum", '{"steps": "4"}'),
     ("set_accum", '{"steps": 2, "extra": 1}'),
+    ("set_accum", '{"accum": 0}'),
+    ("set_accum", '{"accum": 2, "steps": 3}'),  # the old name beside the new one: not a field any more
     ("set_micro_batch", '{"size": 0}'),
     ("set_lr", '{"lr": -1}'),
     ("set_lr", '{"lr": NaN}'),

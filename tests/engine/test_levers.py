@@ -176,7 +176,7 @@ def test_lines_for_prefers_fewest_axes_changed():
 
 
 def test_mem_commands_validate_and_round_trip():
-    assert SetCheckpointing(True).kind == "set_checkpointing" and json.loads(SetCheckpointing(True).to_json()) == {"on": True, "at": "epoch"}
+    assert SetCheckpointing(True).kind == "set_checkpointing" and json.loads(SetCheckpointing(True).to_json()) == {"checkpointing": True, "at": "epoch"}
     assert MEM_COMMANDS["set_precision"](**{"precision": "bf16"}) == SetPrecision("bf16")
     with pytest.raises(ConfigError):
         SetCheckpointing(1)

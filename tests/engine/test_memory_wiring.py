@@ -105,7 +105,7 @@ def test_checkpointing_without_a_switch_is_refused_with_a_reason(tmp_path):
     refused = {e.command: e.reason for e in run.of("command_refused")}
     assert "checkpointing" in refused["set_checkpointing"] and "restarts" in refused["set_precision"]
     assert not run.of("settings_applied")
-    with pytest.raises(ConfigError, match="--checkpointing on"):
+    with pytest.raises(ConfigError, match="--activation-checkpointing on"):
         Trainer(TrainConfig(checkpointing=True, device="cpu", run_dir=str(tmp_path / "x")),
                 task=block_task(switchable=False)).prepare()
 

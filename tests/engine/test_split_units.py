@@ -14,7 +14,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from engine_helpers import make_task, run_trainer  # noqa: E402
 
 from engine.control.rules import CommandRules
-from engine.declarations.commands import Pause, SetAccum, SetClip, SetLr, SetLrScaling, SetMicroBatch
+from engine.declarations.commands import Pause, SetAccum, SetClip, SetLr, SetLrScaling, SetMicroBatch, command_for
 from engine.declarations.events import CommandRefused, LrHint, SettingsApplied
 from engine.loop.progress import Progress
 from engine.declarations.settings import LIVE_SETTINGS, LiveSettings
@@ -104,7 +104,7 @@ def test_non_setting_commands_pass_through_and_nothing_changed_means_no_event():
 def test_every_live_setting_has_a_command_and_round_trips():
     for s in LIVE_SETTINGS:
         value = getattr(S, s.name)
-        cmd = s.command_for(value)
+        cmd = command_for(s.name, value)
         assert rules().apply(S, [cmd], 0, 1).settings == S
         assert s.name in LiveSettings.__dataclass_fields__
 

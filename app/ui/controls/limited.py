@@ -15,6 +15,7 @@ from PySide6.QtWidgets import QLineEdit, QSpinBox, QWidget
 
 from engine.declarations import limits
 from engine.declarations.limits import RANGES
+from engine.declarations.settings import BY_NAME
 
 from .validators import for_range
 
@@ -34,6 +35,13 @@ def engine_refusal(name: str, value: Any) -> str:
     except limits.LimitError as e:
         return str(e)
     return ""
+
+
+def blank_text(name: str) -> str:
+    """What a number field says when its text is not a number: its label (else its flag) and
+    the range, e.g. 'Clip norm: enter a finite number from 0 to 1000000 (0 = off)'."""
+    s, r = BY_NAME.get(name), RANGES[name]
+    return f"{s.label if s and s.label else r.flag}: enter {r.describe()}" + (f" ({r.note})" if r.note else "")
 
 
 def number_text(v: float) -> str:
@@ -94,7 +102,7 @@ class LimitedLine(QLineEdit):
         super().__init__(parent)
         self.name, self.range = name, RANGES[name]
         self.optional = optional
-        self.blank = blank or f"{self.range.flag}: enter {self.range.describe()}"
+        self.blank = blank or blank_text(name)
         self.setValidator(for_range(self.range, self))
         self.textChanged.connect(lambda _t: _mark(self, self._out_of_range()))
         self.set_given(value)

@@ -16,6 +16,9 @@ from typing import Any, Optional
 from PySide6.QtCore import Signal
 from PySide6.QtWidgets import QGridLayout, QLabel, QSizePolicy, QVBoxLayout, QWidget
 
+from engine.declarations.config import upgrade_keys
+from engine.declarations.settings import BY_NAME as SETTINGS_BY_NAME
+
 from app.core.shortcuts import SHORTCUTS
 from app.model.fields import fmt_value
 from app.model.pending import ChangeStatus, PendingChanges
@@ -30,7 +33,7 @@ from .schedule_fields import ScheduleFields
 RUNNING = ("starting", "training", "pausing", "paused", "stopping")
 STATE_TEXT = {"idle": "Ready", "starting": "Starting: loading torch and the task...", "training": "Training",
               "pausing": "Pausing after this epoch...",
-              "paused": "Paused between epochs: changes apply at once, then Resume",
+              "paused": "Paused between epochs: changes apply at once, then Unpause",
               "stopping": "Stopping at the next step (a checkpoint is written)...", "viewing": "Viewing a run folder"}
 
 
@@ -54,15 +57,15 @@ class ControlsPanel(QWidget):
         self.run_fields = RunFields()
         self.schedule = ScheduleFields()
         self.live = LiveFields(actions.apply)
-        # The form's widgets by name: the window, the tests and the benchmarks fill the form through them.
+        # The form's widgets by setting name (every declared setting with a label has one): the window,
+        # the tests and the benchmarks fill the form through them, also as attributes (self.lr, ...).
         rf, lf, sf = self.run_fields, self.live, self.schedule
-        self.task, self.precision, self.epochs, self.device = rf.task, rf.precision, rf.epochs, rf.device
-        self.workers, self.token_budget, self.micro_tokens, self.task_args = (rf.workers, rf.token_budget,
-                                                                              rf.micro_tokens, rf.task_args)
-        self.lr_schedule, self.warmup, self.min_lr_ratio = sf.lr_schedule, sf.warmup, sf.min_lr_ratio
+        self.setting_widgets: dict[str, QWidget] = {
+            name: getattr(group, name) for group in (rf, sf, lf) for name in SETTINGS_BY_NAME
+            if isinstance(getattr(group, name, None), QWidget)}
+        for name, w in self.setting_widgets.items():
+            setattr(self, name, w)
         self.apply_at = lf.apply_at
-        self.micro_batch, self.accum, self.lr, self.lr_scaling, self.clip = (lf.micro_batch, lf.accum, lf.lr,
-                                                                             lf.lr_scaling, lf.clip)
         self.fields, self.effective, self.fits = lf.fields, lf.effective, lf.fits
         self.find_micro_batch, self.finder_status = lf.find_micro_batch, lf.finder_status
         self.apply_button, self.apply_hint = lf.apply_button, lf.apply_hint
@@ -133,6 +136,7 @@ class ControlsPanel(QWidget):
         return out, ""
 
     def set_values(self, d: dict[str, Any]) -> None:
+        d = upgrade_keys(d)  # a config or saved form of an older version
         self.run_fields.set_values(d)
         self.schedule.set_values(d)
         self.live.set_values(d)

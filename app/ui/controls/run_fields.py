@@ -7,10 +7,11 @@ import os
 from typing import Any, Optional
 
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtWidgets import QComboBox, QFormLayout, QGroupBox, QLabel, QLineEdit, QWidget
+from PySide6.QtWidgets import QAbstractButton, QComboBox, QFormLayout, QGroupBox, QLabel, QLineEdit, QWidget
 
 from engine.declarations.config import PRECISIONS, ConfigError
 from engine.declarations.paths import BUILTIN_TASKS
+from engine.declarations.settings import BY_NAME, Setting
 
 from app.core import assets
 from . import task_args
@@ -25,6 +26,25 @@ def form_layout(box: QGroupBox) -> QFormLayout:
     form.setFieldGrowthPolicy(QFormLayout.FieldGrowthPolicy.AllNonFixedFieldsGrow)
     form.setLabelAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
     return form
+
+
+def setting_tip(s: Setting) -> str:
+    """A setting's tooltip: its help line, as --help gives it (with the default)."""
+    text = s.help_text()
+    return text[:1].upper() + text[1:]
+
+
+def setting_row(form: QFormLayout, name: str, widget: QWidget) -> None:
+    """The form row of a declared setting: its label from the declaration (a check box carries
+    it as its text), its help as the tooltip where the widget has none of its own."""
+    s = BY_NAME[name]
+    if not widget.toolTip():
+        widget.setToolTip(setting_tip(s))
+    if isinstance(widget, QAbstractButton):
+        widget.setText(s.label)
+        form.addRow("", widget)
+    else:
+        form.addRow(s.label, widget)
 
 
 class Folding:
@@ -90,15 +110,11 @@ class RunFields(QGroupBox):
         self.task_args.setToolTip(self._task_args_tip)
         self.task_args.textChanged.connect(self._check_task_args)
         form = form_layout(self)
-        form.addRow("Task", self.task)
+        setting_row(form, "task", self.task)
         if task_args.AVAILABLE:
-            form.addRow("Task args", self.task_args)
-        form.addRow("Precision", self.precision)
-        form.addRow("Epochs", self.epochs)
-        form.addRow("Device", self.device)
-        form.addRow("Workers", self.workers)
-        form.addRow("Token budget", self.token_budget)
-        form.addRow("Micro-tokens", self.micro_tokens)
+            setting_row(form, "task_args", self.task_args)
+        for name in ("precision", "epochs", "device", "workers", "token_budget", "micro_tokens"):
+            setting_row(form, name, getattr(self, name))
         self._numbers = (self.epochs, self.workers, self.token_budget, self.micro_tokens)
         self.folding = Folding(form)
 

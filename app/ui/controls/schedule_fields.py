@@ -1,5 +1,5 @@
-"""The learning-rate schedule group of the Controls panel: schedule, warmup and the ratio the
-decay ends at. Fixed once a run starts; the peak is the live Learning rate (set_lr moves it,
+"""The learning-rate schedule group of the Controls panel: schedule, warmup (a number of
+samples or a fraction of the run, one of the two) and the ratio the decay ends at. Fixed once a run starts; the peak is the live Learning rate (set_lr moves it,
 the curve keeps its shape). The schedule runs over samples seen (engine/declarations/schedule.py)."""
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ from typing import Any, Optional
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QComboBox, QGroupBox, QWidget
 
-from engine.declarations.config import LR_SCHEDULES, TrainConfig
+from engine.declarations.config import LR_SCHEDULES, TrainConfig, upgrade_keys
 
 from .limited import LimitedLine
 from .limited import number_text
-from .run_fields import Folding, form_layout
+from .run_fields import Folding, form_layout, setting_row
 
 DEFAULTS = TrainConfig()
 SCHEDULE_TIPS = {"constant": "the peak all along (after any warmup)",
@@ -30,17 +30,14 @@ class ScheduleFields(QGroupBox):
             self.lr_schedule.setItemData(self.lr_schedule.count() - 1, SCHEDULE_TIPS.get(name, ""),
                                          Qt.ItemDataRole.ToolTipRole)
         self.lr_schedule.setToolTip("How the lr moves over the run; the Learning rate field is its peak")
-        self.warmup = LimitedLine("warmup", DEFAULTS.warmup, blank="Warmup: enter a number >= 0 (0 = none)")
-        self.warmup.setToolTip("Linear warmup from 0 to the peak: below 1 a fraction of the run's samples "
-                               "(0.05 = the first 5%), 1 or more a number of samples; 0 = none")
-        self.min_lr_ratio = LimitedLine("min_lr_ratio", DEFAULTS.min_lr_ratio,
-                                        blank="Min lr ratio: enter a number from 0 to 1")
-        self.min_lr_ratio.setToolTip("Linear and cosine end at this fraction of the peak (0 to 1)")
+        self.warmup_samples = LimitedLine("warmup_samples", DEFAULTS.warmup_samples)
+        self.warmup_fraction = LimitedLine("warmup_fraction", DEFAULTS.warmup_fraction)
+        self.min_lr_ratio = LimitedLine("min_lr_ratio", DEFAULTS.min_lr_ratio)
         self.lr_schedule.currentIndexChanged.connect(lambda _i: self._follow_schedule())
+        self._numbers = (self.warmup_samples, self.warmup_fraction, self.min_lr_ratio)
         form = form_layout(self)
-        form.addRow("Schedule", self.lr_schedule)
-        form.addRow("Warmup", self.warmup)
-        form.addRow("Min lr ratio", self.min_lr_ratio)
+        for name in ("lr_schedule", "warmup_samples", "warmup_fraction", "min_lr_ratio"):
+            setting_row(form, name, getattr(self, name))
         self.folding = Folding(form)
         self._running = False
         self.set_values({"lr_schedule": DEFAULTS.lr_schedule})
@@ -51,17 +48,20 @@ class ScheduleFields(QGroupBox):
         self.min_lr_ratio.setEnabled(not self._running and self.lr_schedule.currentData() != "constant")
 
     def values(self) -> tuple[Optional[dict[str, Any]], str]:
-        for w in (self.warmup, self.min_lr_ratio):
+        for w in self._numbers:
             if w.problem():
                 return None, w.problem()
-        return {"lr_schedule": self.lr_schedule.currentData(), "warmup": float(self.warmup.given()),
+        return {"lr_schedule": self.lr_schedule.currentData(), "warmup_samples": int(self.warmup_samples.given()),
+                "warmup_fraction": float(self.warmup_fraction.given()),
                 "min_lr_ratio": float(self.min_lr_ratio.given())}, ""
 
     def set_values(self, d: dict[str, Any]) -> None:
+        """A config's values (an older one's `warmup` read as today's two fields)."""
+        d = upgrade_keys(d)
         i = self.lr_schedule.findData(d.get("lr_schedule"))
         if i >= 0:
             self.lr_schedule.setCurrentIndex(i)
-        for name in ("warmup", "min_lr_ratio"):
+        for name in ("warmup_samples", "warmup_fraction", "min_lr_ratio"):
             if d.get(name) is not None:
                 getattr(self, name).set_given(d[name])
 
@@ -69,9 +69,11 @@ class ScheduleFields(QGroupBox):
         """E.g. 'cosine · warmup 0.1 of the run · down to 0.05 × the peak'."""
         kind = str(self.lr_schedule.currentData())
         parts = [kind]
-        w = self.warmup.given()
-        if w:
-            parts.append(f"warmup {number_text(w)} of the run" if w < 1 else f"warmup {number_text(w)} samples")
+        samples, fraction = self.warmup_samples.given(), self.warmup_fraction.given()
+        if samples:
+            parts.append(f"warmup {number_text(samples)} samples")
+        elif fraction:
+            parts.append(f"warmup {number_text(fraction)} of the run")
         r = self.min_lr_ratio.given()
         if kind != "constant" and r is not None:
             parts.append(f"down to {number_text(r)} \u00d7 the peak")
@@ -80,6 +82,7 @@ class ScheduleFields(QGroupBox):
     def set_running(self, running: bool) -> None:
         self._running = running
         self.lr_schedule.setEnabled(not running)
-        self.warmup.setEnabled(not running)
+        self.warmup_samples.setEnabled(not running)
+        self.warmup_fraction.setEnabled(not running)
         self._follow_schedule()
         self.folding.fold(running, self.summary())

@@ -10,18 +10,19 @@ from PySide6.QtCore import Signal
 from PySide6.QtWidgets import (QComboBox, QDialog, QDialogButtonBox, QFormLayout, QLabel, QLineEdit, QVBoxLayout,
                                QWidget)
 
-from engine.declarations.config import ConfigError, LR_SCHEDULES
+from engine.declarations.config import ConfigError, LR_SCHEDULES, upgrade_keys
+from engine.declarations.settings import BY_NAME
 
 from app.model.fields import same
 from app.ui.controls import task_args
 from app.model.lineage import Checkpoint, changed_text
 from app.ui.controls.limited import LimitedLine, LimitedSpin
 
-# The fields, in the order shown: (config key, label).
-FIELDS = (("lr", "Learning rate (peak)"), ("accum", "Accumulation steps"), ("micro_batch", "Micro-batch"),
-          ("clip", "Clip norm (0 = off)"), ("lr_schedule", "lr schedule"), ("warmup", "Warmup"),
-          ("min_lr_ratio", "Min lr ratio"), ("epochs", "Epochs"), ("max_steps", "Max steps (empty = none)"),
-          ("task_args", "Task arguments"))
+# The fields, in the order shown, with the labels of the settings' declaration
+# (engine/declarations/settings.py); a setting the form has no field for is named by its flag.
+KEYS = ("lr", "accum", "micro_batch", "clip", "lr_schedule", "warmup_samples", "warmup_fraction", "min_lr_ratio",
+        "epochs", "max_steps", "task_args")
+FIELDS = tuple((key, BY_NAME[key].label or BY_NAME[key].option) for key in KEYS)
 
 
 def where_text(run_name: str, ckpt: Checkpoint, asked: Optional[int]) -> str:
@@ -40,14 +41,14 @@ class ForkDialog(QDialog):
         super().__init__(parent)
         self.setObjectName("fork_dialog")
         self.setWindowTitle(f"Fork {run_name}")
-        self.checkpoint, self.prefill = ckpt, dict(prefill)
+        self.checkpoint, self.prefill = ckpt, dict(upgrade_keys(prefill))
         self.where = QLabel(where_text(run_name, ckpt, asked))
         self.where.setObjectName("fork_where")
         self.where.setWordWrap(True)
         self.widgets: dict[str, QWidget] = {}
         form = QFormLayout()
         for key, label in FIELDS:
-            w = self._widget(key, prefill.get(key))
+            w = self._widget(key, self.prefill.get(key))
             self.widgets[key] = w
             form.addRow(label, w)
         self.summary = QLabel("")

@@ -9,7 +9,7 @@ from typing import Any, Callable, Optional
 from PySide6.QtCore import QObject
 from PySide6.QtWidgets import QWidget
 
-from engine.declarations.config import TrainConfig
+from engine.declarations.config import TrainConfig, upgrade_keys
 
 from app.model import lineage
 from .fork_dialog import FIELDS, ForkDialog
@@ -48,7 +48,7 @@ class ForkFlow(QObject):
     def open(self, run_dir: str, ckpt: lineage.Checkpoint, asked: Optional[int] = None) -> ForkDialog:
         """The dialog for a fork of `ckpt`, prefilled with the settings the run had there."""
         info = lineage.read_info(run_dir)
-        config = info.get("config") if isinstance(info.get("config"), dict) else {}
+        config = upgrade_keys(info["config"]) if isinstance(info.get("config"), dict) else {}
         at = ckpt.step if ckpt.step is not None else (asked or 0)
         defaults = TrainConfig().to_dict()  # a key an older run did not record: the engine's default
         prefill = {key: config.get(key, defaults.get(key)) for key, _label in FIELDS}

@@ -19,9 +19,8 @@ from PySide6.QtWidgets import (QAbstractItemView, QHBoxLayout, QHeaderView, QLab
                                QTableWidgetItem, QVBoxLayout, QWidget)
 
 from engine.memory import levers
-from engine.declarations.commands import Command
+from engine.declarations.commands import Command, setting_of
 
-from app.model.fields import field_of_command
 
 IDLE = "What fits shows here during a run on a GPU: the engine builds it from the peaks it measures."
 CELL_ROLE = Qt.ItemDataRole.UserRole
@@ -55,9 +54,9 @@ def split_commands(cmds: list[Command]) -> tuple[dict[str, Any], list[Command]]:
     edits: dict[str, Any] = {}
     others: list[Command] = []
     for c in cmds:
-        f = field_of_command(c.kind)
+        f = setting_of(c.kind)
         if f is not None:
-            edits[f.name] = getattr(c, f.arg)
+            edits[f.name] = getattr(c, f.name)
         else:
             others.append(c)
     return edits, others

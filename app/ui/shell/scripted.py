@@ -2,9 +2,9 @@
 
   --x-axis step|samples|tokens|time   what the plots' x axis counts (as the toolbar's choice)
   --apply-at epoch|step               when Apply's changes take effect (the Controls panel's choice)
-  --change STEP:NAME=VALUE            when the run reaches optimizer step STEP, set the live field
-                                      NAME (accum, micro-batch, lr, clip, lr-scaling) to VALUE and
-                                      press Apply, as a user would (repeatable)
+  --change STEP:NAME=VALUE            when the run reaches optimizer step STEP, set the live setting
+                                      NAME (micro-batch, accum, lr, ...: engine LIVE_SETTINGS) to VALUE
+                                      and press Apply, as a user would (repeatable)
   --screenshot-step N                 take --screenshot at step N rather than at the end (with
                                       --quit-when-done the run then stops there)
 
@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
-from engine.declarations.commands import APPLY_AT
+from engine.declarations.commands import APPLY_AT, command_for
 from engine.declarations.config import ConfigError
 from engine.declarations.limits import RANGES
+from engine.declarations.settings import BY_NAME, LIVE_NAMES
 
-from app.model.fields import BY_NAME, LIVE_FIELDS, make_command
 from app.model.x_axis import X_AXES
 
 
@@ -37,8 +37,8 @@ def add_flags(group: Any) -> None:
     group.add_argument("--apply-at", choices=APPLY_AT, help="when Apply's changes take effect (default: as last "
                                                             "chosen, else the next epoch)")
     group.add_argument("--change", action="append", default=[], metavar="STEP:NAME=VALUE",
-                       help="at optimizer step STEP, set live field NAME (accum, micro-batch, lr, clip, lr-scaling) "
-                            "to VALUE and Apply (repeatable)")
+                       help=f"at optimizer step STEP, set live field NAME ({_names()}) to VALUE and Apply "
+                            "(repeatable)")
     group.add_argument("--screenshot-step", type=int, metavar="N",
                        help="take --screenshot at step N (with --quit-when-done the run stops there)")
 
@@ -51,16 +51,18 @@ def parse_change(text: str) -> Change:
     if not sep or not eq or not head.strip().isdigit():
         raise ConfigError(f"--change must be STEP:NAME=VALUE (e.g. 40:accum=8), got {text!r}")
     step = RANGES["max_steps"].check(int(head), "--change STEP", ConfigError)
-    if name not in BY_NAME:
-        raise ConfigError(f"--change: {name!r} is not a live setting (one of "
-                          f"{', '.join(n.replace('_', '-') for n in LIVE_FIELDS)})")
-    cast: Callable[[str], Any] = BY_NAME[name].cast
+    if name not in LIVE_NAMES:
+        raise ConfigError(f"--change: {name!r} is not a live setting (one of {_names()})")
     try:
-        value = cast(raw.strip())
-    except ValueError:
-        raise ConfigError(f"--change {name.replace('_', '-')}: cannot read {raw.strip()!r}") from None
-    make_command(name, value)  # the engine's range check, its message
+        value = BY_NAME[name].reader(raw.strip())  # the flag's own reader: 4, 3e-4, sqrt, on
+    except ConfigError as e:
+        raise ConfigError(f"--change {name.replace('_', '-')}: cannot read {raw.strip()!r} ({e})") from None
+    command_for(name, value)  # the engine's range check, its message
     return Change(step, name, value)
+
+
+def _names() -> str:
+    return ", ".join(n.replace("_", "-") for n in LIVE_NAMES)
 
 
 def check(ns: argparse.Namespace) -> list[Change]:
