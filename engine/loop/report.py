@@ -24,7 +24,7 @@ class Launched:
     step: int
     epoch: int
     samples: int  # in the window, all ranks
-    n_micro: int  # micro-batches this rank ran
+    accum: int  # micro-batches this rank ran
     settings: LiveSettings
     started: float
     mem: Any  # telemetry.MemorySample taken right after the launch
@@ -59,7 +59,7 @@ def step_metrics(launched: Launched, nums: WindowNumbers, skip: str) -> StepMetr
     step_time = time.perf_counter() - launched.started
     return StepMetrics(
         launched.step, launched.epoch, loss=nums.loss, grad_norm=nums.norm,
-        clipped=s.clip > 0 and nums.finite and nums.norm > s.clip, lr=s.lr, accum=launched.n_micro, clip=s.clip,
+        clipped=s.clip > 0 and nums.finite and nums.norm > s.clip, lr=s.lr, accum=launched.accum, clip=s.clip,
         micro_batch=s.micro_batch, samples=launched.samples, tokens=int(nums.count), step_time=step_time,
         throughput=nums.count / step_time if step_time > 0 else 0.0, nonfinite=skip == "nonfinite",
         scaler_skipped=skip == "scaler", mem_allocated=mem.allocated, mem_reserved=mem.reserved,
