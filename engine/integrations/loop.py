@@ -326,20 +326,24 @@ class HeadroomRun:
         loop skipped the step). framework_loss: what the framework reports for the window,
         when it differs from `loss` (see LossWeighting).
         """
-        return self._rows.log_step(loss, grad_norm, lr, accum, micro_batch, samples, tokens, clip, clipped,
-                                   step_time, nonfinite, scaler_skipped, epoch, step, framework_loss, bad_params,
-                                   nonfinite_action)
+        return self._rows.log_step(loss, grad_norm=grad_norm, lr=lr, accum=accum, micro_batch=micro_batch,
+                                   samples=samples, tokens=tokens, clip=clip, clipped=clipped, step_time=step_time,
+                                   nonfinite=nonfinite, scaler_skipped=scaler_skipped, epoch=epoch, step=step,
+                                   framework_loss=framework_loss, bad_params=bad_params,
+                                   nonfinite_action=nonfinite_action)
 
-    def record_step(self, step: int, epoch: int, loss: float, grad_norm: Optional[float], lr: Optional[float],
+    def record_step(self, *, step: int, epoch: int, loss: float, grad_norm: Optional[float], lr: Optional[float],
                     accum: int, clip: float, micro_batch: Optional[int], samples: Optional[int],
                     tokens: Optional[int], step_time: float, clipped: bool, nonfinite: bool, scaler_skipped: bool,
                     framework_loss: Optional[float] = None, bad_params: tuple[str, ...] = (),
                     nonfinite_action: str = "not skipped (the optimizer stepped)") -> StepMetrics:
-        """log_step without the checks and defaults: every value already plain (the adapters'
-        path, which may record a few steps at once). step_time in seconds."""
-        return self._rows.record_step(step, epoch, loss, grad_norm, lr, accum, clip, micro_batch, samples, tokens,
-                                      step_time, clipped, nonfinite, scaler_skipped, framework_loss, bad_params,
-                                      nonfinite_action)
+        """log_step without the checks and defaults, by keyword: every value already plain (the
+        adapters' path, which may record a few steps at once). step_time in seconds."""
+        return self._rows.record_step(step=step, epoch=epoch, loss=loss, grad_norm=grad_norm, lr=lr, accum=accum,
+                                      clip=clip, micro_batch=micro_batch, samples=samples, tokens=tokens,
+                                      step_time=step_time, clipped=clipped, nonfinite=nonfinite,
+                                      scaler_skipped=scaler_skipped, framework_loss=framework_loss,
+                                      bad_params=bad_params, nonfinite_action=nonfinite_action)
 
     def flush_epoch_gap(self) -> None:
         self._rows.flush_epoch_gap()
