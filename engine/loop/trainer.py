@@ -132,7 +132,9 @@ class Trainer(TrainerViews):
             if self.config.nonfinite == "rollback" or self.config.spike_factor is not None:
                 self.autopilot = Autopilot(self.config.nonfinite == "rollback", self.config.spike_factor, self.step,
                                            run_state.weights_state(parts))
-            self.settings = scaled_to_reference(self.settings, self.config, self.ctx.world, self._emit, self.step)
+            scaled = scaled_to_reference(self.settings, self.config, self.ctx.world, self._emit, self.step)
+            parts.lr.new_peak(self.settings.lr, scaled.lr)  # a task's scheduler moves to the scaled peak too
+            self.settings = scaled
             parts.modes.train_mode(parts.model)  # train mode, except the parts the user froze in eval
             if self.settings.checkpointing and parts.switch is not None:
                 parts.switch(True)

@@ -113,3 +113,11 @@ def test_the_engines_lr_after_a_set_lr_at_a_step_is_the_schedule_times_the_new_p
     # Negative control: the old peak's curve is not what ran after the change.
     after = [i for i, m in enumerate(run.steps) if m.step >= applied.from_step]
     assert after and all(abs(run.trainer.optimizer.lrs[i] - want[i] * 4) > 1e-6 for i in after)
+
+
+def test_a_reference_batch_scales_a_task_schedulers_peak_too(tmp_path):
+    task = make_task(24, optimizer=RecordingSGD)
+    task.scheduler = lambda opt: S.LambdaLR(opt, lambda t: 0.5 ** t)
+    run = run_trainer(task, tmp_path / "r", lr=0.1, micro_batch=4, accum=2, epochs=1, lr_scaling="linear",
+                      reference_batch=2)  # tuned for 2, trained at 8: the peak is 0.4
+    assert run.trainer.optimizer.lrs == pytest.approx([0.4 * 0.5 ** k for k in range(3)], rel=1e-12)
