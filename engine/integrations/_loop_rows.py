@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass
 from typing import Any, Optional
 
 from engine.declarations.events import EpochEnd, NonFinite, StepMetrics
@@ -64,6 +65,16 @@ def read_to_host(tensors: list[Any]) -> list[float]:
         return torch.stack([t.detach().float().reshape(()).to(dev) for t in tensors]).tolist()
 
 
+@dataclass
+class _Gap:
+    """The largest gap of an epoch between the framework's loss and the token-weighted one."""
+    framework_loss: float
+    weighted_loss: float
+    gap: float  # (framework - weighted) / weighted
+    step: int  # where it was largest
+    steps: int  # steps of the epoch with a gap worth a note
+
+
 class _NoMemory:  # the figures of a CPU run (MemoryProbe gives the same: all None)
     allocated = reserved = peak = used = total = None
 
@@ -85,7 +96,7 @@ class StepRows:
         self._epoch_sum = 0.0
         self._epoch_count = 0.0
         self._gap_first = False
-        self._gap_epoch: Optional[tuple[float, float, float, int, int]] = None  # (fw, weighted, gap, step, n)
+        self._gap_epoch: Optional[_Gap] = None  # this epoch's largest gap
 
     def open(self, device: Any) -> None:
         from engine.memory.telemetry import MemoryProbe
@@ -192,18 +203,19 @@ class StepRows:
             run.record(LossWeighting(run.step, run.epoch, framework_loss=fw, weighted_loss=weighted,
                                      gap=gap, steps=1))
         g = self._gap_epoch
-        if g is None or abs(gap) > abs(g[2]):
-            self._gap_epoch = (fw, weighted, gap, run.step, (g[4] if g else 0) + 1)
+        if g is None or abs(gap) > abs(g.gap):
+            self._gap_epoch = _Gap(framework_loss=fw, weighted_loss=weighted, gap=gap, step=run.step,
+                                   steps=(g.steps if g else 0) + 1)
         else:
-            self._gap_epoch = g[:4] + (g[4] + 1,)
+            g.steps += 1
 
     def flush_epoch_gap(self) -> None:
         """The epoch's LossWeighting note (its largest gap), if more than one step had one."""
         g, self._gap_epoch = self._gap_epoch, None
         run = self.run
-        if g is not None and g[4] > 1 and run._store is not None:
-            run.record(LossWeighting(g[3], run.epoch, framework_loss=g[0], weighted_loss=g[1], gap=g[2],
-                                     steps=g[4]))
+        if g is not None and g.steps > 1 and run._store is not None:
+            run.record(LossWeighting(g.step, run.epoch, framework_loss=g.framework_loss, weighted_loss=g.weighted_loss,
+                                     gap=g.gap, steps=g.steps))
 
     # -- epochs ---------------------------------------------------------------------------------------
     def log_epoch(self, val_loss: Any, train_loss: Any, seconds: Optional[float],

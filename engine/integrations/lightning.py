@@ -78,6 +78,15 @@ class _Stepped:
 
 
 @dataclass
+class _Measured:
+    """The norm just measured, for Lightning's clip that follows (so it is computed once)."""
+    optimizer: Any
+    params: list[Any]
+    norm: Any  # the tensor
+    norm_host: Optional[float]  # the same, read to the host
+
+
+@dataclass
 class _Window:
     """The micro-batches of the window being trained. Losses and counts stay tensors until
     the rows are written (one read of the host for a batch of steps)."""
@@ -156,7 +165,7 @@ class HeadroomCallback(Callback):
         self._scaler: Any = None
         self._steps: list[_Step] = []  # steps not written yet (written every poll_interval)
         self._plugin: Any = None
-        self._measured: Optional[tuple] = None
+        self._measured: Optional[_Measured] = None
         self._reset_window()
 
     # -- set-up --------------------------------------------------------------------------------------
@@ -225,10 +234,10 @@ class HeadroomCallback(Callback):
 
             def clip_grad_by_norm(optimizer: Any, clip_val: Any) -> None:
                 measured, cb._measured = cb._measured, None
-                if measured is None or measured[0] is not optimizer:
+                if measured is None or measured.optimizer is not optimizer:
                     return clip_fn(optimizer, clip_val)
                 # torch's clip_grads_with_norm_ bit for bit, its coefficient from the host norm
-                clip_params_by_host_norm_(measured[1], float(clip_val), measured[2], measured[3])
+                clip_params_by_host_norm_(measured.params, float(clip_val), measured.norm, measured.norm_host)
 
             plugin.clip_grad_by_norm = clip_grad_by_norm
             self._plugin = plugin
@@ -255,7 +264,8 @@ class HeadroomCallback(Callback):
         grads = [p.grad for p in params if p.grad is not None]
         norm = torch.nn.utils.get_total_norm(grads) if grads else None
         norm_f = float(norm) if norm is not None else None
-        self._measured = (optimizer, params, norm, norm_f) if self._plugin is not None and grads else None
+        self._measured = (_Measured(optimizer=optimizer, params=params, norm=norm, norm_host=norm_f)
+                          if self._plugin is not None and grads else None)
         bad: tuple[str, ...] = ()
         if norm_f is not None and not math.isfinite(norm_f):  # named before clipping spreads the NaN
             bad = tuple(n for n, p in pl_module.named_parameters()
