@@ -54,6 +54,7 @@ import torch
 
 from engine.declarations.commands import Command, SetAccum, SetClip, SetLr
 from engine.declarations.events import ScalerSkip
+from engine.declarations.settings import setting_change
 from engine.window.grads import clip_params_by_host_norm_
 from ._loop_rows import read_to_host
 from .loop import HeadroomRun, IntegrationError, StepSkipped, batch_size, clean, end_reason, set_lr
@@ -411,7 +412,9 @@ class HeadroomCallback(Callback):
             if not epoch_start:
                 run.defer(cmd, target_epoch=run.epoch + 1)  # as GradientAccumulationScheduler: at epoch starts
                 return
-            old, accum = int(trainer.accumulate_grad_batches), int(_accum_of(cmd))
+            change = setting_change(cmd)  # the accum the command carries, by the settings' declaration
+            assert change is not None
+            old, accum = int(trainer.accumulate_grad_batches), int(change[1])
             trainer.accumulate_grad_batches = accum
             run.apply(cmd, accum=(old, accum))
 
@@ -479,8 +482,3 @@ class HeadroomCallback(Callback):
                          else f"{type(exception).__name__}: {exception}")
         finally:
             self._unwrap()
-
-
-def _accum_of(cmd: SetAccum) -> int:
-    """SetAccum's payload: `accum` (its name once the declarations say so), `steps` before."""
-    return getattr(cmd, "accum", None) or getattr(cmd, "steps")
