@@ -105,7 +105,8 @@ def _unwrap(trainer: Any) -> None:
 
 
 class HeadroomCallback(TrainerCallback):
-    """Write this Trainer's run to a Headroom run folder, and take the app's commands.
+    """Write a Trainer's run to a Headroom run folder, and take the app's commands. The
+    Trainer is handed over with attach(trainer) (see the module doc).
 
     run_dir: the run folder (new; must not hold a run); None = a new folder under the runs
         root, named like the engine's. One train() call per run_dir given.
