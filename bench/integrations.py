@@ -161,12 +161,16 @@ def hf_maker(workdir: str) -> Callable[[bool, Lockstep, int, int], Callable[[], 
                                  disable_tqdm=True, logging_strategy="no", save_strategy="no", eval_strategy="no",
                                  dataloader_num_workers=0, seed=SEED, optim="adamw_torch")
         cbs: list[Any] = []
+        headroom = None
         if with_callback == "empty":
             cbs.append(TrainerCallback())  # the Trainer's own cost of one more callback
         elif with_callback:
-            cbs.append(HeadroomCallback(run_dir=os.path.join(workdir, f"hf-run-{n[0]}")))
+            headroom = HeadroomCallback(run_dir=os.path.join(workdir, f"hf-run-{n[0]}"))
+            cbs.append(headroom)
         cbs.append(Turns(lock, side))  # last: its on_step_end ends the step, the callback's work included
         trainer = Trainer(model=MLP(), args=args, train_dataset=data, data_collator=collate, callbacks=cbs)
+        if headroom is not None:
+            headroom.attach(trainer)  # already among the callbacks: the Trainer handed over
         return trainer.train
 
     return make

@@ -2,8 +2,9 @@
 step boundary (settings sent with at="step"). Never inside a window.
 
 `Boundaries` takes the pending commands from the inbox, applies the setting changes
-through the pure `CommandRules`, marks run.db's rows, and hands the new settings back
-with the events that report them; the run loop decides nothing here.
+through the pure `CommandRules`, marks run.db's rows, emits the events that report them
+and returns the new settings: what follows a change (the lr, the watchers) is the run
+loop's, which compares them with the settings it had.
 """
 from __future__ import annotations
 
@@ -20,10 +21,8 @@ PAUSE_POLL_S = 0.05
 
 
 class Boundaries:
-    def __init__(self, inbox: CommandInbox, rules: Callable[[], CommandRules], emit: Callable[[Event], None],
-                 changed: Callable[[LiveSettings, LiveSettings], None]) -> None:
+    def __init__(self, inbox: CommandInbox, rules: CommandRules, emit: Callable[[Event], None]) -> None:
         self.inbox, self.rules, self.emit = inbox, rules, emit
-        self.changed = changed  # called with (before, after) when a batch changed the settings
 
     def epoch(self, step: int, epoch: int, settings: LiveSettings) -> LiveSettings:
         """Apply what is pending; wait here while paused (a stop ends the wait)."""
@@ -45,11 +44,11 @@ class Boundaries:
                 return settings
             time.sleep(PAUSE_POLL_S)
 
-    def step(self, step: int, epoch: int, settings: LiveSettings, ddp_agreed: bool) -> LiveSettings:
+    def step(self, step: int, epoch: int, settings: LiveSettings, ranks_agreed: bool) -> LiveSettings:
         """Settings sent with at="step". Under torchrun every rank learnt from the step's all-reduce
-        that rank 0 holds some (`ddp_agreed`), and joins the broadcast that brings them."""
+        that rank 0 holds some (`ranks_agreed`), and joins the broadcast that brings them."""
         if self.inbox.ctx.enabled:
-            if not ddp_agreed:
+            if not ranks_agreed:
                 return settings
             self.inbox.poll(step, epoch, epoch + 1, force=True)
         elif not self.inbox.has_step_commands():
@@ -59,10 +58,9 @@ class Boundaries:
     def apply(self, settings: LiveSettings, batch: list[Pending], step: int, epoch: int, at: str) -> LiveSettings:
         if not batch:
             return settings
-        applied = self.rules().apply(settings, [c for c, _ in batch], step, epoch, at)
+        applied = self.rules.apply(settings, [c for c, _ in batch], step, epoch, at)
         for (_, row_id), note in zip(batch, applied.notes):
             self.inbox.mark(row_id, note, step)
         for e in applied.events:
             self.emit(e)
-        self.changed(settings, applied.settings)
         return applied.settings

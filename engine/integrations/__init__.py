@@ -12,9 +12,9 @@ list reads (task, config, status running -> finished, pid, started).
         run.log_step(loss=loss, grad_norm=norm, lr=lr, accum=4, micro_batch=16)
         for cmd in run.poll(): ...
 
-    # Hugging Face Trainer (extra `hf`)
+    # Hugging Face Trainer (extra `hf`): its callback API passes no Trainer, so it is handed over
     from engine.integrations.transformers import HeadroomCallback
-    Trainer(..., callbacks=[HeadroomCallback()])
+    HeadroomCallback().attach(trainer)
 
     # Lightning (extra `lightning`)
     from engine.integrations.lightning import HeadroomCallback
@@ -60,6 +60,6 @@ stop               `run.stop_requested`; your  after the step: the Trainer's aft
 Commands are read at step boundaries only, on the training thread, at most every
 `poll_interval` (0.05 s): `PRAGMA data_version` says whether anyone committed to run.db,
 max(id) of `commands` whether a row is new, and only then RunStore.pending_commands()
-reads the table. In a run of several processes (DDP), process 0 writes the run folder
-and every command is refused: a setting applied on one rank alone would make them diverge.
+reads the table. In a run of several processes (the framework's DDP), process 0 writes the run
+folder and every command is refused: a setting applied on one rank alone would make them diverge.
 """

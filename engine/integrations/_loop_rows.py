@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass
 from typing import Any, Optional
 
 from engine.declarations.events import EpochEnd, NonFinite, StepMetrics
@@ -51,6 +52,29 @@ def _int(v: Any, what: str, minimum: int = 0) -> Optional[int]:
     raise IntegrationError(f"{what} must be an integer >= {minimum}, got {v!r}")
 
 
+def read_to_host(tensors: list[Any]) -> list[float]:
+    """The values of 0-d (or one-element) tensors, read to the host at once: the adapters'
+    one sync for the losses and counts of a batch of steps."""
+    if not tensors:
+        return []
+    import torch
+    try:
+        return torch.stack(tensors).tolist()
+    except (RuntimeError, TypeError):  # mixed devices, dtypes or shapes
+        dev = tensors[0].device
+        return torch.stack([t.detach().float().reshape(()).to(dev) for t in tensors]).tolist()
+
+
+@dataclass
+class _Gap:
+    """The largest gap of an epoch between the framework's loss and the token-weighted one."""
+    framework_loss: float
+    weighted_loss: float
+    gap: float  # (framework - weighted) / weighted
+    step: int  # where it was largest
+    steps: int  # steps of the epoch with a gap worth a note
+
+
 class _NoMemory:  # the figures of a CPU run (MemoryProbe gives the same: all None)
     allocated = reserved = peak = used = total = None
 
@@ -72,7 +96,7 @@ class StepRows:
         self._epoch_sum = 0.0
         self._epoch_count = 0.0
         self._gap_first = False
-        self._gap_epoch: Optional[tuple[float, float, float, int, int]] = None  # (fw, weighted, gap, step, n)
+        self._gap_epoch: Optional[_Gap] = None  # this epoch's largest gap
 
     def open(self, device: Any) -> None:
         from engine.memory.telemetry import MemoryProbe
@@ -87,7 +111,7 @@ class StepRows:
             self.probe.close()
 
     # -- steps ----------------------------------------------------------------------------------------
-    def log_step(self, loss: Any, grad_norm: Any, lr: Any, accum: int, micro_batch: Optional[int],
+    def log_step(self, loss: Any, *, grad_norm: Any, lr: Any, accum: int, micro_batch: Optional[int],
                  samples: Optional[int], tokens: Optional[int], clip: Any, clipped: Optional[bool],
                  step_time: Optional[float], nonfinite: Optional[bool], scaler_skipped: bool,
                  epoch: Optional[int], step: Optional[int], framework_loss: Optional[float],
@@ -125,15 +149,17 @@ class StepRows:
         step_i = run.step + 1 if step is None else _int(step, "step", 1)
         epoch_i = run.epoch if epoch is None else _int(epoch, "epoch", 1)
         self.t_last = now
-        return self.record_step(step_i, epoch_i, loss_f, norm, lr_f, accum_i, clip_f, micro_i, samples_i, tokens_i,
-                                float(step_time), bool(clipped), bool(nonfinite), bool(scaler_skipped),
-                                framework_loss, bad_params, nonfinite_action)
+        return self.record_step(step=step_i, epoch=epoch_i, loss=loss_f, grad_norm=norm, lr=lr_f, accum=accum_i,
+                                clip=clip_f, micro_batch=micro_i, samples=samples_i, tokens=tokens_i,
+                                step_time=float(step_time), clipped=bool(clipped), nonfinite=bool(nonfinite),
+                                scaler_skipped=bool(scaler_skipped), framework_loss=framework_loss,
+                                bad_params=bad_params, nonfinite_action=nonfinite_action)
 
-    def record_step(self, step: int, epoch: int, loss: float, grad_norm: Optional[float], lr: Optional[float],
+    def record_step(self, *, step: int, epoch: int, loss: float, grad_norm: Optional[float], lr: Optional[float],
                     accum: int, clip: float, micro_batch: Optional[int], samples: Optional[int],
                     tokens: Optional[int], step_time: float, clipped: bool, nonfinite: bool, scaler_skipped: bool,
-                    framework_loss: Optional[float], bad_params: tuple[str, ...],
-                    nonfinite_action: str) -> StepMetrics:
+                    framework_loss: Optional[float] = None, bad_params: tuple[str, ...] = (),
+                    nonfinite_action: str = "not skipped (the optimizer stepped)") -> StepMetrics:
         """HeadroomRun.record_step: one metrics row of plain values (and a nonfinite event)."""
         run = self.run
         store = run._store
@@ -177,18 +203,19 @@ class StepRows:
             run.record(LossWeighting(run.step, run.epoch, framework_loss=fw, weighted_loss=weighted,
                                      gap=gap, steps=1))
         g = self._gap_epoch
-        if g is None or abs(gap) > abs(g[2]):
-            self._gap_epoch = (fw, weighted, gap, run.step, (g[4] if g else 0) + 1)
+        if g is None or abs(gap) > abs(g.gap):
+            self._gap_epoch = _Gap(framework_loss=fw, weighted_loss=weighted, gap=gap, step=run.step,
+                                   steps=(g.steps if g else 0) + 1)
         else:
-            self._gap_epoch = g[:4] + (g[4] + 1,)
+            g.steps += 1
 
     def flush_epoch_gap(self) -> None:
         """The epoch's LossWeighting note (its largest gap), if more than one step had one."""
         g, self._gap_epoch = self._gap_epoch, None
         run = self.run
-        if g is not None and g[4] > 1 and run._store is not None:
-            run.record(LossWeighting(g[3], run.epoch, framework_loss=g[0], weighted_loss=g[1], gap=g[2],
-                                     steps=g[4]))
+        if g is not None and g.steps > 1 and run._store is not None:
+            run.record(LossWeighting(g.step, run.epoch, framework_loss=g.framework_loss, weighted_loss=g.weighted_loss,
+                                     gap=g.gap, steps=g.steps))
 
     # -- epochs ---------------------------------------------------------------------------------------
     def log_epoch(self, val_loss: Any, train_loss: Any, seconds: Optional[float],

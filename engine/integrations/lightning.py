@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import math
 import os
+from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
 try:
@@ -53,7 +54,9 @@ import torch
 
 from engine.declarations.commands import Command, SetAccum, SetClip, SetLr
 from engine.declarations.events import ScalerSkip
+from engine.declarations.settings import setting_change
 from engine.window.grads import clip_params_by_host_norm_
+from ._loop_rows import read_to_host
 from .loop import HeadroomRun, IntegrationError, StepSkipped, batch_size, clean, end_reason, set_lr
 
 __all__ = ["HeadroomCallback"]
@@ -63,6 +66,47 @@ REFUSED = {
     "set_micro_batch": "the DataLoader is built when training starts; its batch size cannot change mid-run",
     "set_lr_scaling": "lr scaling follows the engine's own accumulation changes; send set_lr instead",
 }
+
+
+@dataclass
+class _Stepped:
+    """The optimizer step, measured after every on_before_optimizer_step hook."""
+    norm: Optional[float]  # before clipping
+    lr: float
+    clip: float  # 0: not clipping by norm
+    bad_params: tuple[str, ...]  # parameters with a non-finite gradient
+    scale: Optional[float]  # fp16: the GradScaler's scale before the step (lower after it: skipped)
+
+
+@dataclass
+class _Measured:
+    """The norm just measured, for Lightning's clip that follows (so it is computed once)."""
+    optimizer: Any
+    params: list[Any]
+    norm: Any  # the tensor
+    norm_host: Optional[float]  # the same, read to the host
+
+
+@dataclass
+class _Window:
+    """The micro-batches of the window being trained. Losses and counts stay tensors until
+    the rows are written (one read of the host for a batch of steps)."""
+    losses: list[Any] = field(default_factory=list)  # Lightning's detached copies, already divided by accum
+    counts: list[Any] = field(default_factory=list)  # training_step's count, else the batch size
+    sizes: list[int] = field(default_factory=list)
+    none_micro: int = 0  # micro-batches whose training_step returned None
+    stepped: Optional[_Stepped] = None  # once the optimizer stepped
+
+
+@dataclass
+class _Step:
+    """A step whose row is not written yet."""
+    step: int
+    epoch: int
+    seconds: float
+    scaler_skipped: bool
+    accum: int  # what Lightning divided each micro-batch's loss by (accumulate_grad_batches)
+    window: _Window
 
 
 class HeadroomCallback(Callback):
@@ -120,9 +164,9 @@ class HeadroomCallback(Callback):
         self._stopping = False
         self._val: Optional[float] = None
         self._scaler: Any = None
-        self._steps: list[tuple] = []  # steps not written yet (written every poll_interval)
+        self._steps: list[_Step] = []  # steps not written yet (written every poll_interval)
         self._plugin: Any = None
-        self._measured: Optional[tuple] = None
+        self._measured: Optional[_Measured] = None
         self._reset_window()
 
     # -- set-up --------------------------------------------------------------------------------------
@@ -191,10 +235,10 @@ class HeadroomCallback(Callback):
 
             def clip_grad_by_norm(optimizer: Any, clip_val: Any) -> None:
                 measured, cb._measured = cb._measured, None
-                if measured is None or measured[0] is not optimizer:
+                if measured is None or measured.optimizer is not optimizer:
                     return clip_fn(optimizer, clip_val)
                 # torch's clip_grads_with_norm_ bit for bit, its coefficient from the host norm
-                clip_params_by_host_norm_(measured[1], float(clip_val), measured[2], measured[3])
+                clip_params_by_host_norm_(measured.params, float(clip_val), measured.norm, measured.norm_host)
 
             plugin.clip_grad_by_norm = clip_grad_by_norm
             self._plugin = plugin
@@ -210,11 +254,7 @@ class HeadroomCallback(Callback):
 
     # -- one window ----------------------------------------------------------------------------------
     def _reset_window(self) -> None:
-        self._losses: list[Any] = []
-        self._counts: list[Any] = []
-        self._sizes: list[int] = []
-        self._skipped_micro = 0
-        self._stepped: Optional[tuple] = None  # (norm, lr, clip, bad params, scale) once the optimizer stepped
+        self._window = _Window()
 
     def _before_step(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", optimizer: Any) -> None:
         """After every on_before_optimizer_step hook, before Lightning clips: the norm (the
@@ -225,15 +265,17 @@ class HeadroomCallback(Callback):
         grads = [p.grad for p in params if p.grad is not None]
         norm = torch.nn.utils.get_total_norm(grads) if grads else None
         norm_f = float(norm) if norm is not None else None
-        self._measured = (optimizer, params, norm, norm_f) if self._plugin is not None and grads else None
+        self._measured = (_Measured(optimizer=optimizer, params=params, norm=norm, norm_host=norm_f)
+                          if self._plugin is not None and grads else None)
         bad: tuple[str, ...] = ()
         if norm_f is not None and not math.isfinite(norm_f):  # named before clipping spreads the NaN
             bad = tuple(n for n, p in pl_module.named_parameters()
                         if p.grad is not None and not bool(torch.isfinite(p.grad).all()))
         scaler = self._scaler
-        self._stepped = (norm_f, float(optimizer.param_groups[0]["lr"]),
-                         float(trainer.gradient_clip_val or 0.0) if self._clip_by_norm(trainer) else 0.0, bad,
-                         float(scaler.get_scale()) if scaler is not None else None)
+        self._window.stepped = _Stepped(
+            norm=norm_f, lr=float(optimizer.param_groups[0]["lr"]),
+            clip=float(trainer.gradient_clip_val or 0.0) if self._clip_by_norm(trainer) else 0.0, bad_params=bad,
+            scale=float(scaler.get_scale()) if scaler is not None else None)
 
     @staticmethod
     def _clip_by_norm(trainer: "pl.Trainer") -> bool:
@@ -250,22 +292,23 @@ class HeadroomCallback(Callback):
             c = outputs.get(self.count_key)
         else:
             loss, c = outputs, None
+        w = self._window
         if isinstance(loss, torch.Tensor):
-            self._losses.append(loss)  # Lightning's detached copy, already divided by k
+            w.losses.append(loss)  # Lightning's detached copy, already divided by accum
             size = batch_size(batch)
-            self._sizes.append(size)
-            self._counts.append(c if c is not None else size)
+            w.sizes.append(size)
+            w.counts.append(c if c is not None else size)
         else:
-            self._skipped_micro += 1
-        stepped = self._stepped
+            w.none_micro += 1
+        stepped = w.stepped
         if stepped is None:
             return
         skipped = False
-        if self._scaler is not None and stepped[4] is not None:  # fp16: the GradScaler lowered its scale
-            skipped = float(self._scaler.get_scale()) < stepped[4]
-        k = trainer.accumulate_grad_batches if pl_module.automatic_optimization else 1
-        self._steps.append((int(trainer.global_step), run.epoch, run.lap(), skipped, k, self._losses, self._counts,
-                            self._sizes, self._skipped_micro, stepped))
+        if self._scaler is not None and stepped.scale is not None:  # fp16: the GradScaler lowered its scale
+            skipped = float(self._scaler.get_scale()) < stepped.scale
+        accum = trainer.accumulate_grad_batches if pl_module.automatic_optimization else 1
+        self._steps.append(_Step(step=int(trainer.global_step), epoch=run.epoch, seconds=run.lap(),
+                                 scaler_skipped=skipped, accum=accum, window=w))
         self._reset_window()
         if run.due() or len(self._steps) >= MAX_PENDING:
             self._commands(trainer, pl_module)
@@ -277,39 +320,38 @@ class HeadroomCallback(Callback):
         run = self.run
         if not steps or run is None or run.finished:
             return
-        parts = [x.reshape(()) if x.dim() else x for s in steps for x in s[5]]
-        parts += [c.sum() for s in steps for c in s[6] if isinstance(c, torch.Tensor)]
-        values: Any = iter(())
-        if parts:
-            try:
-                values = iter(torch.stack(parts).tolist())
-            except (RuntimeError, TypeError):  # mixed devices
-                dev = parts[0].device
-                values = iter(torch.stack([p.detach().float().reshape(()).to(dev) for p in parts]).tolist())
-        outs_all = [[next(values) for _ in s[5]] for s in steps]
-        counts_all = [[next(values) if isinstance(c, torch.Tensor) else float(c) for c in s[6]] for s in steps]
+        windows = [s.window for s in steps]
+        tensors = [x.reshape(()) if x.dim() else x for w in windows for x in w.losses]
+        tensors += [c.sum() for w in windows for c in w.counts if isinstance(c, torch.Tensor)]
+        values = iter(read_to_host(tensors))
+        outs_of = [[next(values) for _ in w.losses] for w in windows]
+        counts_of = [[next(values) if isinstance(c, torch.Tensor) else float(c) for c in w.counts] for w in windows]
         world = run.world_size
         finite = math.isfinite
-        for (step, epoch, dt, skipped, k, _, _, sizes, none_micro, stepped), outs, counts in zip(
-                steps, outs_all, counts_all):
-            norm, lr, clip, bad, _ = stepped
+        for s, outs, counts in zip(steps, outs_of, counts_of):
+            w = s.window
+            stepped = w.stepped
+            assert stepped is not None
+            norm, clip = stepped.norm, stepped.clip
             total = sum(counts)
-            if self.loss_reduction == "sum":  # outputs are the returned loss sums / k (Lightning's division)
-                weighted = sum(outs) * k / total if total else float("nan")
+            if self.loss_reduction == "sum":  # outputs are the returned loss sums / accum (Lightning's division)
+                weighted = sum(outs) * s.accum / total if total else float("nan")
                 framework = None
             else:
-                weighted = sum(o * c for o, c in zip(outs, counts)) * k / total if total else float("nan")
+                weighted = sum(o * c for o, c in zip(outs, counts)) * s.accum / total if total else float("nan")
                 framework = sum(outs)
-            if skipped:
-                run.record(ScalerSkip(step, epoch, scale=float(self._scaler.get_scale())))
+            if s.scaler_skipped:
+                run.record(ScalerSkip(s.step, s.epoch, scale=float(self._scaler.get_scale())))
             norm_ok = norm is None or finite(norm)
-            run.record_step(step, epoch, weighted, norm, lr, len(outs) + none_micro, clip,
-                            max(sizes) if sizes else None, sum(sizes) * world, int(round(total)) * world, dt,
-                            clip > 0 and norm is not None and norm_ok and norm > clip,
-                            not skipped and not (norm_ok and finite(weighted)), skipped, framework, bad,
-                            "not skipped (Lightning stepped)")
-            if none_micro:
-                run.record(StepSkipped(step, epoch, micro_batches=none_micro,
+            run.record_step(step=s.step, epoch=s.epoch, loss=weighted, grad_norm=norm, lr=stepped.lr,
+                            accum=len(outs) + w.none_micro, clip=clip, micro_batch=max(w.sizes) if w.sizes else None,
+                            samples=sum(w.sizes) * world, tokens=int(round(total)) * world, step_time=s.seconds,
+                            clipped=clip > 0 and norm is not None and norm_ok and norm > clip,
+                            nonfinite=not s.scaler_skipped and not (norm_ok and finite(weighted)),
+                            scaler_skipped=s.scaler_skipped, framework_loss=framework, bad_params=stepped.bad_params,
+                            nonfinite_action="not skipped (Lightning stepped)")
+            if w.none_micro:
+                run.record(StepSkipped(s.step, s.epoch, micro_batches=w.none_micro,
                                        reason="training_step returned None: Lightning skipped their backward"))
 
     # -- commands ------------------------------------------------------------------------------------
@@ -370,9 +412,11 @@ class HeadroomCallback(Callback):
             if not epoch_start:
                 run.defer(cmd, target_epoch=run.epoch + 1)  # as GradientAccumulationScheduler: at epoch starts
                 return
-            old = int(trainer.accumulate_grad_batches)
-            trainer.accumulate_grad_batches = int(cmd.steps)
-            run.apply(cmd, accum=(old, int(cmd.steps)))
+            change = setting_change(cmd)  # the accum the command carries, by the settings' declaration
+            assert change is not None
+            old, accum = int(trainer.accumulate_grad_batches), int(change[1])
+            trainer.accumulate_grad_batches = accum
+            run.apply(cmd, accum=(old, accum))
 
     def _save_and_stop(self, trainer: "pl.Trainer") -> None:
         run = self.run

@@ -37,8 +37,9 @@ import os
 import tempfile
 import time
 import weakref
-from typing import Any, Callable, Iterator, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional
 
+from engine.control.lr import base_lrs, rescale
 from engine.declarations.commands import Command
 from engine.declarations.events import (CheckpointSaved, EpochEnd, Event, RunFailed, RunFinished, RunStarted,
     StepMetrics)
@@ -48,18 +49,11 @@ from engine.store import DB_NAME, RunStore
 from ._loop_events import IntegrationError, LossWeighting, StepSkipped
 from ._loop_rows import StepRows
 from ._loop_steering import Steering
-# Names that lived here before the writer was split by job, still importable from this module:
-from ._loop_events import PausedAtStep  # noqa: F401
-from ._loop_rows import GAP_NOTE, _NO_MEMORY, _NoMemory, _int, _num  # noqa: F401
-from ._loop_steering import PAUSE_POLL_S, _Handed, _plain  # noqa: F401
 
 __all__ = ["HeadroomRun", "headroom_run", "set_lr", "LossWeighting", "StepSkipped", "IntegrationError",
            "batch_size", "clean"]
 
 # -- the lr helper the adapters share ------------------------------------------------------------------
-
-_GROUP_LR_KEYS = ("lr", "initial_lr", "max_lr", "min_lr")
-
 
 def set_lr(optimizer: Any, lr: float, scheduler: Any = None) -> tuple[float, float]:
     """Make `lr` the learning rate of the next step, keeping the schedule's shape.
@@ -68,78 +62,23 @@ def set_lr(optimizer: Any, lr: float, scheduler: Any = None) -> tuple[float, flo
     min_lr) and the scheduler's base_lrs / max_lrs are multiplied by one factor,
     lr / (first group's current lr), so groups keep their ratios and the schedule goes on
     from the new level (a warmup keeps warming up, a decay keeps decaying). If the
-    current lr is 0 (a schedule at zero), the scheduler's base lr becomes `lr` instead.
-    Floors such as CosineAnnealingLR's eta_min are left as they are. Returns (old, new)
-    of the first group. Call it between optimizer steps.
+    current lr is 0 (a schedule at zero), the factor is lr / the scheduler's base lr, or
+    with none, the lr is set outright. The arithmetic is the engine's own
+    (engine.control.lr.rescale). Returns (old, new) of the first group. Call it between
+    optimizer steps.
     """
     if not isinstance(lr, (int, float)) or isinstance(lr, bool) or not math.isfinite(lr) or lr <= 0:
         raise IntegrationError(f"set_lr: lr must be a positive finite number, got {lr!r}")
     groups = optimizer.param_groups
     old = float(groups[0]["lr"])
     if old > 0:
-        factor = lr / old
+        factor: Optional[float] = lr / old
     else:
-        bases = _base_lrs(scheduler)
+        bases = base_lrs(scheduler)
         base = bases[0] if bases else float(groups[0].get("initial_lr") or 0.0)
         factor = lr / base if base > 0 else None
-    if factor is None:  # nothing to scale from: set it outright
-        for g in groups:
-            g["lr"] = float(lr)
-            if "initial_lr" in g:
-                g["initial_lr"] = float(lr)
-        _scale_scheduler(scheduler, None, lr)
-    else:
-        for g in groups:
-            if old > 0:
-                g["lr"] = g["lr"] * factor
-            for k in _GROUP_LR_KEYS[1:]:  # what schedulers compute the lr from
-                if isinstance(g.get(k), (int, float)) and not isinstance(g.get(k), bool):
-                    g[k] = g[k] * factor
-        _scale_scheduler(scheduler, factor, lr)
-    if scheduler is not None:
-        for s in _schedulers(scheduler):
-            if hasattr(s, "_last_lr") and getattr(s, "optimizer", None) is not None:
-                s._last_lr = [g["lr"] for g in s.optimizer.param_groups]  # what get_last_lr() reports
+    rescale(optimizer, factor, lr, scheduler)
     return old, float(groups[0]["lr"])
-
-
-def _schedulers(s: Any) -> Iterator[Any]:
-    """A scheduler and those inside it (SequentialLR, ChainedScheduler, accelerate's wrapper)."""
-    if s is None:
-        return
-    seen: set[int] = set()
-    stack = [s]
-    while stack:
-        x = stack.pop()
-        if isinstance(x, (list, tuple)):
-            stack.extend(x)
-            continue
-        if x is None or id(x) in seen:
-            continue
-        seen.add(id(x))
-        yield x
-        inner = getattr(x, "_schedulers", None)
-        if isinstance(inner, (list, tuple)):
-            stack.extend(inner)
-        wrapped = getattr(x, "scheduler", None)
-        if wrapped is not None and wrapped is not x and hasattr(wrapped, "step"):
-            stack.append(wrapped)
-
-
-def _base_lrs(s: Any) -> list[float]:
-    for x in _schedulers(s):
-        b = getattr(x, "base_lrs", None)
-        if isinstance(b, (list, tuple)) and b:
-            return [float(v) for v in b]
-    return []
-
-
-def _scale_scheduler(s: Any, factor: Optional[float], lr: float) -> None:
-    for x in _schedulers(s):
-        for attr in ("base_lrs", "max_lrs"):
-            v = getattr(x, attr, None)
-            if isinstance(v, list) and v and all(isinstance(e, (int, float)) for e in v):
-                setattr(x, attr, [e * factor if factor is not None else float(lr) for e in v])
 
 
 # -- the writer ----------------------------------------------------------------------------------------
@@ -387,20 +326,24 @@ class HeadroomRun:
         loop skipped the step). framework_loss: what the framework reports for the window,
         when it differs from `loss` (see LossWeighting).
         """
-        return self._rows.log_step(loss, grad_norm, lr, accum, micro_batch, samples, tokens, clip, clipped,
-                                   step_time, nonfinite, scaler_skipped, epoch, step, framework_loss, bad_params,
-                                   nonfinite_action)
+        return self._rows.log_step(loss, grad_norm=grad_norm, lr=lr, accum=accum, micro_batch=micro_batch,
+                                   samples=samples, tokens=tokens, clip=clip, clipped=clipped, step_time=step_time,
+                                   nonfinite=nonfinite, scaler_skipped=scaler_skipped, epoch=epoch, step=step,
+                                   framework_loss=framework_loss, bad_params=bad_params,
+                                   nonfinite_action=nonfinite_action)
 
-    def record_step(self, step: int, epoch: int, loss: float, grad_norm: Optional[float], lr: Optional[float],
+    def record_step(self, *, step: int, epoch: int, loss: float, grad_norm: Optional[float], lr: Optional[float],
                     accum: int, clip: float, micro_batch: Optional[int], samples: Optional[int],
                     tokens: Optional[int], step_time: float, clipped: bool, nonfinite: bool, scaler_skipped: bool,
                     framework_loss: Optional[float] = None, bad_params: tuple[str, ...] = (),
                     nonfinite_action: str = "not skipped (the optimizer stepped)") -> StepMetrics:
-        """log_step without the checks and defaults: every value already plain (the adapters'
-        path, which may record a few steps at once). step_time in seconds."""
-        return self._rows.record_step(step, epoch, loss, grad_norm, lr, accum, clip, micro_batch, samples, tokens,
-                                      step_time, clipped, nonfinite, scaler_skipped, framework_loss, bad_params,
-                                      nonfinite_action)
+        """log_step without the checks and defaults, by keyword: every value already plain (the
+        adapters' path, which may record a few steps at once). step_time in seconds."""
+        return self._rows.record_step(step=step, epoch=epoch, loss=loss, grad_norm=grad_norm, lr=lr, accum=accum,
+                                      clip=clip, micro_batch=micro_batch, samples=samples, tokens=tokens,
+                                      step_time=step_time, clipped=clipped, nonfinite=nonfinite,
+                                      scaler_skipped=scaler_skipped, framework_loss=framework_loss,
+                                      bad_params=bad_params, nonfinite_action=nonfinite_action)
 
     def flush_epoch_gap(self) -> None:
         self._rows.flush_epoch_gap()

@@ -1,7 +1,8 @@
 """Hugging Face Trainer -> a Headroom run folder: one line in an existing script.
 
     from engine.integrations.transformers import HeadroomCallback
-    trainer = Trainer(model=model, args=args, train_dataset=ds, callbacks=[HeadroomCallback()])
+    trainer = Trainer(model=model, args=args, train_dataset=ds)
+    HeadroomCallback().attach(trainer)     # or HeadroomCallback(run_dir="runs/bert-1").attach(trainer)
 
 Needs the `hf` extra (transformers, accelerate). Per optimizer step the callback writes
 one `metrics` row through the shared writer (engine.integrations.loop.HeadroomRun):
@@ -29,15 +30,18 @@ see the table in engine/integrations/__init__.py (lr, clip, pause, resume, stop 
 the Trainer's checkpoint; accumulation and micro-batch are refused as they arrive).
 
 To see inside a step the callback needs the Trainer, which the callback API does not
-pass: at on_train_begin it finds the Trainer that called it (the calling frames) and
-wraps two of its attributes for the run (training_step, to see each micro-batch's loss
-and count, and accelerator.clip_grad_norm_, to see the norm), restored at
-on_train_end. Nothing else of the Trainer is changed.
+pass (its hooks get args, state, control, the model, optimizer, lr_scheduler and
+dataloaders): each micro-batch's loss and count come from training_step, the norm before
+clipping from accelerator.clip_grad_norm_ (no hook runs between the last backward and the
+clip), and a failing training_step is seen nowhere else. So the Trainer is handed over:
+`attach(trainer)` (which also adds the callback, if it is not among the Trainer's
+callbacks yet). At on_train_begin those two attributes are wrapped for the run, and
+restored at on_train_end; nothing else of the Trainer is changed.
 """
 from __future__ import annotations
 
 import math
-import sys
+from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
 try:
@@ -52,6 +56,7 @@ import torch
 from engine.declarations.commands import Command, SetClip, SetLr
 from engine.declarations.events import ScalerSkip
 from engine.window.grads import clip_params_by_host_norm_
+from ._loop_rows import read_to_host
 from .loop import HeadroomRun, IntegrationError, batch_size, clean, end_reason, set_lr
 
 __all__ = ["HeadroomCallback"]
@@ -66,16 +71,30 @@ REFUSED = {
 }
 
 
-def _find_trainer() -> Optional[Trainer]:
-    f = sys._getframe(1)
-    for _ in range(40):
-        if f is None:
-            return None
-        s = f.f_locals.get("self")
-        if isinstance(s, Trainer):
-            return s
-        f = f.f_back
-    return None
+@dataclass
+class _Window:
+    """One optimizer step's numbers as on_pre_optimizer_step saw them. The losses and counts
+    stay tensors until the rows are written (one read of the host for a batch of steps)."""
+    losses: list[Any]  # each micro-batch's loss, as training_step returned it
+    counts: list[Any]  # each micro-batch's count: labels != -100 (an int or a 0-d tensor)
+    sizes: list[int]  # samples in each micro-batch
+    num_items: Any  # num_items_in_batch the Trainer passed (the window's count), or None
+    norm: Optional[float]  # before clipping
+    lr: Optional[float]
+    bad_params: tuple[str, ...]  # parameters with a non-finite gradient
+    clip: float
+    scaled: bool  # each loss was divided by the window's count (num_items_in_batch), not by accum
+    accum: int  # what an unscaled loss was divided by (current_gradient_accumulation_steps)
+
+
+@dataclass
+class _Step:
+    """A step whose row is not written yet."""
+    step: int
+    epoch: int
+    seconds: float
+    scaler_skipped: bool
+    window: _Window
 
 
 def _unwrap(trainer: Any) -> None:
@@ -86,7 +105,8 @@ def _unwrap(trainer: Any) -> None:
 
 
 class HeadroomCallback(TrainerCallback):
-    """Write this Trainer's run to a Headroom run folder, and take the app's commands.
+    """Write a Trainer's run to a Headroom run folder, and take the app's commands. The
+    Trainer is handed over with attach(trainer) (see the module doc).
 
     run_dir: the run folder (new; must not hold a run); None = a new folder under the runs
         root, named like the engine's. One train() call per run_dir given.
@@ -108,13 +128,27 @@ class HeadroomCallback(TrainerCallback):
         self.poll_interval = poll_interval
         self.run: Optional[HeadroomRun] = None
         self.run_dir: Optional[str] = None  # the folder of the current (or last) run
-        self._trainer: Optional[Trainer] = None
+        self._trainer: Optional[Trainer] = None  # handed over by attach()
+        self._wrapped = False
         self._scaled = False
         self._cgas = 1
-        self._steps: list[tuple] = []  # steps not written yet (written every poll_interval)
+        self._steps: list[_Step] = []  # steps not written yet (written every poll_interval)
         self._reset_window()
         self._epoch_pending: Optional[int] = None
         self._stopping = False
+
+    def attach(self, trainer: Trainer) -> "HeadroomCallback":
+        """The Trainer this callback writes the run of: added to its callbacks if it is not
+        there yet. Call it once, before train(). Returns the callback."""
+        if not isinstance(trainer, Trainer):
+            raise IntegrationError(f"HeadroomCallback.attach: expected a transformers.Trainer, got "
+                                   f"{type(trainer).__name__}")
+        if self._trainer is not None and self._trainer is not trainer:
+            raise IntegrationError("HeadroomCallback.attach: this callback already writes another Trainer's runs")
+        self._trainer = trainer
+        if not any(cb is self for cb in trainer.callback_handler.callbacks):
+            trainer.add_callback(self)
+        return self
 
     # -- set-up --------------------------------------------------------------------------------------
     def _config(self, args: Any, state: Any, trainer: Trainer) -> dict:
@@ -139,12 +173,14 @@ class HeadroomCallback(TrainerCallback):
         self._epoch_pending = None
         self._steps = []
         self._reset_window()
+        trainer = self._trainer
+        if trainer is None:
+            raise IntegrationError("HeadroomCallback needs the Trainer it reads, which the callback API does not "
+                                   "pass: call HeadroomCallback(...).attach(trainer) before trainer.train()")
+        if state is not trainer.state:
+            raise IntegrationError("HeadroomCallback: called by a Trainer other than the one it was attached to")
         if not state.is_world_process_zero:
             return
-        trainer = _find_trainer()
-        if trainer is None:
-            raise IntegrationError("HeadroomCallback: no transformers.Trainer found calling on_train_begin; "
-                                   "pass it in Trainer(callbacks=[HeadroomCallback()])")
         world = int(getattr(args, "world_size", 1) or 1)
         steering = "" if world == 1 else (f"this run trains in {world} processes: a setting applied on process 0 "
                                           "alone would make them diverge")
@@ -155,7 +191,7 @@ class HeadroomCallback(TrainerCallback):
                           refusal=lambda cmd: self._refusal(cmd, args))
         run.start(step=int(state.global_step), epoch=int(math.floor((state.epoch or 0) + 1e-9)) + 1)
         run.set_info(checkpoint_dir=args.output_dir)
-        self.run, self.run_dir, self._trainer = run, run.run_dir, trainer
+        self.run, self.run_dir = run, run.run_dir
         self._wrap(trainer)
         self._shifts = getattr(trainer, "_loss_shifts_labels", None)
         if self._shifts is None:
@@ -206,11 +242,12 @@ class HeadroomCallback(TrainerCallback):
 
         acc.clip_grad_norm_ = clip_grad_norm_
         setattr(trainer, _MARK, (trainer, acc))
+        self._wrapped = True
 
     def _unwrap(self) -> None:
-        if self._trainer is not None:
+        if self._trainer is not None and self._wrapped:
             _unwrap(self._trainer)
-        self._trainer = None
+        self._wrapped = False
 
     def _failed(self, e: BaseException) -> None:
         run = self.run
@@ -232,7 +269,7 @@ class HeadroomCallback(TrainerCallback):
         self._nib: Any = None
         self._norm: Any = None
         self._norm_f: Optional[float] = None  # the norm on the host, when the clip read it
-        self._cur: Optional[list] = None  # the window's numbers, from on_pre_optimizer_step
+        self._cur: Optional[_Window] = None  # the window's numbers, from on_pre_optimizer_step
 
     def _window_start(self, nib: Any) -> None:
         """At the window's first micro-batch: how the Trainer scales this window's loss."""
@@ -270,7 +307,7 @@ class HeadroomCallback(TrainerCallback):
         step (the step's one read of the host is the norm); losses and counts stay tensors
         until the rows are written."""
         run, t = self.run, self._trainer
-        if run is None or t is None or not self._mb:
+        if run is None or t is None or not self._wrapped or not self._mb:
             return
         norm, norm_f = self._norm, self._norm_f
         if norm is None:  # no clip_grad_norm_ call seen (an older Trainer without clipping): measure it
@@ -291,8 +328,9 @@ class HeadroomCallback(TrainerCallback):
             bad = tuple(n for n, p in t.model.named_parameters()
                         if p.grad is not None and not bool(torch.isfinite(p.grad).all()))
         lr = float(t.optimizer.param_groups[0]["lr"]) if t.optimizer is not None else None
-        self._cur = [losses, counts, sizes, self._nib, norm_f, lr, bad, float(args.max_grad_norm or 0.0),
-                     self._scaled, self._cgas]
+        self._cur = _Window(losses=losses, counts=counts, sizes=sizes, num_items=self._nib, norm=norm_f, lr=lr,
+                            bad_params=bad, clip=float(args.max_grad_norm or 0.0), scaled=self._scaled,
+                            accum=self._cgas)
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         run, t = self.run, self._trainer
@@ -302,7 +340,8 @@ class HeadroomCallback(TrainerCallback):
         if cur is not None:
             self._cur = None
             skipped = bool(getattr(t.accelerator, "optimizer_step_was_skipped", False))
-            self._steps.append((int(state.global_step), run.epoch, run.lap(), skipped, cur))
+            self._steps.append(_Step(step=int(state.global_step), epoch=run.epoch, seconds=run.lap(),
+                                     scaler_skipped=skipped, window=cur))
         if run.due() or len(self._steps) >= MAX_PENDING:
             self._commands(args, state, control, t)
 
@@ -313,44 +352,38 @@ class HeadroomCallback(TrainerCallback):
         run, t = self.run, self._trainer
         if not steps or run is None or run.finished:
             return
-        parts = [x for s in steps for x in s[4][0]]
-        parts += [c for s in steps for c in s[4][1] if isinstance(c, torch.Tensor)]
-        parts += [s[4][3].sum() for s in steps if isinstance(s[4][3], torch.Tensor)]
-        if parts:
-            try:
-                values = iter(torch.stack(parts).tolist())
-            except (RuntimeError, TypeError):  # mixed devices or shapes
-                dev = parts[0].device
-                values = iter(torch.stack([p.detach().float().reshape(()).to(dev) for p in parts]).tolist())
-        else:
-            values = iter(())
-        read = [[next(values) for _ in s[4][0]] for s in steps]  # the losses, step by step
-        for s in steps:
-            s[4][1] = [next(values) if isinstance(c, torch.Tensor) else float(c) for c in s[4][1]]
-        for s in steps:
-            if isinstance(s[4][3], torch.Tensor):
-                s[4][3] = next(values)
+        windows = [s.window for s in steps]
+        tensors = [x for w in windows for x in w.losses]
+        tensors += [c for w in windows for c in w.counts if isinstance(c, torch.Tensor)]
+        tensors += [w.num_items.sum() for w in windows if isinstance(w.num_items, torch.Tensor)]
+        values = iter(read_to_host(tensors))
+        losses_of = [[next(values) for _ in w.losses] for w in windows]
+        counts_of = [[next(values) if isinstance(c, torch.Tensor) else float(c) for c in w.counts] for w in windows]
+        items_of = [next(values) if isinstance(w.num_items, torch.Tensor) else w.num_items for w in windows]
         world = run.world_size
         scaler = getattr(t.accelerator, "scaler", None) if t is not None else None
-        for (step, epoch, dt, skipped, cur), losses in zip(steps, read):
-            _, counts, sizes, nib, norm, lr, bad, clip, scaled, cgas = cur
+        for s, losses, counts, num_items in zip(steps, losses_of, counts_of, items_of):
+            w = s.window
             framework = sum(losses)
             total = sum(counts)
-            if scaled:
+            if w.scaled:
                 weighted = framework  # each micro-batch backpropagated loss_sum / the window's count
-                tokens = int(round(nib)) if nib is not None else int(total)
+                tokens = int(round(num_items)) if num_items is not None else int(total)
             else:
-                weighted = (sum(l * c for l, c in zip(losses, counts)) * cgas / total) if total else framework
+                weighted = (sum(l * c for l, c in zip(losses, counts)) * w.accum / total) if total else framework
                 tokens = int(total)
-            if skipped:
-                run.record(ScalerSkip(step, epoch, scale=float(scaler.get_scale()) if scaler is not None
+            if s.scaler_skipped:
+                run.record(ScalerSkip(s.step, s.epoch, scale=float(scaler.get_scale()) if scaler is not None
                                       else float("nan")))
+            norm = w.norm
             finite = norm is None or math.isfinite(norm)
-            run.record_step(step, epoch, weighted, norm, lr, len(losses), clip, max(sizes) if sizes else None,
-                            sum(sizes) * world, tokens * world, dt,
-                            clip > 0 and norm is not None and finite and norm > clip,
-                            not skipped and not (finite and math.isfinite(weighted)), skipped, framework, bad,
-                            "not skipped (the Trainer stepped)")
+            run.record_step(step=s.step, epoch=s.epoch, loss=weighted, grad_norm=norm, lr=w.lr, accum=len(losses),
+                            clip=w.clip, micro_batch=max(w.sizes) if w.sizes else None,
+                            samples=sum(w.sizes) * world, tokens=tokens * world, step_time=s.seconds,
+                            clipped=w.clip > 0 and norm is not None and finite and norm > w.clip,
+                            nonfinite=not s.scaler_skipped and not (finite and math.isfinite(weighted)),
+                            scaler_skipped=s.scaler_skipped, framework_loss=framework, bad_params=w.bad_params,
+                            nonfinite_action="not skipped (the Trainer stepped)")
 
     # -- commands ------------------------------------------------------------------------------------
     def _commands(self, args: Any, state: Any, control: Any, t: Trainer, step_end: bool = True) -> None:

@@ -19,6 +19,7 @@ from engine.distributed import all_reduce_max
 from engine.declarations.events import MicroBatchFound
 from engine.memory.forecast import MemoryModel
 from engine.window.oom import free_memory, is_oom
+from .progress import Progress
 from .setup import RunParts
 
 
@@ -124,9 +125,10 @@ def search(prober: Prober, upper: int, capacity: Optional[float], margin: float)
     return lo
 
 
-def find_micro_batch(parts: RunParts, memory_model: MemoryModel) -> MicroBatchFound:
+def find_micro_batch(parts: RunParts, progress: Progress, memory_model: MemoryModel) -> MicroBatchFound:
     """Probe, restore everything, and say what was found (micro-batch and the accumulation
-    that keeps --effective-batch). The measured peaks are added to `memory_model`."""
+    that keeps --effective-batch) at the run's `progress`. The measured peaks are added to
+    `memory_model`."""
     t = parts
     cfg = t.config
     assert cfg.effective_batch is not None
@@ -158,6 +160,6 @@ def find_micro_batch(parts: RunParts, memory_model: MemoryModel) -> MicroBatchFo
     if best < 1:
         raise NothingFits("out of memory even at micro-batch 1: the model does not fit on this device")
     memory_model.points.update(prober.model.points)
-    return MicroBatchFound(t.progress.step, t.progress.epoch, micro_batch=best,
+    return MicroBatchFound(progress.step, progress.epoch, micro_batch=best,
                            accum=math.ceil(cfg.effective_batch / (best * world)), probes=prober.probes,
                            peak_bytes=int(prober.model.points.get(best, 0)))

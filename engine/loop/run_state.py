@@ -96,31 +96,5 @@ def restore(parts: RunParts, state: dict[str, Any]) -> tuple[Progress, LiveSetti
         commands = [command_for(s.name, getattr(asked, s.name)) for s in LIVE_SETTINGS
                     if s.name in saved and saved[s.name] != getattr(asked, s.name)
                     and getattr(settings, s.name) != getattr(asked, s.name)]
-    if parts.scheduler is None:  # the task's scheduler keeps the lrs its state says
-        for group in parts.optimizer.param_groups:
-            group["lr"] = settings.lr
-    return progress, settings, commands
+    return progress, settings, commands  # the lr: the first window writes it (LrControl), from these settings
 
-
-def step_scheduler(scheduler: Any) -> None:
-    """Once per optimizer step, skipped windows included (the schedule counts windows)."""
-    import warnings
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # "lr_scheduler.step() before optimizer.step()" after a skip
-        scheduler.step()
-
-
-def rescale_scheduler(parts: RunParts, old_peak: float, new_peak: float) -> None:
-    """set_lr with the task's own scheduler: scale its base lrs and the current lrs, so the
-    schedule keeps its shape at the new peak."""
-    sched = parts.scheduler
-    if sched is None:
-        return
-    ratio = new_peak / old_peak if old_peak else None
-    groups = parts.optimizer.param_groups
-    if hasattr(sched, "base_lrs"):
-        sched.base_lrs = [b * ratio if ratio is not None else new_peak for b in sched.base_lrs]
-    for g in groups:
-        g["lr"] = g["lr"] * ratio if ratio is not None else new_peak
-        if "initial_lr" in g:
-            g["initial_lr"] = g["initial_lr"] * ratio if ratio is not None else new_peak

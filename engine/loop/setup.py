@@ -30,12 +30,11 @@ from engine.memory.snapshot import SnapshotRecorder
 from .modes import TrainModes
 from engine.window.oom import is_oom
 from engine.declarations.paths import default_run_dir
-from .progress import Progress
 from engine.checkpoints.run_tree import Origin, fork_origin, resume_origin
 from engine.store.runlock import RunLock
 from engine.control.lr import LrControl
+from engine.control.rules import CommandRules
 from engine.declarations.schedule import LrSchedule
-from engine.declarations.settings import LiveSettings
 from engine.tasks.task import Task, TaskError, check_loss_output, default_collate
 from engine.tasks.loader import load_task
 from engine.memory.telemetry import MemoryProbe
@@ -59,13 +58,10 @@ class RunParts:
     run_dir: str
     origin: Origin  # the checkpoint to continue from (resume or fork), or none
     lock: Optional[RunLock]  # this process is the run folder's one writer (rank 0), held until the end
-    progress: Progress
-    settings: LiveSettings
     modes: TrainModes  # train/eval mode as the task built it (frozen parts stay in eval)
-    schedule: LrSchedule  # the lr over samples seen, as a multiple of the peak (the lr setting)
-    lr: LrControl  # writes each window's lr (schedule x peak, or the task's scheduler)
+    lr: LrControl  # the one writer of the optimizer's lr (the schedule x peak, or the task's scheduler)
     feeder: Feeder  # the plan's micro-batches, loaded (by DataLoader workers) ahead of the step
-    scheduler: Any  # the task's own torch lr scheduler, or None (then `schedule` sets the lr)
+    scheduler: Any  # the task's own torch lr scheduler, or None (then lr's schedule sets the lr)
     switch: Optional[CheckpointSwitch]  # activation checkpointing on/off, if the task or model has one
     memory: WindowMemory  # params/grads/optimizer bytes at each window's end
     snapshots: SnapshotRecorder  # --memory-snapshot on-oom
@@ -82,6 +78,15 @@ class RunParts:
         """One micro-batch, collated and on the device."""
         data = self.task.train_data
         return to_device(self.collate([data[j] for j in indices]), self.device)
+
+    def rules(self) -> CommandRules:
+        """What this run can take from a command: its data set's size, and the settings its
+        window policy or a missing checkpointing switch cannot change."""
+        def refusal(setting: str) -> Optional[str]:
+            if setting == "checkpointing" and self.switch is None:
+                return why_no_switch(self.task, self.model)
+            return self.policy.refusal(setting)
+        return CommandRules(len(self.task.train_data), refusal)
 
 
 def build(config: TrainConfig, task: Optional[Task], ctx: D.DistContext) -> RunParts:
@@ -158,14 +163,13 @@ def _build(config: TrainConfig, task: Optional[Task], ctx: D.DistContext, claime
                            grad_sync=GradSync(params, list(model.buffers())) if ctx.enabled else None)
     return RunParts(config=cfg, ctx=ctx, device=device, task=task, model=model, collate=collate, autocast=autocast,
                     optimizer=optimizer, scaler=scaler, window=window, policy=policy, probe=MemoryProbe(device),
-                    run_dir=run_dir, origin=origin, lock=lock, progress=Progress(),
-                    settings=LiveSettings.from_config(cfg), modes=modes,
+                    run_dir=run_dir, origin=origin, lock=lock, modes=modes,
                     scheduler=scheduler, switch=switch, memory=memory, snapshots=snapshots,
                     feeder=Feeder(task.train_data, collate, device,
                                   cfg.workers if cfg.workers is not None else auto_workers(task.train_data,
                                                                                            cfg.micro_batch),
                                   seed=cfg.seed),
-                    schedule=schedule, lr=LrControl(optimizer, schedule, scheduler))
+                    lr=LrControl(optimizer, schedule, scheduler))
 
 
 def _optimizer(task: Task, cfg: TrainConfig, device: torch.device, params: list) -> torch.optim.Optimizer:

@@ -4,8 +4,9 @@ One optimizer step is one accumulation window. Read `_train_epochs` top to botto
 the policy plans the epoch's windows, `step_window` trains one (accumulate.py does
 the micro-batches, step.py the optimizer step), `_report` turns its numbers into
 metrics and alerts, and commands are applied only at boundaries, so no window is
-ever split between two settings. Set-up is setup.py, checkpoints run_state.py,
-commands inbox.py + command_rules.py, alerts watchers.py. No Qt here.
+ever split between two settings. Set-up is setup.py (run when the Trainer is made),
+checkpoints run_state.py, commands engine.control (inbox, rules, boundaries; lr, the one
+writer of the optimizer's learning rate), alerts watchers.py. No Qt here.
 """
 from __future__ import annotations
 
@@ -23,10 +24,8 @@ from engine import distributed as D
 from . import opening, run_state
 from engine.window import sampling as W
 from engine.window.accumulate import StopRequested, train_window
-from engine.control.rules import CommandRules
 from .autopilot import MAX_IN_A_ROW, Autopilot, roll_back
 from engine.control.boundaries import Boundaries
-from engine.memory.activation_checkpointing import why_no_switch
 from engine.declarations.commands import Command, Stop
 from engine.declarations.config import TrainConfig
 from engine.distributed.devices import device_name
@@ -48,11 +47,13 @@ from engine.tasks.task import Task
 from .views import TrainerViews
 from engine.declarations.outcome import (NonFiniteStop, OutOfMemoryStop, RunResult, StepNotRedoable,
     TrainingError)
-from .watchers import (BatchNormWatcher, ClipSaturationWatcher, LeversWatcher, MemoryForecastWatcher,
-    VramLowWatcher, Watcher)
+from .watchers import BatchNormWatcher, Watcher, run_watchers
 
 
 class Trainer(TrainerViews):
+    """One run: built when the Trainer is made (setup.build: everything that can fail on bad
+    input, before the run folder holds anything), trained by run()."""
+
     def __init__(self, config: TrainConfig, task: Optional[Task] = None,
                  sink: Optional[Callable[[Event], None]] = None,
                  commands: Optional["queue.Queue[Command]"] = None,
@@ -62,23 +63,24 @@ class Trainer(TrainerViews):
         self.sink = sink
         self.commands: "queue.Queue[Command]" = commands if commands is not None else queue.Queue()
         self.ctx = dist_ctx if dist_ctx is not None else D.from_env()
-        self._task = task
         self._stop = threading.Event()
         self._stop_agreed = False  # under torchrun: a stop every rank knows about (see _report)
         self._step_commands_agreed = False  # under torchrun: rank 0 holds commands for the next step
         self._feed_index = 0  # the window's place in the current plan (the feeder's position)
-        self.parts: Optional[RunParts] = None
-        self.store: Optional[RunStore] = None
-        self.inbox = CommandInbox(self.commands, self._stop, self.ctx, self._emit, db_interval=db_interval)
-        self.boundaries = Boundaries(self.inbox, self._rules, self._emit, self._settings_changed)
+        self.store: Optional[RunStore] = None  # rank 0, from run() until the run ends
         self.progress = Progress()
         self.settings = LiveSettings.from_config(self.config)
         self.memory_model = MemoryModel()
-        self.watchers: list[Watcher] = []
         self.autopilot: Optional[Autopilot] = None  # --nonfinite rollback / --spike-factor
         self._in_flight: deque[Launched] = deque()
         self._losses: list[float] = []  # the loss of every applied step, for RunResult
         self._store_problems: list[str] = []  # from the store's flusher thread, emitted by this one
+        self.parts = parts = build(self.config, task, self.ctx)
+        self.inbox = CommandInbox(self.commands, self._stop, self.ctx, self._emit, db_interval=db_interval)
+        self.inbox.device = parts.device
+        parts.window.commands_waiting = self.inbox.has_step_commands
+        self.boundaries = Boundaries(self.inbox, parts.rules(), self._emit)
+        self.watchers: list[Watcher] = run_watchers(parts, self.memory_model)
 
     # -- control from other threads -------------------------------------------------------
     def send(self, command: Command) -> None:
@@ -91,31 +93,10 @@ class Trainer(TrainerViews):
         """Thread-safe and signal-safe: stop after the current micro-batch, with a checkpoint."""
         self._stop.set()
 
-    # -- set-up ---------------------------------------------------------------------------
     def prepare(self) -> RunParts:
-        """Everything that can fail on bad input, before anything is written (setup.py)."""
-        if self.parts is None:
-            self.parts = build(self.config, self._task, self.ctx)
-            self.inbox.device = self.parts.device
-            self.parts.window.commands_waiting = self.inbox.has_step_commands
-            self.watchers = [ClipSaturationWatcher(), VramLowWatcher(self.config.vram_low_fraction),
-                             MemoryForecastWatcher(self.memory_model, self.config.vram_limit,
-                                                   self.config.memory_margin, self.ctx.world, self.config.precision),
-                             BatchNormWatcher(self.parts.model),
-                             LeversWatcher(self.config.precision, self.ctx.world, self.config.vram_limit,
-                                           self.config.memory_margin, self.config.effective_batch,
-                                           self.parts.switch.layers if self.parts.switch else None,
-                                           self.parts.switch is not None)]
+        """The run's parts. They are built when the Trainer is made; callers that built them
+        before run() with this call keep working."""
         return self.parts
-
-    def _rules(self) -> CommandRules:
-        parts = self.prepare()
-
-        def refusal(setting: str) -> Optional[str]:
-            if setting == "checkpointing" and parts.switch is None:
-                return why_no_switch(parts.task, parts.model)
-            return parts.policy.refusal(setting)
-        return CommandRules(len(parts.task.train_data), refusal)
 
     def _open(self, parts: RunParts) -> None:
         """Open the run folder (rank 0) and continue from the checkpoint, if any (opening.py)."""
@@ -132,7 +113,7 @@ class Trainer(TrainerViews):
 
     # -- the run --------------------------------------------------------------------------
     def run(self) -> RunResult:
-        parts = self.prepare()
+        parts = self.parts
         reason, message = "completed", ""
         try:
             self._open(parts)
@@ -143,7 +124,7 @@ class Trainer(TrainerViews):
                                   config=self.config.to_dict()))
             if self.config.find_micro_batch and parts.resume_state is None:
                 try:
-                    found = find_micro_batch(parts, self.memory_model)
+                    found = find_micro_batch(parts, self.progress, self.memory_model)
                 except NothingFits as e:
                     raise OutOfMemoryStop(str(e)) from None
                 self.settings = self.settings.with_(micro_batch=found.micro_batch, accum=found.accum)
@@ -151,7 +132,9 @@ class Trainer(TrainerViews):
             if self.config.nonfinite == "rollback" or self.config.spike_factor is not None:
                 self.autopilot = Autopilot(self.config.nonfinite == "rollback", self.config.spike_factor, self.step,
                                            run_state.weights_state(parts))
-            self.settings = scaled_to_reference(self.settings, self.config, self.ctx.world, self._emit, self.step)
+            scaled = scaled_to_reference(self.settings, self.config, self.ctx.world, self._emit, self.step)
+            parts.lr.new_peak(self.settings.lr, scaled.lr)  # a task's scheduler moves to the scaled peak too
+            self.settings = scaled
             parts.modes.train_mode(parts.model)  # train mode, except the parts the user froze in eval
             if self.settings.checkpointing and parts.switch is not None:
                 parts.switch(True)
@@ -168,9 +151,10 @@ class Trainer(TrainerViews):
             raise
         self._emit(RunFinished(self.step, self.epoch, reason=reason))
         self._finish("finished")
-        losses = self._losses
-        return RunResult(parts.run_dir, self.step, self.epoch - 1, reason, losses[-1] if losses else None,
-                         self.progress.nonfinite_steps, self.progress.scaler_skips, losses, message)
+        losses, p = self._losses, self.progress
+        return RunResult(run_dir=parts.run_dir, steps=p.step, epochs_done=p.epoch - 1, reason=reason,
+                         final_loss=losses[-1] if losses else None, nonfinite_steps=p.nonfinite_steps,
+                         scaler_skips=p.scaler_skips, losses=losses, message=message)
 
     def _train_epochs(self, parts: RunParts) -> str:
         cfg, p = self.config, self.progress
@@ -232,10 +216,11 @@ class Trainer(TrainerViews):
                                 f"at step {trouble.at_step})")
         self.progress, settings, event = roll_back(parts, self.progress, self.settings, trouble,
                                                    ap.target(trouble), ap.start_state)
+        parts.lr.reloaded()  # the optimizer's state came back: the next window writes its lr
         if self.store is not None:
             self.store.discard_after(self.step, f"rolled back at step {trouble.at_step} ({trouble.reason})")
         self._emit(event)
-        self._settings_changed(self.settings, settings)
+        self._settings_changed(settings)
 
     def _stopped(self, reason: str = "stopped") -> str:
         self._save_checkpoint()
@@ -248,7 +233,7 @@ class Trainer(TrainerViews):
     def step_window(self, window: list[int]) -> bool:
         """Train one window (False if a stop interrupted it). On out-of-memory, halve the
         micro-batch and redo the window from its first sample."""
-        parts = self.prepare()
+        parts = self.parts
         t0 = time.perf_counter()
         share = W.rank_share(window, self.ctx.rank, self.ctx.world)
         if parts.device.type == "cuda":
@@ -273,12 +258,12 @@ class Trainer(TrainerViews):
             self._set_shape(*halved(self.settings.micro_batch, self.settings.accum, self.config.oom_recovery))
         self.progress.step += 1
         self.progress.samples += len(window)
-        if parts.scheduler is not None:
-            run_state.step_scheduler(parts.scheduler)
+        parts.lr.stepped()
         if self.settings.micro_batch != launch_settings.micro_batch:  # shrunk after an out-of-memory error
             launch_settings = launch_settings.with_(micro_batch=self.settings.micro_batch, accum=self.settings.accum)
-        self._in_flight.append(Launched(self.step, self.epoch, len(window), len(micro), launch_settings, t0,
-                                        parts.probe.sample(), flight, parts.memory.last, parts.device))
+        self._in_flight.append(Launched(step=self.step, epoch=self.epoch, samples=len(window), accum=len(micro),
+                                        settings=launch_settings, started=t0, mem=parts.probe.sample(),
+                                        flight=flight, breakdown=parts.memory.last, device=parts.device))
         # Deferred steps are reported once the next one is launched: by then their numbers
         # reached pinned memory while this window's work queued behind them.
         while len(self._in_flight) > parts.window.stepper.depth:
@@ -286,11 +271,11 @@ class Trainer(TrainerViews):
         return True
 
     def _lr_plan(self) -> LrPlanned:
-        return self.prepare().lr.plan(self.step, self.epoch, self.settings.lr, self.progress.samples)
+        return self.parts.lr.plan(self.step, self.epoch, self.settings.lr, self.progress.samples)
 
     def train_window(self, micro: list[list[int]], window_samples: int) -> InFlight:
         """Forward/backward each micro-batch, then the optimizer step (accumulate.py)."""
-        parts = self.prepare()
+        parts = self.parts
         batches = parts.feeder.take(self._feed_index, micro)  # one at a time: none outlives its backward
         s = self.settings
         return train_window(parts.window, batches, window_samples, s.clip, s.micro_batch,
@@ -310,7 +295,7 @@ class Trainer(TrainerViews):
 
     def drop_window_grads(self) -> None:
         """Forget a window that will not be stepped: its gradients and any fp16 inf checks."""
-        parts = self.prepare()
+        parts = self.parts
         parts.optimizer.zero_grad(set_to_none=True)
         if parts.scaler is not None:
             parts.scaler._per_optimizer_states.clear()  # noqa: SLF001 - no public reset exists
@@ -324,7 +309,7 @@ class Trainer(TrainerViews):
         nums = launched.flight.numbers()
         if self.ctx.enabled:
             self._agree(nums)
-        parts, p = self.prepare(), self.progress
+        parts, p = self.parts, self.progress
         skip = skip_kind(nums, parts.scaler)
         p.scaler_skips += skip == "scaler"
         p.nonfinite_steps += skip == "nonfinite"
@@ -358,21 +343,22 @@ class Trainer(TrainerViews):
         how the epoch is cut into windows."""
         agreed, self._step_commands_agreed = self._step_commands_agreed, False
         before = self.settings
-        self.settings = self.boundaries.step(self.step, self.epoch, before, agreed)
+        self._settings_changed(self.boundaries.step(self.step, self.epoch, before, agreed))
         return before.window_samples != self.settings.window_samples
 
     def _epoch_boundary(self) -> None:
-        self.settings = self.boundaries.epoch(self.step, self.epoch, self.settings)
+        self._settings_changed(self.boundaries.epoch(self.step, self.epoch, self.settings))
 
-    def _settings_changed(self, before: LiveSettings, after: LiveSettings) -> None:
+    def _settings_changed(self, after: LiveSettings) -> None:
         """What follows a change: the new lr curve, the watchers' word, and run.db on disk."""
-        self.settings = after
-        self.prepare().lr.invalidate()  # the next window writes the scheduled lr of the new peak
+        before, self.settings = self.settings, after
         changed = {f for f in before.to_dict() if getattr(before, f) != getattr(after, f)}
+        if not changed:
+            return
         if "checkpointing" in changed:
-            self.prepare().switch(after.checkpointing)  # CommandRules refused it if there is no switch
+            self.parts.switch(after.checkpointing)  # CommandRules refused it if there is no switch
         if "lr" in changed:
-            run_state.rescale_scheduler(self.prepare(), before.lr, after.lr)
+            self.parts.lr.new_peak(before.lr, after.lr)
             self._emit(self._lr_plan())
         for w in self.watchers:
             self._emit_all(w.on_settings(self.step, self.epoch, after, changed))
@@ -383,14 +369,13 @@ class Trainer(TrainerViews):
     def _save_checkpoint(self, epoch_done: Optional[int] = None, step_checkpoint: bool = False) -> None:
         if self.step == 0:
             return
-        self._drain()
+        self._drain()  # every step launched is reported (and counted) before it is saved
         if self.autopilot is not None:  # every rank: each must know the same rollback targets
-            numbered = run_state.numbered_path(self.prepare(), self.step, epoch_done, step_checkpoint)
+            numbered = run_state.numbered_path(self.parts, self.step, epoch_done, step_checkpoint)
             self.autopilot.saved(self.step, numbered or ckpt.last_path(self.run_dir), numbered is not None)
         if not self.ctx.is_main:
             return
-        assert self.store is not None and self.parts is not None
-        self._drain()
+        assert self.store is not None
         self.store.commit()  # metrics first: run.db never lags behind a checkpoint
         try:
             path = run_state.save(self.parts, self.progress, self.settings, epoch_done, step_checkpoint)
@@ -419,12 +404,12 @@ class Trainer(TrainerViews):
             if not safe:
                 raise
         finally:
-            if self.parts is not None:
-                if self.parts.lock is not None:
-                    self.parts.lock.release()  # after the store closed: the folder is free for the next writer
-                self.parts.probe.close()
-                self.parts.snapshots.stop()
-                self.parts.feeder.close()
+            parts = self.parts
+            if parts.lock is not None:
+                parts.lock.release()  # after the store closed: the folder is free for the next writer
+            parts.probe.close()
+            parts.snapshots.stop()
+            parts.feeder.close()
             D.shutdown(self.ctx, clean=status == "finished")
 
     # -- events ---------------------------------------------------------------------------

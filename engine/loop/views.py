@@ -2,20 +2,18 @@
 trains, without reaching into its parts."""
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Optional
 
 import torch
 
 from .progress import Progress
+from .setup import RunParts
 from engine.tasks.task import Task
 
 
 class TrainerViews:
     progress: Progress
-    parts: Any
-
-    def prepare(self) -> Any:  # the trainer's: builds the parts on first use
-        raise NotImplementedError
+    parts: RunParts  # built with the trainer: every view can be read before, during and after run()
 
     @property
     def step(self) -> int:
@@ -32,28 +30,28 @@ class TrainerViews:
     @property
     def deferred(self) -> bool:
         """True when steps are reported one step late (the sync-free step, step.py)."""
-        return self.prepare().window.stepper.depth > 0
+        return self.parts.window.stepper.depth > 0
 
     @property
     def run_dir(self) -> str:
-        return self.parts.run_dir if self.parts is not None else ""
+        return self.parts.run_dir
 
     @property
     def model(self) -> torch.nn.Module:
-        return self.prepare().model
+        return self.parts.model
 
     @property
     def optimizer(self) -> torch.optim.Optimizer:
-        return self.prepare().optimizer
+        return self.parts.optimizer
 
     @property
     def scaler(self) -> Optional[torch.amp.GradScaler]:
-        return self.prepare().scaler
+        return self.parts.scaler
 
     @property
     def device(self) -> torch.device:
-        return self.prepare().device
+        return self.parts.device
 
     @property
     def task(self) -> Task:
-        return self.prepare().task
+        return self.parts.task

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from typing import Optional, Protocol
+from typing import TYPE_CHECKING, Optional, Protocol
 
 import torch
 
@@ -15,6 +15,9 @@ from engine.declarations.events import (BatchNormSmallBatch, ClipSaturation, Eve
     MemoryLevers, StepMetrics, VramLow)
 from engine.memory.forecast import MemoryModel
 from engine.declarations.settings import LiveSettings
+
+if TYPE_CHECKING:
+    from .setup import RunParts
 
 BN_SMALL_BATCH = 16
 CLIP_SATURATION_WINDOW = 50
@@ -158,3 +161,14 @@ class LeversWatcher(_Quiet):
                       c.current, c.available) for c in table.cells)
         return [MemoryLevers(m.step, m.epoch, capacity=table.capacity, usable=table.usable, rows=rows,
                              notes=tuple(table.notes))]
+
+
+def run_watchers(parts: "RunParts", memory_model: MemoryModel) -> list[Watcher]:
+    """The watchers of a run: clip saturation, low VRAM, the memory forecast (fed by
+    `memory_model`, which the micro-batch finder fills too), BatchNorm and the levers table."""
+    cfg, world = parts.config, parts.ctx.world
+    return [ClipSaturationWatcher(), VramLowWatcher(cfg.vram_low_fraction),
+            MemoryForecastWatcher(memory_model, cfg.vram_limit, cfg.memory_margin, world, cfg.precision),
+            BatchNormWatcher(parts.model),
+            LeversWatcher(cfg.precision, world, cfg.vram_limit, cfg.memory_margin, cfg.effective_batch,
+                          parts.switch.layers if parts.switch else None, parts.switch is not None)]

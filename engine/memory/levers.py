@@ -321,7 +321,7 @@ def default_micro_batches(current: Current, models: Mapping[State, MemoryModel],
     return sorted(sizes)
 
 
-def build_table(models: Mapping[State, MemoryModel], current: Current, capacity: Optional[int] = None,
+def build_table(models: Mapping[State, MemoryModel], current: Current, *, capacity: Optional[int] = None,
                 margin: float = 0.0, persistent: Optional[Persistent] = None,
                 checkpoint: CheckpointModel = CheckpointModel(), can_checkpoint: bool = True,
                 micro_batches: Optional[Sequence[int]] = None,

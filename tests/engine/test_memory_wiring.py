@@ -107,7 +107,7 @@ def test_checkpointing_without_a_switch_is_refused_with_a_reason(tmp_path):
     assert not run.of("settings_applied")
     with pytest.raises(ConfigError, match="--activation-checkpointing on"):
         Trainer(TrainConfig(checkpointing=True, device="cpu", run_dir=str(tmp_path / "x")),
-                task=block_task(switchable=False)).prepare()
+                task=block_task(switchable=False))
 
 
 class OomAt(nn.Module):
@@ -128,7 +128,7 @@ def test_an_out_of_memory_error_writes_a_snapshot_where_the_gpu_would(tmp_path):
     events = []
     trainer = Trainer(TrainConfig(memory_snapshot="on-oom", device="cpu", micro_batch=4, accum=2, epochs=1,
                                   run_dir=str(tmp_path / "run")), task=task, sink=events.append)
-    trainer.prepare().snapshots.dump = lambda path: pickle.dump({"segments": [], "oom": True}, open(path, "wb"))
+    trainer.parts.snapshots.dump = lambda path: pickle.dump({"segments": [], "oom": True}, open(path, "wb"))
     trainer.run()
     snaps = [e for e in events if e.kind == "memory_snapshot"]
     assert len(snaps) == 1 and snaps[0].path == str(tmp_path / "run" / "memory" / "oom-step-1.pickle")

@@ -45,8 +45,9 @@ def _hf_run(tmp_path) -> str:
     args = TrainingArguments(output_dir=str(tmp_path / "hf-out"), per_device_train_batch_size=4,
                              gradient_accumulation_steps=2, max_steps=4, report_to="none", use_cpu=True,
                              disable_tqdm=True, save_strategy="no", logging_steps=50)
-    Trainer(model=TokenModel(), args=args, train_dataset=token_data(32), data_collator=pad_collate,
-            callbacks=[cb]).train()
+    trainer = Trainer(model=TokenModel(), args=args, train_dataset=token_data(32), data_collator=pad_collate)
+    cb.attach(trainer)
+    trainer.train()
     return cb.run_dir
 
 

@@ -45,7 +45,8 @@ def test_rows_per_optimizer_step_match_the_trainer(tmp_path):
     data = token_data(48)
     cb = HeadroomCallback(run_dir=str(tmp_path / "run"))
     trainer = Trainer(model=model, args=_args(tmp_path), train_dataset=data, eval_dataset=data[:16],
-                      data_collator=pad_collate, callbacks=[cb])
+                      data_collator=pad_collate)
+    assert cb.attach(trainer) is cb and trainer.callback_handler.callbacks[-1] is cb
     trainer.train()
     assert "training_step" not in trainer.__dict__  # the Trainer is left as it was
     r = RunReader(str(tmp_path / "run"))
@@ -84,6 +85,8 @@ def test_exact_recipe_num_items_in_batch_leaves_no_gap(tmp_path):
     cb = HeadroomCallback(run_dir=str(tmp_path / "run"))
     trainer = Trainer(model=model, args=_args(tmp_path, max_steps=3, eval_strategy="no"),
                       train_dataset=token_data(48), data_collator=pad_collate, callbacks=[cb])
+    cb.attach(trainer)  # already among its callbacks: not added twice
+    assert [c for c in trainer.callback_handler.callbacks if c is cb] == [cb]
     assert trainer.model_accepts_loss_kwargs
     trainer.train()
     r = RunReader(str(tmp_path / "run"))
@@ -105,6 +108,7 @@ def test_commands_lr_clip_refusal_and_stop_with_the_trainers_checkpoint(tmp_path
     sender = Sender(cb, {2: [SetLr(0.05, at="step"), SetClip(0.25), SetAccum(2)], 5: [Stop()]})
     trainer = Trainer(model=model, args=_args(tmp_path, num_train_epochs=5, eval_strategy="no"),
                       train_dataset=token_data(48), data_collator=pad_collate, callbacks=[sender, cb])
+    cb.attach(trainer)
     trainer.train()
     assert cb.run_dir.startswith(str(tmp_path / "runs"))
     r = RunReader(cb.run_dir)
@@ -141,9 +145,10 @@ def test_pause_holds_the_trainer_between_steps_until_resume(tmp_path):
                 send_command(cb.run_dir, Pause())
                 threading.Timer(0.5, send_command, (cb.run_dir, Resume())).start()
 
-    Trainer(model=TokenModel(), args=_args(tmp_path, max_steps=4, eval_strategy="no", logging_steps=50),
-            train_dataset=token_data(48), data_collator=pad_collate,
-            callbacks=[PauseThenResume(cb, {}), cb]).train()
+    trainer = Trainer(model=TokenModel(), args=_args(tmp_path, max_steps=4, eval_strategy="no", logging_steps=50),
+                      train_dataset=token_data(48), data_collator=pad_collate, callbacks=[PauseThenResume(cb, {}), cb])
+    cb.attach(trainer)
+    trainer.train()
     r = RunReader(str(tmp_path / "run"))
     ev = {e["kind"]: e for e in r.events()}
     assert ev["paused"]["step"] == 2 and ev["resumed"]["step"] == 2
@@ -156,8 +161,10 @@ def test_nonfinite_loss_is_an_event(tmp_path):
     model = TokenModel()
     model.nan_at = 6  # the second micro-batch of step 2
     cb = HeadroomCallback(run_dir=str(tmp_path / "run"))
-    Trainer(model=model, args=_args(tmp_path, max_steps=2, eval_strategy="no", logging_steps=50),
-            train_dataset=token_data(48), data_collator=pad_collate, callbacks=[cb]).train()
+    trainer = Trainer(model=model, args=_args(tmp_path, max_steps=2, eval_strategy="no", logging_steps=50),
+                      train_dataset=token_data(48), data_collator=pad_collate)
+    cb.attach(trainer)
+    trainer.train()
     r = RunReader(str(tmp_path / "run"))
     rows = r.metrics()
     assert [x["nonfinite"] for x in rows] == [0, 1]
@@ -176,6 +183,34 @@ def test_bad_arguments(tmp_path):
     (tmp_path / "taken" / "run.db").write_bytes(b"")
     cb = HeadroomCallback(run_dir=str(tmp_path / "taken"))
     trainer = Trainer(model=TokenModel(), args=_args(tmp_path, max_steps=1, eval_strategy="no"),
-                      train_dataset=token_data(16), data_collator=pad_collate, callbacks=[cb])
+                      train_dataset=token_data(16), data_collator=pad_collate)
+    cb.attach(trainer)
     with pytest.raises(IntegrationError, match="already holds a run"):
         trainer.train()
+    with pytest.raises(IntegrationError, match="transformers.Trainer"):
+        HeadroomCallback().attach(object())
+    with pytest.raises(IntegrationError, match="another Trainer"):
+        cb.attach(Trainer(model=TokenModel(), args=_args(tmp_path, max_steps=1, eval_strategy="no"),
+                          train_dataset=token_data(16), data_collator=pad_collate))
+
+
+def test_the_trainer_is_handed_over_not_found(tmp_path):
+    """The callback API passes no Trainer: a callback that was not attached says how, before
+    it writes anything; one attached to another Trainer refuses the run it was not given."""
+    cb = HeadroomCallback(run_dir=str(tmp_path / "run"))
+    trainer = Trainer(model=TokenModel(), args=_args(tmp_path, max_steps=1, eval_strategy="no"),
+                      train_dataset=token_data(16), data_collator=pad_collate, callbacks=[cb])
+    with pytest.raises(IntegrationError, match=r"attach\(trainer\)"):
+        trainer.train()
+    assert not (tmp_path / "run").exists()
+    other = Trainer(model=TokenModel(), args=_args(tmp_path, max_steps=1, eval_strategy="no"),
+                    train_dataset=token_data(16), data_collator=pad_collate)
+    cb2 = HeadroomCallback(run_dir=str(tmp_path / "run2")).attach(other)
+    stray = Trainer(model=TokenModel(), args=_args(tmp_path, max_steps=1, eval_strategy="no"),
+                    train_dataset=token_data(16), data_collator=pad_collate, callbacks=[cb2])
+    with pytest.raises(IntegrationError, match="other than the one"):
+        stray.train()
+    assert not (tmp_path / "run2").exists()
+    other.train()  # the Trainer it was given: a run, and the Trainer left as it was
+    assert RunReader(str(tmp_path / "run2")).info()["status"] == "finished"
+    assert "training_step" not in other.__dict__
