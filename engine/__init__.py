@@ -29,5 +29,5 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = ["ConfigError", "TrainConfig", "EventBuffer", "Task", "TaskError", "load_task", "Trainer",
-           "TrainingError", "RunResult", "Pause", "Unpause", "Resume", "SetAccum", "SetCheckpointing", "SetClip", "SetLr",
-           "SetLrScaling", "SetMicroBatch", "Stop", "__version__"]
+           "TrainingError", "RunResult", "Pause", "Unpause", "Resume", "SetAccum", "SetCheckpointing", "SetClip",
+           "SetLr", "SetLrScaling", "SetMicroBatch", "Stop", "__version__"]

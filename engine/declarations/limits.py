@@ -24,6 +24,7 @@ and a float64 exactly):
 - token-budget and effective-batch 1..2**40: the window bound above, in counted items.
 - seed 0..2**63-1: what torch.manual_seed and SQLite's INTEGER both hold.
 - memory-margin [0, 1): a fraction of the card kept free.
+- warmup-samples 0..2**40 (the window bound) or warmup-fraction 0..1 (at most the whole run).
 
 Torch-free: the app imports this at start-up for its field validators.
 """

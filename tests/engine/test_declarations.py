@@ -147,8 +147,9 @@ def test_warmup_is_samples_or_a_fraction_and_the_old_flag_picks_by_value(argv, s
 
 
 @pytest.mark.parametrize("argv, said", [
-    (("--warmup", "-1"), "--warmup"), (("--warmup", "nan"), "--warmup"), (("--warmup-samples", "0.5"), "--warmup-samples"),
-    (("--warmup-fraction", "2"), "--warmup-fraction"), (("--warmup-samples", "5", "--warmup-fraction", "0.1"), "give one"),
+    (("--warmup", "-1"), "--warmup"), (("--warmup", "nan"), "--warmup"),
+    (("--warmup-samples", "0.5"), "--warmup-samples"), (("--warmup-fraction", "2"), "--warmup-fraction"),
+    (("--warmup-samples", "5", "--warmup-fraction", "0.1"), "give one"),
 ])
 def test_bad_warmups_are_one_line_errors(argv, said):
     with pytest.raises(ConfigError) as info:

@@ -151,8 +151,8 @@ def test_pause_holds_the_trainer_between_steps_until_resume(tmp_path):
     trainer.train()
     r = RunReader(str(tmp_path / "run"))
     ev = {e["kind"]: e for e in r.events()}
-    assert ev["paused"]["step"] == 2 and ev["resumed"]["step"] == 2
-    assert ev["resumed"]["time"] - ev["paused"]["time"] >= 0.45  # held between steps 2 and 3
+    assert ev["paused"]["step"] == 2 and ev["unpaused"]["step"] == 2
+    assert ev["unpaused"]["time"] - ev["paused"]["time"] >= 0.45  # held between steps 2 and 3
     rows = r.metrics()
     assert [x["step"] for x in rows] == [1, 2, 3, 4] and rows[2]["step_time"] < 0.4  # the pause is not training
 

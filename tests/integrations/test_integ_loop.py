@@ -150,7 +150,7 @@ def test_pause_blocks_poll_until_resume_and_stop_ends_the_run(tmp_path):
         assert run.stop_requested
     r = RunReader(run.run_dir)
     kinds = [e["kind"] for e in r.events()]
-    assert kinds.index("paused") < kinds.index("resumed")
+    assert kinds.index("paused") < kinds.index("unpaused")
     assert r.events(kinds=["run_finished"])[0]["data"]["reason"] == "stopped"
     assert all(c["status"] == "applied" for c in r.commands())
     assert r.metrics()[1]["step_time"] < 0.3  # the pause is not counted as training time

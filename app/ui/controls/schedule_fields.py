@@ -1,6 +1,6 @@
 """The learning-rate schedule group of the Controls panel: schedule, warmup (a number of
-samples or a fraction of the run, one of the two) and the ratio the decay ends at. Fixed once a run starts; the peak is the live Learning rate (set_lr moves it,
-the curve keeps its shape). The schedule runs over samples seen (engine/declarations/schedule.py)."""
+samples or a fraction of the run, one of the two) and the ratio the decay ends at. Fixed once
+a run starts; the peak is the live Learning rate (set_lr moves it, the curve keeps its shape). The schedule runs over samples seen (engine/declarations/schedule.py)."""
 from __future__ import annotations
 
 from typing import Any, Optional
