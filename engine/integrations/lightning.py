@@ -54,7 +54,6 @@ import torch
 
 from engine.declarations.commands import Command, SetAccum, SetClip, SetLr
 from engine.declarations.events import ScalerSkip
-from engine.declarations.settings import setting_change
 from engine.window.grads import clip_params_by_host_norm_
 from ._loop_rows import read_to_host
 from .loop import HeadroomRun, IntegrationError, StepSkipped, batch_size, clean, end_reason, set_lr
@@ -406,15 +405,13 @@ class HeadroomCallback(Callback):
             run.apply(cmd, lr=set_lr(opt, cmd.lr, self._schedulers(trainer, opt)))
         elif isinstance(cmd, SetClip):
             old = float(trainer.gradient_clip_val or 0.0)
-            trainer.gradient_clip_val = float(cmd.norm) if cmd.norm > 0 else None
-            run.apply(cmd, clip=(old, float(cmd.norm)))
+            trainer.gradient_clip_val = float(cmd.clip) if cmd.clip > 0 else None
+            run.apply(cmd, clip=(old, float(cmd.clip)))
         elif isinstance(cmd, SetAccum):
             if not epoch_start:
                 run.defer(cmd, target_epoch=run.epoch + 1)  # as GradientAccumulationScheduler: at epoch starts
                 return
-            change = setting_change(cmd)  # the accum the command carries, by the settings' declaration
-            assert change is not None
-            old, accum = int(trainer.accumulate_grad_batches), int(change[1])
+            old, accum = int(trainer.accumulate_grad_batches), int(cmd.accum)
             trainer.accumulate_grad_batches = accum
             run.apply(cmd, accum=(old, accum))
 

@@ -414,8 +414,8 @@ class HeadroomCallback(TrainerCallback):
             run.apply(cmd, lr=set_lr(t.optimizer, cmd.lr, t.lr_scheduler))
         elif isinstance(cmd, SetClip) and not self._refusal(cmd, args):
             old = float(args.max_grad_norm or 0.0)
-            args.max_grad_norm = float(cmd.norm)
-            run.apply(cmd, clip=(old, float(cmd.norm)))
+            args.max_grad_norm = float(cmd.clip)
+            run.apply(cmd, clip=(old, float(cmd.clip)))
         else:
             run.refuse(cmd, self._refusal(cmd, args) or "the Trainer has no optimizer yet")
 
