@@ -26,6 +26,9 @@ GROUP_LR_KEYS = ("initial_lr", "max_lr", "min_lr")  # what schedulers compute a 
 
 
 class LrControl:
+    """The engine's lr: written into the optimizer here and nowhere else (set-up builds the
+    optimizer at the configured lr; checkpoints load its state)."""
+
     def __init__(self, optimizer: torch.optim.Optimizer, schedule: LrSchedule, task_scheduler: Any) -> None:
         self.optimizer, self.schedule, self.task_scheduler = optimizer, schedule, task_scheduler
         self._in_use: Optional[float] = None  # the lr last written into the optimizer
@@ -71,9 +74,10 @@ def rescale(optimizer: Any, factor: Optional[float], lr: float, scheduler: Any =
     """Multiply every param group's lr (and initial_lr, max_lr, min_lr) and the base_lrs /
     max_lrs of `scheduler` and of the schedulers inside it by `factor`, so the schedule goes
     on from the new level with its shape (a warmup keeps warming up, a decay keeps
-    decaying, OneCycleLR keeps its cycle). factor None (nothing to scale from: the lr was 0)
-    sets the lrs, initial_lr and the schedulers' base lrs to `lr` outright. Floors such as CosineAnnealingLR's eta_min are left as they
-    are. The schedulers' last lr (get_last_lr()) follows. Call it between optimizer steps."""
+    decaying, OneCycleLR keeps its cycle). factor None (nothing to scale from: the lr was
+    0) sets the lrs, initial_lr and the schedulers' base lrs to `lr` outright. Floors such
+    as CosineAnnealingLR's eta_min are left as they are. The schedulers' last lr
+    (get_last_lr()) follows. Call it between optimizer steps."""
     for g in optimizer.param_groups:
         g["lr"] = g["lr"] * factor if factor is not None else float(lr)
         for k in GROUP_LR_KEYS if factor is not None else GROUP_LR_KEYS[:1]:
