@@ -2,7 +2,7 @@
 
     from engine.integrations.transformers import HeadroomCallback
     trainer = Trainer(model=model, args=args, train_dataset=ds)
-    HeadroomCallback().attach(trainer)     # or HeadroomCallback(run_dir="runs/bert-1").attach(trainer)
+    Trainer(..., callbacks=[HeadroomCallback()])   # or HeadroomCallback(...).attach(trainer)
 
 Needs the `hf` extra (transformers, accelerate). Per optimizer step the callback writes
 one `metrics` row through the shared writer (engine.integrations.loop.HeadroomRun):
@@ -104,6 +104,27 @@ def _unwrap(trainer: Any) -> None:
         wrapped[1].__dict__.pop("clip_grad_norm_", None)
 
 
+def _training_trainer(state: Any) -> Optional[Trainer]:
+    """The Trainer whose train() is calling on_train_begin, for a callback given as
+    `callbacks=[HeadroomCallback()]` without attach(). The hook runs a fixed few frames
+    below Trainer._inner_training_loop (CallbackHandler.on_train_begin -> call_event ->
+    the hook); a frame counts only if its `self` is a Trainer whose state is the very
+    `state` the hook was given, so no other Trainer can be taken for it."""
+    import sys
+    frame = sys._getframe(2)
+    for _ in range(_TRAINER_FRAMES):
+        if frame is None:
+            return None
+        owner = frame.f_locals.get("self")
+        if isinstance(owner, Trainer) and owner.state is state:
+            return owner
+        frame = frame.f_back
+    return None
+
+
+_TRAINER_FRAMES = 6  # on_train_begin is 3 frames below the training loop in transformers 4.46-5.x
+
+
 class HeadroomCallback(TrainerCallback):
     """Write a Trainer's run to a Headroom run folder, and take the app's commands. The
     Trainer is handed over with attach(trainer) (see the module doc).
@@ -173,6 +194,8 @@ class HeadroomCallback(TrainerCallback):
         self._epoch_pending = None
         self._steps = []
         self._reset_window()
+        if self._trainer is None:  # Trainer(..., callbacks=[HeadroomCallback()]): the documented one-liner
+            self._trainer = _training_trainer(state)
         trainer = self._trainer
         if trainer is None:
             raise IntegrationError("HeadroomCallback needs the Trainer it reads, which the callback API does not "

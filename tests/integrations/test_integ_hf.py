@@ -143,7 +143,7 @@ def test_pause_holds_the_trainer_between_steps_until_resume(tmp_path):
         def on_step_end(self, args, state, control, **kwargs):
             if state.global_step == 2:
                 send_command(cb.run_dir, Pause())
-                threading.Timer(0.5, send_command, (cb.run_dir, Resume())).start()
+                threading.Timer(1.5, send_command, (cb.run_dir, Resume())).start()
 
     trainer = Trainer(model=TokenModel(), args=_args(tmp_path, max_steps=4, eval_strategy="no", logging_steps=50),
                       train_dataset=token_data(48), data_collator=pad_collate, callbacks=[PauseThenResume(cb, {}), cb])
@@ -152,9 +152,14 @@ def test_pause_holds_the_trainer_between_steps_until_resume(tmp_path):
     r = RunReader(str(tmp_path / "run"))
     ev = {e["kind"]: e for e in r.events()}
     assert ev["paused"]["step"] == 2 and ev["unpaused"]["step"] == 2
-    assert ev["unpaused"]["time"] - ev["paused"]["time"] >= 0.45  # held between steps 2 and 3
+    held = ev["unpaused"]["time"] - ev["paused"]["time"]
+    assert held >= 1.4  # held between steps 2 and 3
     rows = r.metrics()
-    assert [x["step"] for x in rows] == [1, 2, 3, 4] and rows[2]["step_time"] < 0.4  # the pause is not training
+    assert [x["step"] for x in rows] == [1, 2, 3, 4]
+    # The pause is not training: step 3 takes about what the others take, not that plus the pause
+    # (relative to the others, so a loaded machine's slow steps do not decide it).
+    others = max(rows[i]["step_time"] for i in (0, 1, 3))
+    assert rows[2]["step_time"] < others + held / 2
 
 
 def test_nonfinite_loss_is_an_event(tmp_path):
@@ -194,15 +199,16 @@ def test_bad_arguments(tmp_path):
                           train_dataset=token_data(16), data_collator=pad_collate))
 
 
-def test_the_trainer_is_handed_over_not_found(tmp_path):
-    """The callback API passes no Trainer: a callback that was not attached says how, before
-    it writes anything; one attached to another Trainer refuses the run it was not given."""
+def test_the_documented_one_liner_and_attach_reach_the_right_trainer(tmp_path):
+    """Trainer(..., callbacks=[HeadroomCallback()]) (the documented form) finds the Trainer whose
+    train() calls it, checked by identity of its state; one attached to another Trainer refuses
+    the run it was not given."""
     cb = HeadroomCallback(run_dir=str(tmp_path / "run"))
-    trainer = Trainer(model=TokenModel(), args=_args(tmp_path, max_steps=1, eval_strategy="no"),
+    trainer = Trainer(model=TokenModel(), args=_args(tmp_path, max_steps=2, eval_strategy="no"),
                       train_dataset=token_data(16), data_collator=pad_collate, callbacks=[cb])
-    with pytest.raises(IntegrationError, match=r"attach\(trainer\)"):
-        trainer.train()
-    assert not (tmp_path / "run").exists()
+    trainer.train()
+    r = RunReader(str(tmp_path / "run"))
+    assert r.info()["status"] == "finished" and len(r.metrics()) == 2
     other = Trainer(model=TokenModel(), args=_args(tmp_path, max_steps=1, eval_strategy="no"),
                     train_dataset=token_data(16), data_collator=pad_collate)
     cb2 = HeadroomCallback(run_dir=str(tmp_path / "run2")).attach(other)
