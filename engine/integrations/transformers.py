@@ -1,8 +1,7 @@
 """Hugging Face Trainer -> a Headroom run folder: one line in an existing script.
 
     from engine.integrations.transformers import HeadroomCallback
-    trainer = Trainer(model=model, args=args, train_dataset=ds)
-    Trainer(..., callbacks=[HeadroomCallback()])   # or HeadroomCallback(...).attach(trainer)
+    trainer = Trainer(model=model, args=args, train_dataset=ds, callbacks=[HeadroomCallback()])
 
 Needs the `hf` extra (transformers, accelerate). Per optimizer step the callback writes
 one `metrics` row through the shared writer (engine.integrations.loop.HeadroomRun):
