@@ -23,8 +23,8 @@ import time
 from typing import Any, Optional, Sequence
 
 from .declarations import limits
-from .declarations.config import (LR_SCHEDULES, MEMORY_SNAPSHOTS, ConfigError, TrainConfig, parse_size,
-    parse_task_arg)
+from .declarations.config import (FSDP_REDUCES, LR_SCHEDULES, MEMORY_SNAPSHOTS, STRATEGIES, ConfigError,
+    TrainConfig, parse_size, parse_task_arg)
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -221,6 +221,14 @@ def add_run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--memory-margin", type=_finite_float, default=S)
     p.add_argument("--oom-recovery", type=_on_off, default=S, metavar="on|off")
     p.add_argument("--vram-limit", type=_size, default=S, metavar="SIZE", help="simulate a smaller card, e.g. 24GiB")
+    p.add_argument("--strategy", choices=STRATEGIES, default=S,
+                   help="under torchrun: ddp (default: a replica per rank, DistributedDataParallel) or fsdp "
+                        "(parameters, gradients and optimizer state sharded over the ranks, FSDP2)")
+    p.add_argument("--fsdp-reduce", choices=FSDP_REDUCES, default=S,
+                   help="fsdp: reduce-scatter the gradients once a window, in its last micro-batch (default; "
+                        "parameters stay whole during the window) or in every micro-batch (less memory, more traffic)")
+    p.add_argument("--cpu-offload", type=_on_off, default=S, metavar="on|off",
+                   help="fsdp on CUDA: keep the parameter shards and the optimizer step on the CPU")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -16,6 +16,8 @@ LR_SCALINGS = ("none", "linear", "sqrt")
 NONFINITE_MODES = ("skip", "stop", "rollback")
 LR_SCHEDULES = ("constant", "linear", "cosine")
 MEMORY_SNAPSHOTS = ("off", "on-oom")
+STRATEGIES = ("ddp", "fsdp", "sum")  # under torchrun: DistributedDataParallel, or FSDP2 sharding (engine/distributed)
+FSDP_REDUCES = ("last", "every")  # fsdp: reduce-scatter the gradients at the window's last micro-batch, or at each
 DEFAULT_TASK = "mlp"
 
 
@@ -62,6 +64,9 @@ class TrainConfig:
     spike_factor: Optional[float] = None  # a window loss above F x the loss EMA is a spike (rollback)
     rollback_lr_factor: float = 0.5  # a rollback multiplies the lr peak by this
     reference_batch: Optional[int] = None  # the effective batch --lr was tuned for (with --lr-scaling)
+    strategy: str = "ddp"  # under torchrun: ddp (a replica per rank) | fsdp (parameters, gradients, state sharded)
+    fsdp_reduce: str = "last"  # fsdp: last (one reduce-scatter a window) | every (one per micro-batch)
+    cpu_offload: bool = False  # fsdp: the shards and the optimizer step on the CPU (CPUOffloadPolicy)
 
     def validate(self) -> "TrainConfig":
         """Every field against its range in engine/declarations/limits.py (the same ranges the commands and
@@ -79,6 +84,10 @@ class TrainConfig:
         _choice("nonfinite", self.nonfinite, NONFINITE_MODES)
         _choice("lr-schedule", self.lr_schedule, LR_SCHEDULES)
         _choice("memory-snapshot", self.memory_snapshot, MEMORY_SNAPSHOTS)
+        _choice("strategy", self.strategy, STRATEGIES)
+        _choice("fsdp-reduce", self.fsdp_reduce, FSDP_REDUCES)
+        if self.strategy != "fsdp" and (self.fsdp_reduce != "last" or self.cpu_offload):
+            raise ConfigError(f"--{'cpu-offload' if self.cpu_offload else 'fsdp-reduce'} needs --strategy fsdp")
         check_device_name(self.device)
         check_task_args(self.task_args)
         if self.fork is not None and self.resume is not None:

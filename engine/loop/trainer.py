@@ -30,6 +30,7 @@ from engine.memory.activation_checkpointing import why_no_switch
 from engine.declarations.commands import Command, Stop
 from engine.declarations.config import TrainConfig
 from engine.distributed.devices import device_name
+from engine.distributed.world import keep_effective_batch
 from .evaluate import validation_loss
 from engine.declarations.events import (CheckpointSaved, EpochEnd, Event, LrPlanned, MemorySnapshot,
     OomRecovered, RunFailed, RunFinished, RunStarted, StoreProblem)
@@ -121,12 +122,18 @@ class Trainer(TrainerViews):
         """Open the run folder (rank 0) and continue from the checkpoint, if any (opening.py)."""
         if self.ctx.is_main:
             self.store = self.inbox.store = opening.open_store(parts, self._store_problems.append)
+        resized = None
         if parts.origin.state is not None:
             self.progress, self.settings, asked = opening.continue_from(parts, parts.origin.state)
             for cmd in asked:
                 self.commands.put(cmd)
+            self.settings, resized = keep_effective_batch(  # on another number of ranks
+                self.settings, parts.origin.state, self.ctx.world, self.config.token_budget,
+                tuple((parts.origin.parent or {}).get("changed", {})), self.step, self.epoch)
         if self.store is not None:
             opening.record_start(self.store, parts, self.progress.step)
+        if resized is not None:
+            self._emit(resized)
         for note in parts.origin.skipped:
             self._emit(StoreProblem(self.step, self.epoch, problem=note))
 
@@ -294,7 +301,7 @@ class Trainer(TrainerViews):
         batches = parts.feeder.take(self._feed_index, micro)  # one at a time: none outlives its backward
         s = self.settings
         return train_window(parts.window, batches, window_samples, s.clip, s.micro_batch,
-                            self._stop.is_set)
+                            self._stop.is_set, len(micro))
 
     def _snapshot_oom(self, parts: RunParts) -> None:
         if self.config.memory_snapshot != "on-oom":
@@ -387,11 +394,13 @@ class Trainer(TrainerViews):
         if self.autopilot is not None:  # every rank: each must know the same rollback targets
             numbered = run_state.numbered_path(self.prepare(), self.step, epoch_done, step_checkpoint)
             self.autopilot.saved(self.step, numbered or ckpt.last_path(self.run_dir), numbered is not None)
-        if not self.ctx.is_main:
+        sharded = self.prepare().window.strategy.sharded  # every rank writes its shards
+        if not (self.ctx.is_main or sharded):
             return
-        assert self.store is not None and self.parts is not None
+        assert self.parts is not None and (self.store is not None or not self.ctx.is_main)
         self._drain()
-        self.store.commit()  # metrics first: run.db never lags behind a checkpoint
+        if self.store is not None:
+            self.store.commit()  # metrics first: run.db never lags behind a checkpoint
         try:
             path = run_state.save(self.parts, self.progress, self.settings, epoch_done, step_checkpoint)
         except OSError as e:
@@ -402,7 +411,9 @@ class Trainer(TrainerViews):
     def _fail(self, e: BaseException) -> None:
         msg = failure_message(e, self.ctx, (TrainingError,))
         try:
-            if self.step > 0 and not isinstance(e, StepNotRedoable):  # that rank's state is half-stepped
+            # StepNotRedoable: that rank's state is half-stepped. Sharded: saving needs every rank, and
+            # some may be gone: the last checkpoint is kept.
+            if self.step > 0 and not isinstance(e, StepNotRedoable) and not self.prepare().window.strategy.sharded:
                 self._save_checkpoint()
         except Exception as save_error:  # the disk may be the problem: say so, keep the old checkpoint
             msg += f" (checkpoint not written: {save_error})"
@@ -426,6 +437,8 @@ class Trainer(TrainerViews):
                 self.parts.snapshots.stop()
                 self.parts.feeder.close()
             D.shutdown(self.ctx, clean=status == "finished")
+            if self.parts is not None:
+                self.parts.window.strategy.release()  # the DDP wrapper holds the group and gloo's threads
 
     # -- events ---------------------------------------------------------------------------
     def _emit(self, event: Event, safe: bool = False) -> None:

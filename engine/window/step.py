@@ -106,6 +106,7 @@ class SyncStep:
     def __init__(self, optimizer: torch.optim.Optimizer, scaler: Optional[torch.amp.GradScaler], ddp: bool) -> None:
         self.optimizer, self.scaler, self.ddp = optimizer, scaler, ddp
         self.before_zero: Callable[[], None] = _nothing  # sees the gradients and state before they go
+        self.set_to_none = True  # False under ddp: the gradients are views into its buckets, zeroed in place
 
     def finish(self, totals: torch.Tensor, agree: Optional[torch.Tensor], norm: torch.Tensor,
                per_param: torch.Tensor, clip: float, grads: list[torch.Tensor]) -> InFlight:
@@ -127,7 +128,7 @@ class SyncStep:
                 self.scaler.update(self.scaler.get_scale())  # a NaN loss is no overflow: keep the scale
         # A skipped window leaves weights and optimizer state untouched: its gradients just go.
         self.before_zero()
-        self.optimizer.zero_grad(set_to_none=True)
+        self.optimizer.zero_grad(set_to_none=self.set_to_none)
         return InFlight(None, None, self.ddp, nums)
 
 
@@ -139,6 +140,7 @@ class DeferredStep:
         self.optimizer, self.scaler, self.ddp, self.device = optimizer, scaler, ddp, device
         self._pinned: dict[int, list[torch.Tensor]] = {}
         self.before_zero: Callable[[], None] = _nothing
+        self.set_to_none = True  # False under ddp: the gradients are views into its buckets, zeroed in place
 
     def finish(self, totals: torch.Tensor, agree: Optional[torch.Tensor], norm: torch.Tensor,
                per_param: torch.Tensor, clip: float, grads: list[torch.Tensor]) -> InFlight:
@@ -155,7 +157,7 @@ class DeferredStep:
         if self.scaler is not None:
             self.scaler.update()  # backs off on the overflow unscale_ found; no sync
         self.before_zero()
-        opt.zero_grad(set_to_none=True)
+        opt.zero_grad(set_to_none=self.set_to_none)
         if self.device.type != "cuda":
             return InFlight(packed, None, self.ddp)  # CPU (tests): nothing is in flight
         buf = self._pinned_buffer(packed.numel())
