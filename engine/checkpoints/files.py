@@ -83,6 +83,14 @@ def load(path: str, map_location: Any = "cpu") -> dict[str, Any]:
     checkpoint (a folder) gives its meta data, with state["sharded"] the folder (sharded.py)."""
     if os.path.isdir(path):
         return read_meta(path)
+    obj = _load_file(path, map_location)
+    if "model" not in obj:
+        raise CheckpointError(f"checkpoint {path} is not a Headroom checkpoint")
+    return obj
+
+
+def _load_file(path: str, map_location: Any = "cpu") -> dict[str, Any]:
+    """torch.load with weights_only=True of a dict with a "step"; one-line errors."""
     if not os.path.isfile(path):
         raise CheckpointError(f"checkpoint {path}: no such file")
     try:
@@ -97,7 +105,7 @@ def load(path: str, map_location: Any = "cpu") -> dict[str, Any]:
     except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise CheckpointError(f"checkpoint {path} is damaged or truncated: {first}") from None
-    if not isinstance(obj, dict) or "model" not in obj or "step" not in obj:
+    if not isinstance(obj, dict) or "step" not in obj:
         raise CheckpointError(f"checkpoint {path} is not a Headroom checkpoint")
     return obj
 
@@ -234,8 +242,8 @@ def read_meta(folder: str) -> dict[str, Any]:
     meta_path = os.path.join(folder, META)
     if not os.path.isfile(meta_path) or not os.path.isfile(os.path.join(folder, ".metadata")):
         raise CheckpointError(f"checkpoint {folder} is not a complete sharded checkpoint (no {META} "
-                                   "or .metadata)")
-    state = load(meta_path)
+                              "or .metadata)")
+    state = _load_file(meta_path)
     state["sharded"] = folder
     return state
 

@@ -88,6 +88,12 @@ class TrainConfig:
         _choice("fsdp-reduce", self.fsdp_reduce, FSDP_REDUCES)
         if self.strategy != "fsdp" and (self.fsdp_reduce != "last" or self.cpu_offload):
             raise ConfigError(f"--{'cpu-offload' if self.cpu_offload else 'fsdp-reduce'} needs --strategy fsdp")
+        if self.strategy == "fsdp" and self.precision == "fp16":
+            raise ConfigError("--strategy fsdp takes --precision fp32 or bf16 (fp16's GradScaler does not unscale "
+                              "sharded gradients)")
+        if self.strategy == "fsdp" and (self.nonfinite == "rollback" or self.spike_factor is not None):
+            raise ConfigError("--nonfinite rollback and --spike-factor do not work with --strategy fsdp yet "
+                              "(use --nonfinite skip or stop)")
         check_device_name(self.device)
         check_task_args(self.task_args)
         if self.fork is not None and self.resume is not None:

@@ -13,6 +13,7 @@ from engine import distributed as D
 from engine.declarations.config import ConfigError
 from engine.window.grads import dtype_order
 from engine.memory.breakdown import MemoryBreakdown, activations
+from engine.memory.telemetry import MemorySample
 from engine.declarations.settings import LiveSettings
 from engine.declarations.events import Event, NonFinite, ScalerSkip, StepMetrics
 from engine.window.step import InFlight, WindowNumbers
@@ -56,6 +57,8 @@ def skip_events(launched: Launched, nums: WindowNumbers, skip: str, parts: Any, 
 
 def step_metrics(launched: Launched, nums: WindowNumbers, skip: str) -> StepMetrics:
     s, mem = launched.settings, launched.mem
+    if nums.memory:  # torchrun on CUDA: the tightest rank's, gathered in the step's all-reduce
+        mem = MemorySample(*nums.memory)
     step_time = time.perf_counter() - launched.started
     return StepMetrics(
         launched.step, launched.epoch, loss=nums.loss, grad_norm=nums.norm,

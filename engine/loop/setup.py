@@ -159,12 +159,13 @@ def _build(config: TrainConfig, task: Optional[Task], ctx: D.DistContext, claime
         _load_state(origin, model, optimizer, scaler, scheduler, strategy.sharded)
     schedule = LrSchedule.plan(cfg.lr_schedule, cfg.warmup, cfg.min_lr_ratio,
                                planned_samples(cfg, len(task.train_data), ctx.world))
+    probe = MemoryProbe(device)
     window = WindowContext(net=model, loss=task.loss, task_name=task.name, params=params, optimizer=optimizer,
                            scaler=scaler, autocast=autocast, device=device, ctx=ctx, stepper=stepper,
                            loss_checked=loss_checked, strategy=strategy,
-                           stand_in=lambda: to_device(collate([task.train_data[0]]), device))
+                           stand_in=lambda: to_device(collate([task.train_data[0]]), device), probe=probe)
     return RunParts(config=cfg, ctx=ctx, device=device, task=task, model=model, collate=collate, autocast=autocast,
-                    optimizer=optimizer, scaler=scaler, window=window, policy=policy, probe=MemoryProbe(device),
+                    optimizer=optimizer, scaler=scaler, window=window, policy=policy, probe=probe,
                     run_dir=run_dir, origin=origin, lock=lock, progress=Progress(),
                     settings=LiveSettings.from_config(cfg), modes=modes,
                     scheduler=scheduler, switch=switch, memory=memory, snapshots=snapshots,

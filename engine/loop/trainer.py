@@ -129,7 +129,7 @@ class Trainer(TrainerViews):
                 self.commands.put(cmd)
             self.settings, resized = keep_effective_batch(  # on another number of ranks
                 self.settings, parts.origin.state, self.ctx.world, self.config.token_budget,
-                tuple((parts.origin.parent or {}).get("changed", {})), self.step, self.epoch)
+                self.config.fork_changes if parts.origin.parent else (), self.step, self.epoch)
         if self.store is not None:
             opening.record_start(self.store, parts, self.progress.step)
         if resized is not None:

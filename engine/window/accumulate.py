@@ -28,7 +28,7 @@ from . import grads as G
 from engine.distributed.strategy import Local
 from .oom import is_oom
 from engine.declarations.outcome import StepNotRedoable
-from .step import InFlight
+from .step import MEM_N, InFlight
 from engine.tasks.task import check_loss_output
 
 
@@ -55,6 +55,7 @@ class WindowContext:
     # A micro-batch trained with weight 0 where the strategy needs more than the rank's share
     # holds (under DDP and FSDP every rank must run the window's last backward: its reduction).
     stand_in: Optional[Callable[[], Any]] = None
+    probe: Any = None  # memory.telemetry.MemoryProbe: under torchrun on CUDA each rank's memory joins the agreement
     _totals: Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None
 
     _seed: Optional[tuple[tuple[float, torch.dtype, torch.device], torch.Tensor]] = None
@@ -135,19 +136,33 @@ def train_window(w: WindowContext, batches: Iterable[Any], window_samples: int, 
     agree = None
     if torchrun:
         flags = [1.0 if stop_requested() else 0.0, -float(micro_batch), 1.0 if w.commands_waiting() else 0.0]
+        flags += _memory_slots(w)
         flags_t = torch.tensor(flags, device=dev, dtype=torch.float64)
         strategy.end_micro_batches()  # allocates what the gradient sum needs, before any collective
         # Every rank is here with its whole window done. Two tiny all-reduces, read with the
         # step's numbers: the window's loss sum and count over all ranks, and (max) whether
         # any rank was asked to stop, the smallest micro-batch any rank fell back to after an
         # out-of-memory error, and whether rank 0 holds commands for the next step boundary
-        # (so every rank joins their broadcast). Then buffers from rank 0.
+        # (so every rank joins their broadcast); on CUDA each rank's memory in its own slot, so
+        # the metrics row can show the tightest rank's. Then buffers from rank 0.
         D.all_reduce_sum(totals, w.ctx)
         agree = D.all_reduce_max(flags_t, w.ctx)
         strategy.after_window()
         # From here on the other ranks step and move on: an out-of-memory error on this rank
         # cannot be redone here alone (see _step), so it stops the run.
     return _step(w, totals, agree, window_samples, clip, tensor_count, host_total)
+
+
+def _memory_slots(w: WindowContext) -> list[float]:
+    """This rank's GPU memory in its slot of world x MEM_N numbers, zeros elsewhere (nothing on CPU)."""
+    probe = w.probe
+    if probe is None or not probe.available:
+        return []
+    m = probe.sample()
+    mine = [float(v or 0) for v in (m.allocated, m.reserved, m.peak, m.used, m.total)]
+    slots = [0.0] * (MEM_N * w.ctx.world)
+    slots[MEM_N * w.ctx.rank:MEM_N * (w.ctx.rank + 1)] = mine
+    return slots
 
 
 def _guarded(w: WindowContext, fn: Callable[[], Any], collectives: bool, k: int, n_micro: Optional[int],

@@ -4,7 +4,7 @@ writes what each rank saw to OUT_DIR (weights, steps, how each micro-batch ran).
 usage: python -m torch.distributed.run --nproc-per-node 2 tests/ddp/worker.py OUT_DIR [key=value ...]
 
 Options: strategy=ddp|fsdp|sum, fsdp_reduce=last|every, micro=, accum=, epochs=, samples= (data
-set size), count_hook=1 (record how each micro-batch ran), run=, fork=, resume=1, max_steps=,
+set size), momentum=1 (SGD with momentum), count_hook=1 (record how each micro-batch ran), run=, fork=, resume=1, max_steps=,
 checkpoint_every=, nonfinite=, nan_by_call=1, and the negative controls local_count=1,
 no_share=1, no_buffer_sync=1, no_sum_hook=1.
 """
@@ -96,6 +96,8 @@ def main() -> None:
         extra["resume"] = run_dir
     if "samples" in opts:
         os.environ["HEADROOM_TEST_SAMPLES"] = opts["samples"]
+    if opts.get("momentum") == "1":
+        os.environ["HEADROOM_TEST_MOMENTUM"] = "1"
     cfg = TrainConfig(task="tests/ddp/varlen_task.py", micro_batch=int(opts.get("micro", 2)),
                       accum=int(opts.get("accum", 2)), epochs=int(opts.get("epochs", 1)), lr=0.05, clip=0.0,
                       run_dir=run_dir, device="cpu", seed=3, **extra)
