@@ -6,7 +6,8 @@ are used and its gradients reduce-scattered after its backward. The root is a `L
 around the user's model, so whatever the loss calls runs inside the root's forward.
 
 Blocks: the task's `blocks(model)`, else a Hugging Face model's `_no_split_modules` classes,
-else each top-level child holding parameters; a candidate that shares a parameter with a
+else each top-level child holding parameters (a ModuleList's or ModuleDict's children in its
+place: those have no forward); a candidate that shares a parameter with a
 module outside it (tied weights) is left to the root.
 
 Gradient reduction (`--fsdp-reduce`):
@@ -56,11 +57,20 @@ def find_blocks(model: torch.nn.Module, blocks: Optional[Callable[[torch.nn.Modu
         names = set(model._no_split_modules)
         found = [m for m in model.modules() if m is not model and type(m).__name__ in names]
     else:
-        found = [c for c in model.children() if any(True for _ in c.parameters())]
+        found = [c for c in _unpacked(model.children()) if any(True for _ in c.parameters())]
     depth = {id(m): len(name.split(".")) for name, m in model.named_modules() if name}
     unique = list({id(m): m for m in found}.values())
     kept = [m for m in unique if not _shares_parameters(model, m)]
     return sorted(kept, key=lambda m: -depth.get(id(m), 0))
+
+
+def _unpacked(modules: Any) -> list[torch.nn.Module]:
+    """ModuleList and ModuleDict have no forward of their own (fully_shard needs one): their
+    children instead."""
+    out: list[torch.nn.Module] = []
+    for m in modules:
+        out += _unpacked(m.children()) if isinstance(m, (torch.nn.ModuleList, torch.nn.ModuleDict)) else [m]
+    return out
 
 
 def _shares_parameters(model: torch.nn.Module, block: torch.nn.Module) -> bool:

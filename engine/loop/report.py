@@ -92,7 +92,7 @@ def failure_message(e: BaseException, ctx: D.DistContext, user_errors: tuple[typ
     """One line for run_failed: the user's message for our own errors, else the exception."""
     if isinstance(e, KeyboardInterrupt):
         return "interrupted"
-    if ctx.enabled and isinstance(e, RuntimeError) and _is_peer_failure(e):
+    if ctx.enabled and isinstance(e, RuntimeError) and is_peer_failure(e):
         first = str(e).strip().splitlines()[0][:200]
         return f"another rank of this {ctx.world}-process job died or stopped answering ({first})"
     if isinstance(e, user_errors + (ConfigError,)) and e.args:
@@ -105,7 +105,7 @@ def failure_message(e: BaseException, ctx: D.DistContext, user_errors: tuple[typ
     return f"{type(e).__name__}: {e}"
 
 
-def _is_peer_failure(e: BaseException) -> bool:
+def is_peer_failure(e: BaseException) -> bool:
     text = str(e).lower()
     return any(k in text for k in ("connection closed by peer", "connection reset", "broken pipe", "nccl",
                                    "timed out", "socket", "gloo"))

@@ -42,7 +42,7 @@ from engine.declarations.paths import resolve_task_spec
 from .progress import Progress
 from engine.declarations.settings import LiveSettings, scaled_to_reference
 from .setup import RunParts, build
-from .report import Launched, failure_message, skip_events, skip_kind, step_metrics
+from .report import Launched, failure_message, is_peer_failure, skip_events, skip_kind, step_metrics
 from engine.window.step import InFlight, WindowNumbers
 from engine.store import RunStore
 from engine.tasks.task import Task
@@ -172,6 +172,9 @@ class Trainer(TrainerViews):
             self._fail(e)
             if isinstance(e, SystemExit):  # task code called sys.exit(): a failed run, said in one line
                 raise TrainingError(f"the task's code called sys.exit({e.code!r}) at step {self.step}") from None
+            peer = isinstance(e, RuntimeError) and not isinstance(e, TrainingError) and is_peer_failure(e)
+            if self.ctx.enabled and peer:  # another rank died: said in one line too
+                raise TrainingError(failure_message(e, self.ctx, (TrainingError,))) from None
             raise
         self._emit(RunFinished(self.step, self.epoch, reason=reason))
         self._finish("finished")

@@ -73,7 +73,7 @@ def test_blocks_from_the_task_from_no_split_modules_and_top_level_children():
     assert find_blocks(m, lambda model: [model.layers[1]]) == [m.layers[1]]  # the task's blocks
     Tied._no_split_modules = []
     try:  # top-level children with parameters, but not the tied embedding and head (the root keeps those)
-        assert find_blocks(m) == [m.layers]
+        assert find_blocks(m) == [m.layers[0], m.layers[1]]  # a ModuleList has no forward: its children
     finally:
         Tied._no_split_modules = ["Layer"]
     with pytest.raises(ConfigError, match="submodules of the model"):
