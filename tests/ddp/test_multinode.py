@@ -68,7 +68,7 @@ def test_two_nodes_train_as_one(tmp_path):
     assert info["world_size"] == 2 and info["strategy"] == "fsdp"
 
 
-@pytest.mark.parametrize("strategy", ["ddp"])
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_a_node_killed_mid_window_ends_the_other_within_30_s(tmp_path, strategy):
     port = free_port()
     run_dir = tmp_path / "run"
@@ -95,7 +95,9 @@ def test_a_node_killed_mid_window_ends_the_other_within_30_s(tmp_path, strategy)
                 pass
         t0 = time.time()
         _, err = first.communicate(timeout=60)
-        assert time.time() - t0 < 30, f"the surviving node took {time.time() - t0:.0f} s"
+        took = time.time() - t0
+        assert took < 30, f"the surviving node took {took:.0f} s"
+        print(f"the surviving node ended {took:.1f} s after the kill")
     finally:
         for p in (first, second):
             if p.poll() is None:
