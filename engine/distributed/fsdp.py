@@ -93,7 +93,10 @@ class Fsdp(Replicated):
                  blocks: Optional[Callable[[torch.nn.Module], Any]] = None, precision: str = "fp32",
                  reduce: str = "last", cpu_offload: bool = False) -> None:
         super().__init__(model, ctx, device)
-        self.reduce = reduce
+        if cpu_offload and device.type != "cuda":
+            raise ConfigError("--cpu-offload needs a CUDA device (it keeps the shards in CPU memory while the "
+                              "GPU computes)")
+        self.reduce, self.offloaded = reduce, cpu_offload
         self.collective = ("reduce-scatter the gradients in its backward" if reduce == "last"
                            else "gather parameters and reduce-scatter gradients in every micro-batch")
         mesh = init_device_mesh(device.type, (ctx.world,))

@@ -45,6 +45,7 @@ class Local:
     sharded = False  # the parameters are shards (DTensors): checkpoints with DCP, norms all-reduced
     collective = ""  # what the ranks do together in a micro-batch with collectives in flight (error lines)
     grads_in_buckets = False  # ddp: the gradients are views into the reducer's buckets (zeroed in place, kept)
+    offloaded = False  # fsdp --cpu-offload: shards, gradients and the optimizer step on the CPU
 
     def __init__(self, model: torch.nn.Module, ctx: D.DistContext) -> None:
         self.model, self.ctx = model, ctx

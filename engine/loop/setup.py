@@ -152,7 +152,8 @@ def _build(config: TrainConfig, task: Optional[Task], ctx: D.DistContext, claime
     snapshots = SnapshotRecorder()
     if cfg.memory_snapshot == "on-oom":
         snapshots.start(device)  # on CUDA: allocator history from here on; elsewhere it says why not
-    stepper = S.choose(optimizer, scaler, ctx.enabled, device, os.environ.get("HEADROOM_STEP_MODE", "auto"))
+    stepper = S.choose(optimizer, scaler, ctx.enabled, torch.device("cpu") if strategy.offloaded else device,
+                       os.environ.get("HEADROOM_STEP_MODE", "auto"))  # offloaded: the step runs on the CPU
     stepper.before_zero = memory.at_window_end  # the breakdown sees the gradients before they go
     stepper.set_to_none = not strategy.grads_in_buckets
     if origin.state is not None:
