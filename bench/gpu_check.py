@@ -23,6 +23,9 @@ SKIP where the target does not apply (CPU, --small).
   e  bf16 and fp16 (GradScaler) both train a few steps with finite losses
   f  `torchrun --nproc-per-node 1 -m engine --task mlp --device cuda --epochs 1`: finishes,
      run.db has run_finished
+  g  where the memory goes (bench/gpu_memory_check.py)
+  h  --strategy ddp and fsdp in a 1-process torchrun against a plain run; fsdp bf16 and
+     --cpu-offload train; export of a sharded checkpoint (bench/gpu_strategies_check.py)
 With --small (or without CUDA) the GPT is tiny, the cap is simulated by an injected
 out-of-memory error above micro-batch 24, and figures without meaning there are SKIP/INFO.
 """
@@ -484,20 +487,21 @@ def section_f(ctx: Ctx) -> None:
              f"device {info.get('device')}; "
              f"events {sorted(set(kinds))}" + ("" if ok else f"; output: {tail[-1500:]}"),
              cmd=" ".join(cmd[:1] + ["-m"] + cmd[2:]))
-    c.write(dict(section="f", note="under torchrun the engine always starts a process group and sums the "
-                 "gradients itself (grad_sync.py), so one process exercises NCCL and that step"))
+    c.write(dict(section="f", note="under torchrun the engine always starts a process group and wraps the "
+                 "model (--strategy ddp by default), so one process exercises NCCL and DDP's reducer"))
 
 
 from bench.gpu_memory_check import section_g  # noqa: E402 - issue 15: where the memory goes
+from bench.gpu_strategies_check import section_h  # noqa: E402 - issue 20: ddp and fsdp under torchrun
 
 SECTIONS = {"a": section_a, "b": section_b, "c": section_c, "d": section_d, "e": section_e, "f": section_f,
-            "g": section_g}
+            "g": section_g, "h": section_h}
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--small", action="store_true", help="tiny GPT, simulated cap: checks the logic (CPU is fine)")
-    ap.add_argument("--only", default="abcdefg", help="sections to run, e.g. ab")
+    ap.add_argument("--only", default="abcdefgh", help="sections to run, e.g. ab")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--budget", type=float, default=330.0,
                     help="seconds; sections not started by then are skipped (default 330)")

@@ -1,9 +1,14 @@
-"""Checkpoints: written atomically (temporary file, fsync, rename), read with weights_only=True."""
+"""Checkpoints: written atomically (temporary file, fsync, rename), read with weights_only=True.
+
+A checkpoint is a file, checkpoints/<name>.pt, or for a sharded run (--strategy fsdp) a
+torch.distributed.checkpoint folder, checkpoints/<name>/ (sharded.py); a name is one or the
+other, never both (writing one removes the other)."""
 from __future__ import annotations
 
 import os
 import pickle
 import re
+import shutil
 import tempfile
 import warnings
 import zipfile
@@ -18,7 +23,9 @@ if TYPE_CHECKING:
 
 CKPT_DIR = "checkpoints"
 LAST = "last.pt"
-TMP_PREFIX = ".tmp-"  # save_atomic's temporary files
+TMP_PREFIX = ".tmp-"  # save_atomic's temporary files (and sharded.save's temporary folders)
+OLD_PREFIX = ".old-"  # sharded.swap_in: the folder being replaced, for a moment
+META = "meta.pt"  # a sharded checkpoint's state besides model and optimizer
 PROBE_PREFIX = ".probe-"  # check_writable_dir's probe files
 
 
@@ -63,8 +70,27 @@ def save_atomic(obj: dict[str, Any], path: str) -> None:
         pass
 
 
+def save_checkpoint(state: dict[str, Any], path: str) -> None:
+    """A single-file checkpoint at `path` (atomically); a sharded folder of the same name
+    (from a sharded part of the run) goes."""
+    save_atomic(state, path)
+    if path.endswith(".pt") and os.path.isdir(path[:-3]):
+        shutil.rmtree(path[:-3], ignore_errors=True)
+
+
 def load(path: str, map_location: Any = "cpu") -> dict[str, Any]:
-    """Load a checkpoint with weights_only=True: pickled code is refused, never run."""
+    """Load a checkpoint with weights_only=True: pickled code is refused, never run. A sharded
+    checkpoint (a folder) gives its meta data, with state["sharded"] the folder (sharded.py)."""
+    if os.path.isdir(path):
+        return read_meta(path)
+    obj = _load_file(path, map_location)
+    if "model" not in obj:
+        raise CheckpointError(f"checkpoint {path} is not a Headroom checkpoint")
+    return obj
+
+
+def _load_file(path: str, map_location: Any = "cpu") -> dict[str, Any]:
+    """torch.load with weights_only=True of a dict with a "step"; one-line errors."""
     if not os.path.isfile(path):
         raise CheckpointError(f"checkpoint {path}: no such file")
     try:
@@ -79,9 +105,22 @@ def load(path: str, map_location: Any = "cpu") -> dict[str, Any]:
     except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise CheckpointError(f"checkpoint {path} is damaged or truncated: {first}") from None
-    if not isinstance(obj, dict) or "model" not in obj or "step" not in obj:
+    if not isinstance(obj, dict) or "step" not in obj:
         raise CheckpointError(f"checkpoint {path} is not a Headroom checkpoint")
     return obj
+
+
+def existing(path: str) -> str:
+    """`path` (a name.pt file) if it exists, else the sharded folder of that name if that does."""
+    if not os.path.exists(path) and path.endswith(".pt") and os.path.isdir(path[:-3]):
+        return path[:-3]
+    return path
+
+
+def name_of(path: str) -> str:
+    """'.../checkpoints/step-40.pt' or '.../checkpoints/step-40' -> 'step-40'."""
+    base = os.path.basename(path.rstrip(os.sep))
+    return base[:-3] if base.endswith(".pt") else base
 
 
 def last_path(run_dir: str) -> str:
@@ -96,14 +135,15 @@ def step_path(run_dir: str, step: int) -> str:
     return os.path.join(run_dir, CKPT_DIR, f"step-{step}.pt")
 
 
-_NUMBERED = re.compile(r"(epoch|step)-(\d{1,18})\.pt")
+_NUMBERED = re.compile(r"(epoch|step)-(\d{1,18})(\.pt)?")
 
 
 def candidates(run_dir: str) -> list[str]:
-    """The run's checkpoints, newest first: last.pt, then epoch-N.pt by N descending, then
-    step-S.pt by S descending. (A step-S file is written between epoch ends, so which of an
-    epoch-N and a step-S file is newer is known only from the step inside; callers that
-    care load and compare.) Only files that exist; temporary and other files are ignored."""
+    """The run's checkpoints, newest first: last, then epoch-N by N descending, then step-S by
+    S descending, each a file (name.pt) or a sharded folder (name/). (A step-S file is written
+    between epoch ends, so which of an epoch-N and a step-S file is newer is known only from
+    the step inside; callers that care load and compare.) Only what exists; temporary and
+    other files are ignored."""
     folder = os.path.join(run_dir, CKPT_DIR)
     try:
         names = os.listdir(folder)
@@ -112,9 +152,10 @@ def candidates(run_dir: str) -> list[str]:
     numbered: dict[str, list[tuple[int, str]]] = {"epoch": [], "step": []}
     for name in names:
         m = _NUMBERED.fullmatch(name)
-        if m and os.path.isfile(os.path.join(folder, name)):
+        path = os.path.join(folder, name)
+        if m and (os.path.isfile(path) if m.group(3) else os.path.isdir(path)):
             numbered[m.group(1)].append((int(m.group(2)), name))
-    out = [os.path.join(folder, LAST)] if os.path.isfile(os.path.join(folder, LAST)) else []
+    out = [os.path.join(folder, n) for n in (LAST, LAST[:-3]) if os.path.exists(os.path.join(folder, n))]
     for kind in ("epoch", "step"):
         out += [os.path.join(folder, n) for _, n in sorted(numbered[kind], reverse=True)]
     return out
@@ -160,9 +201,49 @@ def remove_orphans(run_dir: str, lock: "RunLock") -> list[str]:
         return []
     for name in names:
         if name.startswith((TMP_PREFIX, PROBE_PREFIX)):
+            path = os.path.join(folder, name)
             try:
-                os.unlink(os.path.join(folder, name))
+                if os.path.isdir(path):  # a sharded checkpoint being written (sharded.save)
+                    shutil.rmtree(path)
+                else:
+                    os.unlink(path)
                 removed.append(name)
             except OSError:
                 pass
+    recover(run_dir)
     return removed
+
+
+def recover(run_dir: str) -> list[str]:
+    """The writer at start: an .old-<name>/ whose <name>/ is missing (a crash between the two
+    renames of swap_in) goes back; other .old-* folders are removed. Returns what it did."""
+    folder = os.path.join(run_dir, CKPT_DIR)
+    done = []
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return done
+    for n in names:
+        if not n.startswith(OLD_PREFIX):
+            continue
+        target = os.path.join(folder, n[len(OLD_PREFIX):])
+        if os.path.exists(target) or os.path.exists(target + ".pt"):
+            shutil.rmtree(os.path.join(folder, n), ignore_errors=True)
+            done.append(f"removed {n}")
+        else:
+            os.rename(os.path.join(folder, n), target)
+            done.append(f"restored {n[len(OLD_PREFIX):]}")
+    return done
+
+
+def read_meta(folder: str) -> dict[str, Any]:
+    """A sharded checkpoint's meta.pt (weights_only), marked with the folder it came from:
+    state["sharded"] is the folder, and the weights stay on disk until `load_into`."""
+    meta_path = os.path.join(folder, META)
+    if not os.path.isfile(meta_path) or not os.path.isfile(os.path.join(folder, ".metadata")):
+        raise CheckpointError(f"checkpoint {folder} is not a complete sharded checkpoint (no {META} "
+                              "or .metadata)")
+    state = _load_file(meta_path)
+    state["sharded"] = folder
+    return state
+

@@ -42,15 +42,20 @@ def split_fork(spec: str) -> tuple[str, str]:
 
 
 def checkpoint_for(run_dir: str, which: str) -> str:
+    """The checkpoint `which` of the run: its file, or its sharded folder."""
     if which == "last":
-        return ckpt.last_path(run_dir)
+        return ckpt.existing(ckpt.last_path(run_dir))
     kind, _, n = which.partition("-")
-    return ckpt.epoch_path(run_dir, int(n)) if kind == "epoch" else ckpt.step_path(run_dir, int(n))
+    path = ckpt.epoch_path(run_dir, int(n)) if kind == "epoch" else ckpt.step_path(run_dir, int(n))
+    return ckpt.existing(path)
 
 
 def mismatch(state: dict[str, Any], model: torch.nn.Module) -> Optional[str]:
     """Why `state` cannot continue this task's model, or None. Keys and shapes of every
-    tensor, and the optimizer state a continuation needs."""
+    tensor, and the optimizer state a continuation needs. A sharded checkpoint is checked
+    against its metadata (nothing loaded)."""
+    if state.get("sharded"):
+        return _sharded_mismatch(state["sharded"], model)
     saved, own = state.get("model") or {}, model.state_dict()
     missing = [k for k in own if k not in saved]
     extra = [k for k in saved if k not in own]
@@ -61,6 +66,22 @@ def mismatch(state: dict[str, Any], model: torch.nn.Module) -> Optional[str]:
         if isinstance(v, torch.Tensor) and tuple(saved[k].shape) != tuple(v.shape):
             return f"its weights are not this task's model ({k}: {tuple(saved[k].shape)} vs {tuple(v.shape)})"
     if not isinstance(state.get("optimizer"), dict) or "state" not in state["optimizer"]:
+        return "it holds no optimizer state"
+    return None
+
+
+def _sharded_mismatch(folder: str, model: torch.nn.Module) -> Optional[str]:
+    from .sharded import has_optimizer_state, tensor_shapes
+    saved, own = tensor_shapes(folder), model.state_dict()
+    missing = [k for k, v in own.items() if isinstance(v, torch.Tensor) and k not in saved]
+    extra = [k for k in saved if k not in own]
+    if missing or extra:
+        which = f"lacks {missing[0]!r}" if missing else f"has {extra[0]!r}, which the task's model has not"
+        return f"its weights are not this task's model ({which}; {len(missing)} missing, {len(extra)} extra)"
+    for k, v in own.items():
+        if isinstance(v, torch.Tensor) and saved[k] != tuple(v.shape):
+            return f"its weights are not this task's model ({k}: {saved[k]} vs {tuple(v.shape)})"
+    if not has_optimizer_state(folder):
         return "it holds no optimizer state"
     return None
 
@@ -78,8 +99,8 @@ def resume_origin(run_dir: str, model: torch.nn.Module) -> Origin:
 def fork_origin(spec: str, config: TrainConfig, model: torch.nn.Module) -> Origin:
     parent_dir, which = split_fork(spec)
     path = checkpoint_for(parent_dir, which)
-    if not os.path.isfile(path):
-        have = ", ".join(os.path.basename(p)[:-3] for p in ckpt.candidates(parent_dir)) or "none"
+    if not os.path.exists(path):
+        have = ", ".join(ckpt.name_of(p) for p in ckpt.candidates(parent_dir)) or "none"
         raise ConfigError(f"--fork {spec}: no checkpoint {which} in {parent_dir} (it has: {have})")
     state = ckpt.load(path)
     why = mismatch(state, model)

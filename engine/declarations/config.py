@@ -17,11 +17,14 @@ LR_SCALINGS = ("none", "linear", "sqrt")
 NONFINITE_MODES = ("skip", "stop", "rollback")
 LR_SCHEDULES = ("constant", "linear", "cosine")
 MEMORY_SNAPSHOTS = ("off", "on-oom")
+STRATEGIES = ("ddp", "fsdp", "sum")  # under torchrun: DistributedDataParallel, or FSDP2 sharding (engine/distributed)
+FSDP_REDUCES = ("last", "every")  # fsdp: reduce-scatter the gradients at the window's last micro-batch, or at each
 DEFAULT_TASK = "mlp"
 # The fields that take one of a fixed set of words, and the words (the flags' choices, the app's lists).
 CHOICES: dict[str, tuple[str, ...]] = {
     "optimizer": OPTIMIZERS, "precision": PRECISIONS, "lr_scaling": LR_SCALINGS, "nonfinite": NONFINITE_MODES,
-    "lr_schedule": LR_SCHEDULES, "memory_snapshot": MEMORY_SNAPSHOTS,
+    "lr_schedule": LR_SCHEDULES, "memory_snapshot": MEMORY_SNAPSHOTS, "strategy": STRATEGIES,
+    "fsdp_reduce": FSDP_REDUCES,
 }
 # Linear warmup is one of two fields: a number of samples or a fraction of the run's samples.
 WARMUP_FIELDS = ("warmup_samples", "warmup_fraction")
@@ -71,6 +74,9 @@ class TrainConfig:
     spike_factor: Optional[float] = None  # a window loss above F x the loss EMA is a spike (rollback)
     rollback_lr_factor: float = 0.5  # a rollback multiplies the lr peak by this
     reference_batch: Optional[int] = None  # the effective batch --lr was tuned for (with --lr-scaling)
+    strategy: str = "ddp"  # under torchrun: ddp (a replica per rank) | fsdp (parameters, gradients, state sharded)
+    fsdp_reduce: str = "last"  # fsdp: last (one reduce-scatter a window) | every (one per micro-batch)
+    cpu_offload: bool = False  # fsdp: the shards and the optimizer step on the CPU (CPUOffloadPolicy)
     # The old single warmup field (< 1 a fraction, >= 1 samples): TrainConfig(warmup=W) still works and
     # sets warmup_fraction or warmup_samples. An argument only, never stored: read those two fields.
     warmup: InitVar[Optional[float]] = None
@@ -92,6 +98,14 @@ class TrainConfig:
             if value is None and f.default is None:
                 continue
             check_value(f.name, value)
+        if self.strategy != "fsdp" and (self.fsdp_reduce != "last" or self.cpu_offload):
+            raise ConfigError(f"--{'cpu-offload' if self.cpu_offload else 'fsdp-reduce'} needs --strategy fsdp")
+        if self.strategy == "fsdp" and self.precision == "fp16":
+            raise ConfigError("--strategy fsdp takes --precision fp32 or bf16 (fp16's GradScaler does not unscale "
+                              "sharded gradients)")
+        if self.strategy == "fsdp" and (self.nonfinite == "rollback" or self.spike_factor is not None):
+            raise ConfigError("--nonfinite rollback and --spike-factor do not work with --strategy fsdp yet "
+                              "(use --nonfinite skip or stop)")
         check_device_name(self.device)
         if self.warmup_samples and self.warmup_fraction:
             raise ConfigError("--warmup-samples and --warmup-fraction: give one (a number of samples or a "

@@ -85,7 +85,7 @@ def _value_type(name: str) -> type:
 
 # -- the declaration ---------------------------------------------------------------------------
 GROUPS = ("Task and data", "Batch and accumulation", "Optimizer and schedule", "Precision and device", "Memory",
-          "Checkpoints and forks", "Non-finite steps", "Output")
+          "Several GPUs (torchrun)", "Checkpoints and forks", "Non-finite steps", "Output")
 
 
 @dataclass(frozen=True)
@@ -214,6 +214,15 @@ SETTINGS: tuple[Setting, ...] = (
             none_means="the whole card"),
     Setting("memory_snapshot", "Memory", "on-oom: record allocator history and write RUN_DIR/memory/oom-step-S.pickle "
             "at every out-of-memory error (open it at pytorch.org/memory_viz)"),
+    # Several GPUs (torchrun)
+    Setting("strategy", "Several GPUs (torchrun)", "under torchrun: ddp (a replica per rank, PyTorch's "
+            "DistributedDataParallel) or fsdp (parameters, gradients and optimizer state sharded over the ranks, "
+            "FSDP2); sum: the engine's own gradient sum after the window (see bench/RESULTS.md)", label="Strategy"),
+    Setting("fsdp_reduce", "Several GPUs (torchrun)", "fsdp: reduce-scatter the gradients once a window, in its "
+            "last micro-batch (parameters and gradients stay whole during the window), or in every micro-batch "
+            "(less memory, more traffic)", label="FSDP gradient reduction"),
+    Setting("cpu_offload", "Several GPUs (torchrun)", "fsdp on CUDA: keep the parameter shards and the optimizer "
+            "step on the CPU", label="CPU offload", metavar="on|off"),
     # Checkpoints and forks
     Setting("resume", "Checkpoints and forks", "continue the run in DIR from its last checkpoint", metavar="DIR"),
     Setting("fork", "Checkpoints and forks", "a new run from DIR's checkpoint (last, epoch-N or step-S; default last) "

@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 from engine import distributed as D
+from .strategy import Replicated
 
 BUCKET_BYTES = 25 * 1024 * 1024  # DDP's default bucket_cap_mb
 
@@ -92,3 +93,21 @@ class GradSync:
         dist.all_reduce(buf[:offset])
         torch._foreach_copy_(grads, views)
 
+
+
+class GradSum(Replicated):
+    """`--strategy sum`: no wrapper; every micro-batch local, the last one too, and the
+    gradients summed after the window (GradSync), so no collective is ever in flight in a
+    micro-batch: an out-of-memory error anywhere in the window is this rank's alone."""
+    name = "sum"
+    collective = "sum the gradients after the window"
+
+    def __init__(self, model: torch.nn.Module, ctx: D.DistContext, device: torch.device) -> None:
+        super().__init__(model, ctx, device)
+        self.sync = GradSync([p for p in model.parameters() if p.requires_grad], self.buffers)
+
+    def end_micro_batches(self) -> None:
+        self.sync.prepare()
+
+    def after_window(self) -> None:
+        self.sync.reduce()  # the buffers from rank 0 too

@@ -8,6 +8,7 @@ import torch
 from engine import distributed as D
 from engine.window import sampling as W
 from engine.distributed.devices import to_device
+from engine.distributed.strategy import Local
 from .setup import RunParts
 
 
@@ -16,19 +17,27 @@ def validation_loss(parts: RunParts, micro_batch: int) -> Optional[float]:
     val = parts.task.val_data
     if val is None or len(val) == 0:
         return None
-    model, dev, ctx = parts.model, parts.device, parts.ctx
+    model = parts.model
     model.eval()
+    strategy = parts.window.strategy  # fsdp: the parameters gathered once for the pass
     try:
-        shard = W.rank_share(list(range(len(val))), ctx.rank, ctx.world)
-        total = torch.zeros(2, device=dev, dtype=torch.float64 if dev.type == "cpu" else torch.float32)
-        for idx in W.micro_batches(shard, max(1, micro_batch)):
-            batch = to_device(parts.collate([val[j] for j in idx]), dev)
-            with parts.autocast():
-                loss_sum, count = parts.task.loss(model, batch)
-            total[0] += loss_sum.detach()
-            total[1] += count
-        D.all_reduce_sum(total, ctx)
-        loss, count = total.tolist()  # a sync, once per epoch
+        with strategy.whole_model():
+            loss, count = _sums(parts, strategy, micro_batch).tolist()  # a sync, once per epoch
         return loss / count if count else None
     finally:
         parts.modes.train_mode(model)  # back to training, frozen parts still in eval
+
+
+def _sums(parts: RunParts, strategy: Local, micro_batch: int) -> torch.Tensor:
+    """This rank's share of the val set: loss sum and count, then summed over ranks."""
+    val, dev, ctx = parts.task.val_data, parts.device, parts.ctx
+    shard = W.rank_share(list(range(len(val))), ctx.rank, ctx.world)
+    total = torch.zeros(2, device=dev, dtype=torch.float64 if dev.type == "cpu" else torch.float32)
+    for idx in W.micro_batches(shard, max(1, micro_batch)):
+        batch = to_device(parts.collate([val[j] for j in idx]), dev)
+        with parts.autocast():
+            loss_sum, count = strategy.eval_forward(parts.task.loss, batch)
+        total[0] += loss_sum.detach()
+        total[1] += count
+    D.all_reduce_sum(total, ctx)
+    return total

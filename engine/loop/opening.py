@@ -45,6 +45,7 @@ def record_start(store: RunStore, parts: RunParts, step: int) -> None:
     parent = parts.origin.parent
     store.set_info(config=cfg.to_dict(), task=parts.task.name, device=str(parts.device),
                    device_name=device_name(parts.device), world_size=ctx.world, torch_version=torch.__version__,
+                   strategy=parts.window.strategy.name,
                    status="running", pid=os.getpid(),
                    backend=(torch.distributed.get_backend() if ctx.enabled else "none"), precision=cfg.precision,
                    started=time.time(), **({"parent": parent} if parent is not None else {}))

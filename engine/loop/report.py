@@ -13,6 +13,7 @@ from engine import distributed as D
 from engine.declarations.config import ConfigError
 from engine.window.grads import dtype_order
 from engine.memory.breakdown import MemoryBreakdown, activations
+from engine.memory.telemetry import MemorySample
 from engine.declarations.settings import LiveSettings
 from engine.declarations.events import Event, NonFinite, ScalerSkip, StepMetrics
 from engine.window.step import InFlight, WindowNumbers
@@ -56,6 +57,8 @@ def skip_events(launched: Launched, nums: WindowNumbers, skip: str, parts: Any, 
 
 def step_metrics(launched: Launched, nums: WindowNumbers, skip: str) -> StepMetrics:
     s, mem = launched.settings, launched.mem
+    if nums.memory:  # torchrun on CUDA: the tightest rank's, gathered in the step's all-reduce
+        mem = MemorySample(*nums.memory)
     step_time = time.perf_counter() - launched.started
     return StepMetrics(
         launched.step, launched.epoch, loss=nums.loss, grad_norm=nums.norm,
@@ -89,7 +92,7 @@ def failure_message(e: BaseException, ctx: D.DistContext, user_errors: tuple[typ
     """One line for run_failed: the user's message for our own errors, else the exception."""
     if isinstance(e, KeyboardInterrupt):
         return "interrupted"
-    if ctx.enabled and isinstance(e, RuntimeError) and _is_peer_failure(e):
+    if ctx.enabled and isinstance(e, RuntimeError) and is_peer_failure(e):
         first = str(e).strip().splitlines()[0][:200]
         return f"another rank of this {ctx.world}-process job died or stopped answering ({first})"
     if isinstance(e, user_errors + (ConfigError,)) and e.args:
@@ -102,7 +105,7 @@ def failure_message(e: BaseException, ctx: D.DistContext, user_errors: tuple[typ
     return f"{type(e).__name__}: {e}"
 
 
-def _is_peer_failure(e: BaseException) -> bool:
+def is_peer_failure(e: BaseException) -> bool:
     text = str(e).lower()
     return any(k in text for k in ("connection closed by peer", "connection reset", "broken pipe", "nccl",
                                    "timed out", "socket", "gloo"))

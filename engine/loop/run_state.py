@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any, Optional
 
-from engine.checkpoints import files as ckpt
+from engine.checkpoints import files as ckpt, sharded
 from engine.declarations.commands import Command
 from .progress import Progress
 from engine.declarations.commands import command_for
@@ -13,10 +13,12 @@ from engine.declarations.settings import LIVE_SETTINGS, LiveSettings
 from .setup import RunParts
 
 
-def checkpoint_state(parts: RunParts, progress: Progress, settings: LiveSettings) -> dict[str, Any]:
+def checkpoint_state(parts: RunParts, progress: Progress, settings: LiveSettings,
+                     weights: bool = True) -> dict[str, Any]:
+    """weights=False: all but model and optimizer (a sharded checkpoint's meta.pt)."""
     return {
-        "model": parts.model.state_dict(),
-        "optimizer": parts.optimizer.state_dict(),
+        **({"model": parts.model.state_dict(), "optimizer": parts.optimizer.state_dict()} if weights else {}),
+        "world_size": parts.ctx.world,  # a resume on another number of ranks keeps the effective batch
         "scaler": parts.scaler.state_dict() if parts.scaler is not None else {},
         "scheduler": parts.scheduler.state_dict() if parts.scheduler is not None else {},
         **progress.to_checkpoint(parts.device),
@@ -37,25 +39,36 @@ def numbered_path(parts: RunParts, step: int, epoch_done: Optional[int], step_ch
 def save(parts: RunParts, progress: Progress, settings: LiveSettings, epoch_done: Optional[int] = None,
          step_checkpoint: bool = False) -> str:
     """Write last.pt, and epoch-N.pt at an epoch's end or step-S.pt (--checkpoint-every),
-    atomically; keep the newest --keep-checkpoints step files. Returns last.pt's path."""
-    state = checkpoint_state(parts, progress, settings)
+    atomically; keep the newest --keep-checkpoints step files. Returns last.pt's path.
+    A sharded run (every rank calls this) writes folders instead (checkpoints/sharded.py)."""
     numbered = numbered_path(parts, progress.step, epoch_done, step_checkpoint)
-    if numbered is not None:
-        ckpt.save_atomic(state, numbered)
-    ckpt.save_atomic(state, ckpt.last_path(parts.run_dir))
-    if step_checkpoint:
+    last = ckpt.last_path(parts.run_dir)
+    if parts.window.strategy.sharded:
+        meta = checkpoint_state(parts, progress, settings, weights=False)
+        folders = [p[:-3] for p in ([numbered] if numbered else []) + [last]]
+        sharded.save(folders, parts.model, parts.optimizer, meta, progress.step, parts.ctx.is_main)
+    else:
+        state = checkpoint_state(parts, progress, settings)
+        if numbered is not None:
+            ckpt.save_checkpoint(state, numbered)
+        ckpt.save_checkpoint(state, last)
+    if step_checkpoint and parts.ctx.is_main:
         prune_step_checkpoints(parts.run_dir, parts.config.keep_checkpoints)
-    return ckpt.last_path(parts.run_dir)
+    return ckpt.existing(last)
 
 
 def prune_step_checkpoints(run_dir: str, keep: int) -> list[str]:
     """Remove all but the newest `keep` step-S.pt files (epoch checkpoints are all kept)."""
-    steps = sorted(p for p in ckpt.candidates(run_dir) if os.path.basename(p).startswith("step-"))
-    steps.sort(key=lambda p: int(os.path.basename(p)[5:-3]))
+    steps = [p for p in ckpt.candidates(run_dir) if ckpt.name_of(p).startswith("step-")]
+    steps.sort(key=lambda p: int(ckpt.name_of(p)[5:]))
     removed = steps[:-keep] if keep > 0 else steps
     for p in removed:
         try:
-            os.unlink(p)
+            if os.path.isdir(p):  # a sharded checkpoint
+                import shutil
+                shutil.rmtree(p)
+            else:
+                os.unlink(p)
         except OSError:
             pass
     return removed

@@ -15,7 +15,7 @@ from typing import Any, Callable, ContextManager, Optional
 
 import torch
 
-from engine.checkpoints import files as ckpt
+from engine.checkpoints import files as ckpt, sharded
 from engine.store import runlock
 from engine import distributed as D
 from engine.window import step as S
@@ -23,7 +23,7 @@ from engine.window.accumulate import WindowContext
 from engine.declarations.config import ConfigError, TrainConfig
 from engine.distributed.devices import default_optimizer, resolve_device, to_device
 from engine.window.feeder import Feeder, auto_workers
-from engine.distributed.grad_sync import GradSync
+from engine.distributed.choose import build as build_strategy
 from engine.memory.activation_checkpointing import CheckpointSwitch, find_switch, why_no_switch
 from engine.memory.breakdown import WindowMemory
 from engine.memory.snapshot import SnapshotRecorder
@@ -124,7 +124,8 @@ def _build(config: TrainConfig, task: Optional[Task], ctx: D.DistContext, claime
     amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.precision)
     autocast: Callable[[], ContextManager] = ((lambda: torch.autocast(device.type, dtype=amp_dtype)) if amp_dtype
                                               else contextlib.nullcontext)
-    loss_checked = check_first_batch(task, model, collate, autocast, device, modes)
+    unused: list[str] = []  # parameters the first batch's backward did not reach (DDP must look for them)
+    loss_checked = check_first_batch(task, model, collate, autocast, device, modes, unused)
     policy = _window_policy(cfg, task)
     # Everything step 0 needs, built before the run folder is touched: a task whose
     # optimizer factory, scheduler or checkpointing switch fails is bad input.
@@ -145,24 +146,33 @@ def _build(config: TrainConfig, task: Optional[Task], ctx: D.DistContext, claime
         origin = resume_origin(run_dir, model)
 
     D.init(ctx, device)  # the process group, once the input is known good
-    D.share_rank0_model(model, ctx, device)  # torchrun: the same model on every rank, rank 0's values
+    # torchrun: rank 0's model on every rank, wrapped in DDP or sharded with FSDP2 (engine/distributed)
+    strategy = build_strategy(cfg.strategy, model, ctx, device, blocks=task.blocks, precision=cfg.precision,
+                              fsdp_reduce=cfg.fsdp_reduce, cpu_offload=cfg.cpu_offload, unused=frozenset(unused))
+    if strategy.sharded:  # the parameters are shards now: the optimizer and scheduler are built on those
+        params = [p for p in model.parameters() if p.requires_grad]
+        optimizer = _optimizer(task, cfg, device, params)
+        scheduler = _task_scheduler(task, optimizer, cfg)
     memory = WindowMemory(model, optimizer)
     snapshots = SnapshotRecorder()
     if cfg.memory_snapshot == "on-oom":
         snapshots.start(device)  # on CUDA: allocator history from here on; elsewhere it says why not
-    stepper = S.choose(optimizer, scaler, ctx.enabled, device, os.environ.get("HEADROOM_STEP_MODE", "auto"))
+    stepper = S.choose(optimizer, scaler, ctx.enabled, torch.device("cpu") if strategy.offloaded else device,
+                       os.environ.get("HEADROOM_STEP_MODE", "auto"))  # offloaded: the step runs on the CPU
     stepper.before_zero = memory.at_window_end  # the breakdown sees the gradients before they go
+    stepper.set_to_none = not strategy.grads_in_buckets
     if origin.state is not None:
-        _load_state(origin, model, optimizer, scaler, scheduler)
+        _load_state(origin, model, optimizer, scaler, scheduler, strategy.sharded)
     schedule = LrSchedule.plan(cfg.lr_schedule, cfg.min_lr_ratio,
                                planned_samples(cfg, len(task.train_data), ctx.world),
                                warmup_samples=cfg.warmup_samples, warmup_fraction=cfg.warmup_fraction)
+    probe = MemoryProbe(device)
     window = WindowContext(net=model, loss=task.loss, task_name=task.name, params=params, optimizer=optimizer,
                            scaler=scaler, autocast=autocast, device=device, ctx=ctx, stepper=stepper,
-                           loss_checked=loss_checked,
-                           grad_sync=GradSync(params, list(model.buffers())) if ctx.enabled else None)
+                           loss_checked=loss_checked, strategy=strategy,
+                           stand_in=lambda: to_device(collate([task.train_data[0]]), device), probe=probe)
     return RunParts(config=cfg, ctx=ctx, device=device, task=task, model=model, collate=collate, autocast=autocast,
-                    optimizer=optimizer, scaler=scaler, window=window, policy=policy, probe=MemoryProbe(device),
+                    optimizer=optimizer, scaler=scaler, window=window, policy=policy, probe=probe,
                     run_dir=run_dir, origin=origin, lock=lock, modes=modes,
                     scheduler=scheduler, switch=switch, memory=memory, snapshots=snapshots,
                     feeder=Feeder(task.train_data, collate, device,
@@ -210,7 +220,7 @@ def planned_samples(cfg: TrainConfig, data_len: int, world: int) -> int:
 
 
 def check_first_batch(task: Task, model: torch.nn.Module, collate: Callable, autocast: Callable,
-                      device: torch.device, modes: TrainModes) -> bool:
+                      device: torch.device, modes: TrainModes, unused: Optional[list[str]] = None) -> bool:
     """What step 0 does, on two samples, before the run folder exists: a first batch, the loss,
     and its backward. A malformed task is bad input here, not a failure halfway through the
     first window. Runs in eval mode (no BatchNorm statistics or dropout draws spent) and
@@ -230,6 +240,8 @@ def check_first_batch(task: Task, model: torch.nn.Module, collate: Callable, aut
             raise TaskError(f"task {name}: loss_sum has no gradient (a .detach(), .item() or torch.no_grad() "
                             "in the loss?)")
         loss_sum.backward()
+        if unused is not None:
+            unused += [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None]
     except TaskError:
         raise
     except Exception as e:
@@ -276,19 +288,18 @@ def _claim_folder(cfg: TrainConfig, ctx: D.DistContext) -> tuple[str, Optional[R
 
 
 def _load_state(origin: Origin, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                scaler: Optional[torch.amp.GradScaler], scheduler: Any) -> None:
+                scaler: Optional[torch.amp.GradScaler], scheduler: Any, model_sharded: bool = False) -> None:
     """Weights, optimizer, scaler and scheduler from the checkpoint, before anything is
     written: a checkpoint that does not fit is bad input."""
     state = origin.state
     assert state is not None
     try:
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
+        sharded.load_weights(state, model, optimizer, model_sharded)  # a file or a sharded folder
         if scaler is not None and state.get("scaler"):
             scaler.load_state_dict(state["scaler"])
         if scheduler is not None and state.get("scheduler"):
             scheduler.load_state_dict(state["scheduler"])
-    except (RuntimeError, ValueError, KeyError, TypeError) as e:
+    except (RuntimeError, ValueError, KeyError, TypeError, sharded.CheckpointException) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ConfigError(f"checkpoint {origin.path} does not fit the task: {first[:200]}") from None
 

@@ -29,6 +29,7 @@ from engine.control.boundaries import Boundaries
 from engine.declarations.commands import Command, Stop
 from engine.declarations.config import TrainConfig
 from engine.distributed.devices import device_name
+from engine.distributed.world import keep_effective_batch
 from .evaluate import validation_loss
 from engine.declarations.events import (CheckpointSaved, EpochEnd, Event, LrPlanned, MemorySnapshot,
     OomRecovered, RunFailed, RunFinished, RunStarted, StoreProblem)
@@ -40,7 +41,7 @@ from engine.declarations.paths import resolve_task_spec
 from .progress import Progress
 from engine.declarations.settings import LiveSettings, scaled_to_reference
 from .setup import RunParts, build
-from .report import Launched, failure_message, skip_events, skip_kind, step_metrics
+from .report import Launched, failure_message, is_peer_failure, skip_events, skip_kind, step_metrics
 from engine.window.step import InFlight, WindowNumbers
 from engine.store import RunStore
 from engine.tasks.task import Task
@@ -102,12 +103,18 @@ class Trainer(TrainerViews):
         """Open the run folder (rank 0) and continue from the checkpoint, if any (opening.py)."""
         if self.ctx.is_main:
             self.store = self.inbox.store = opening.open_store(parts, self._store_problems.append)
+        resized = None
         if parts.origin.state is not None:
             self.progress, self.settings, asked = opening.continue_from(parts, parts.origin.state)
             for cmd in asked:
                 self.commands.put(cmd)
+            self.settings, resized = keep_effective_batch(  # on another number of ranks
+                self.settings, parts.origin.state, self.ctx.world, self.config.token_budget,
+                self.config.fork_changes if parts.origin.parent else (), self.step, self.epoch)
         if self.store is not None:
             opening.record_start(self.store, parts, self.progress.step)
+        if resized is not None:
+            self._emit(resized)
         for note in parts.origin.skipped:
             self._emit(StoreProblem(self.step, self.epoch, problem=note))
 
@@ -148,6 +155,9 @@ class Trainer(TrainerViews):
             self._fail(e)
             if isinstance(e, SystemExit):  # task code called sys.exit(): a failed run, said in one line
                 raise TrainingError(f"the task's code called sys.exit({e.code!r}) at step {self.step}") from None
+            peer = isinstance(e, RuntimeError) and not isinstance(e, TrainingError) and is_peer_failure(e)
+            if self.ctx.enabled and peer:  # another rank died: said in one line too
+                raise TrainingError(failure_message(e, self.ctx, (TrainingError,))) from None
             raise
         self._emit(RunFinished(self.step, self.epoch, reason=reason))
         self._finish("finished")
@@ -279,7 +289,7 @@ class Trainer(TrainerViews):
         batches = parts.feeder.take(self._feed_index, micro)  # one at a time: none outlives its backward
         s = self.settings
         return train_window(parts.window, batches, window_samples, s.clip, s.micro_batch,
-                            self._stop.is_set)
+                            self._stop.is_set, len(micro))
 
     def _snapshot_oom(self, parts: RunParts) -> None:
         if self.config.memory_snapshot != "on-oom":
@@ -373,10 +383,12 @@ class Trainer(TrainerViews):
         if self.autopilot is not None:  # every rank: each must know the same rollback targets
             numbered = run_state.numbered_path(self.parts, self.step, epoch_done, step_checkpoint)
             self.autopilot.saved(self.step, numbered or ckpt.last_path(self.run_dir), numbered is not None)
-        if not self.ctx.is_main:
+        sharded = self.parts.window.strategy.sharded  # every rank writes its shards
+        if not (self.ctx.is_main or sharded):
             return
-        assert self.store is not None
-        self.store.commit()  # metrics first: run.db never lags behind a checkpoint
+        assert self.store is not None or not self.ctx.is_main
+        if self.store is not None:
+            self.store.commit()  # metrics first: run.db never lags behind a checkpoint
         try:
             path = run_state.save(self.parts, self.progress, self.settings, epoch_done, step_checkpoint)
         except OSError as e:
@@ -387,7 +399,9 @@ class Trainer(TrainerViews):
     def _fail(self, e: BaseException) -> None:
         msg = failure_message(e, self.ctx, (TrainingError,))
         try:
-            if self.step > 0 and not isinstance(e, StepNotRedoable):  # that rank's state is half-stepped
+            # StepNotRedoable: that rank's state is half-stepped. Sharded: saving needs every rank, and
+            # some may be gone: the last checkpoint is kept.
+            if self.step > 0 and not isinstance(e, StepNotRedoable) and not self.parts.window.strategy.sharded:
                 self._save_checkpoint()
         except Exception as save_error:  # the disk may be the problem: say so, keep the old checkpoint
             msg += f" (checkpoint not written: {save_error})"
@@ -411,6 +425,7 @@ class Trainer(TrainerViews):
             parts.snapshots.stop()
             parts.feeder.close()
             D.shutdown(self.ctx, clean=status == "finished")
+            parts.window.strategy.release()  # the DDP wrapper holds the group and gloo's threads
 
     # -- events ---------------------------------------------------------------------------
     def _emit(self, event: Event, safe: bool = False) -> None:

@@ -36,9 +36,11 @@ How the trainer calls it (one optimizer step = one accumulation window):
     # metrics row: mem_params=breakdown.params, mem_grads=breakdown.grads,
     #              mem_optimizer=breakdown.optimizer, mem_activations=act (NULL on CPU)
 
-Count the model itself; under torchrun the gradient sum's bucket buffers
-(grad_sync.py, at most 25 MB per dtype) end up in the activations figure, as do
-workspaces and the temporaries of the step.
+Count the model itself. Under --strategy ddp the gradients are views into DDP's buckets:
+their storage is counted once, as gradients. Under --strategy fsdp parameters, gradients and
+optimizer state are DTensors: each counts this rank's shard (its local tensor), so the
+figures are the rank's own. Workspaces and the temporaries of the step end up in the
+activations figure.
 """
 from __future__ import annotations
 
@@ -100,6 +102,8 @@ def _add_all(tensors: Iterable[torch.Tensor], seen: set, acc: dict) -> None:
     The hot loop of count(): plain locals and torch.device / torch.dtype keys (turned
     into strings once, at the end), about 1 us per tensor."""
     for t in tensors:
+        if type(t) is not torch.Tensor and type(t) is not torch.nn.Parameter:
+            t = getattr(t, "_local_tensor", t)  # a DTensor (--strategy fsdp): this rank holds its shard
         dev = t.device
         try:
             storage = t.untyped_storage()

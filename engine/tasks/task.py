@@ -35,6 +35,9 @@ class Task:
     # Face models' own switch by itself).
     checkpointing: Optional[Callable[[torch.nn.Module, bool], None]] = None
     name: str = "task"
+    # fn(model) -> the modules --strategy fsdp shards one by one (e.g. the transformer layers); without it,
+    # a Hugging Face model's _no_split_modules classes, else each top-level child that holds parameters.
+    blocks: Optional[Callable[[torch.nn.Module], Any]] = None
 
 
 class TaskError(ConfigError):
@@ -64,6 +67,8 @@ def check_task(task: Task) -> None:
             raise TaskError(f"task {name}: train_data is empty")
     if not callable(task.loss):
         raise TaskError(f"task {name}: loss must be callable as loss(model, batch)")
+    if task.blocks is not None and not callable(task.blocks):
+        raise TaskError(f"task {name}: blocks must be callable as blocks(model) -> the modules to shard")
 
 
 def dataset_len(name: str, label: str, data: Any) -> int:

@@ -2,26 +2,33 @@
 normalise exactly, norm, clip, then hand over to the step variant (step.py).
 
 Each micro-batch backpropagates loss_sum / (samples in the whole window), a host
-number every rank knows; after the last one (under torchrun, once the gradients are
-summed over ranks: grad_sync.py) the gradients are multiplied once by
-samples / count, so they equal the gradient of
-    (sum of the window's loss_sums) / (the window's total count)
+number every rank knows; after the last one (under torchrun its backward summed the
+gradients over ranks: engine/distributed/ddp.py, fsdp.py) the gradients are multiplied
+once by samples / count, so they equal the gradient of
+    (sum of the window's loss_sums) / (the window's total count, over all ranks)
 for any mix of lengths and a short last window. Nothing but the gradients and two
 device scalars survives from one micro-batch to the next.
+
+Under torchrun an out-of-memory error in a micro-batch with no collective in flight (the
+strategy says which) is this rank's alone: the trainer redoes the window with half the
+micro-batch while the others wait in their last backward. One with collectives in flight
+cannot be redone apart: this rank stops at once (StepNotRedoable) and the others, whose
+collective lost its peer, stop too.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import itertools
+from dataclasses import dataclass, field
 from typing import Any, Callable, ContextManager, Iterable, Optional
 
 import torch
 
 from engine import distributed as D
 from . import grads as G
-from engine.distributed.grad_sync import GradSync
+from engine.distributed.strategy import Local
 from .oom import is_oom
 from engine.declarations.outcome import StepNotRedoable
-from .step import InFlight
+from .step import MEM_N, InFlight
 from engine.tasks.task import check_loss_output
 
 
@@ -32,7 +39,7 @@ class StopRequested(Exception):
 @dataclass
 class WindowContext:
     """What training a window needs, fixed for the whole run (built by setup.py)."""
-    net: torch.nn.Module  # the model (under torchrun each rank's copy; grad_sync.py sums the gradients)
+    net: torch.nn.Module  # the user's model (under torchrun each rank's replica or shards)
     loss: Callable[[torch.nn.Module, Any], Any]
     task_name: str
     params: list[torch.nn.Parameter]
@@ -44,7 +51,11 @@ class WindowContext:
     stepper: Any  # step.SyncStep | step.DeferredStep
     loss_checked: bool = False
     commands_waiting: Callable[[], bool] = lambda: False  # rank 0: commands for the next step boundary
-    grad_sync: Optional[GradSync] = None  # under torchrun: the gradient sum over ranks
+    strategy: Local = field(default_factory=lambda: Local(torch.nn.Module(), D.DistContext()))
+    # A micro-batch trained with weight 0 where the strategy needs more than the rank's share
+    # holds (under DDP and FSDP every rank must run the window's last backward: its reduction).
+    stand_in: Optional[Callable[[], Any]] = None
+    probe: Any = None  # memory.telemetry.MemoryProbe: under torchrun on CUDA each rank's memory joins the agreement
     _totals: Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None
 
     _seed: Optional[tuple[tuple[float, torch.dtype, torch.device], torch.Tensor]] = None
@@ -71,30 +82,43 @@ class WindowContext:
 
 
 def train_window(w: WindowContext, batches: Iterable[Any], window_samples: int, clip: float,
-                 micro_batch: int, stop_requested: Callable[[], bool]) -> InFlight:
-    dev, torchrun = w.device, w.ctx.enabled
+                 micro_batch: int, stop_requested: Callable[[], bool], n_micro: Optional[int] = None) -> InFlight:
+    """`n_micro`: how many micro-batches `batches` holds (under torchrun the last one is
+    special: its backward reduces the gradients over ranks)."""
+    dev, torchrun, strategy = w.device, w.ctx.enabled, w.strategy
     host_scale = 1.0 / window_samples  # keeps gradients O(1) before the exact division (fp16-friendly)
     totals, loss_acc, count_acc = w.totals()  # the window's loss sum and count, zeroed
     # Hot path: add_ into views of totals (one op, not the three of `totals[i] += x`), and
     # int counts added on the host, exactly, flushed before any tensor count and after the loop.
     host_count = host_total = 0
     tensor_count = False
-    for batch in batches:
+    n_real = n_micro
+    if n_micro is not None:  # how many micro-batches this rank runs: stand-ins (weight 0) beyond its own
+        n_micro = _guarded(w, lambda: strategy.begin_window(n_real or 0), True, 0, n_micro, micro_batch)
+        if n_micro > (n_real or 0):
+            assert w.stand_in is not None
+            batches = itertools.chain(batches, (w.stand_in() for _ in range(n_micro - (n_real or 0))))
+    for k, batch in enumerate(batches):
         if not torchrun and stop_requested():
             raise StopRequested()
-        # Under torchrun every micro-batch is local, the last one too: no collective is in
-        # flight during any backward, so an out-of-memory error anywhere in the window is
-        # this rank's alone to redo (grad_sync.py). The gradients are summed once, below.
-        with w.autocast():
-            out = w.loss(w.net, batch)
-        if not w.loss_checked:
-            check_loss_output(w.task_name, out)
-            w.loss_checked = True
-        loss_sum, count = out
-        if w.scaler is not None:
-            w.scaler.scale(loss_sum * host_scale).backward()
-        else:  # d(loss_sum x s) = s x d(loss_sum): s as the backward's seed, no extra op
-            loss_sum.backward(gradient=w.seed(host_scale, loss_sum))
+        last = n_micro is not None and k == n_micro - 1
+        try:
+            with strategy.micro_batch(last):
+                with w.autocast():
+                    out = strategy.forward(w.loss, batch)
+                if not w.loss_checked:
+                    check_loss_output(w.task_name, out)
+                    w.loss_checked = True
+                loss_sum, count = out
+                if n_real is not None and k >= n_real:  # a stand-in: its gradient and count are zero
+                    loss_sum, count = loss_sum * 0.0, 0
+                if w.scaler is not None:
+                    w.scaler.scale(loss_sum * host_scale).backward()
+                else:  # d(loss_sum x s) = s x d(loss_sum): s as the backward's seed, no extra op
+                    loss_sum.backward(gradient=w.seed(host_scale, loss_sum))
+        except BaseException as e:
+            _out_of_memory(w, e, strategy.collectives_in(last), k, n_micro, micro_batch)
+            raise
         loss_acc.add_(loss_sum.detach())
         if isinstance(count, int):
             host_count += count
@@ -111,21 +135,64 @@ def train_window(w: WindowContext, batches: Iterable[Any], window_samples: int, 
 
     agree = None
     if torchrun:
-        assert w.grad_sync is not None
         flags = [1.0 if stop_requested() else 0.0, -float(micro_batch), 1.0 if w.commands_waiting() else 0.0]
+        flags += _memory_slots(w)
         flags_t = torch.tensor(flags, device=dev, dtype=torch.float64)
-        w.grad_sync.prepare()  # allocates what the sum needs: nothing allocates between collectives
+        strategy.end_micro_batches()  # allocates what the gradient sum needs, before any collective
         # Every rank is here with its whole window done. Two tiny all-reduces, read with the
         # step's numbers: the window's loss sum and count over all ranks, and (max) whether
         # any rank was asked to stop, the smallest micro-batch any rank fell back to after an
         # out-of-memory error, and whether rank 0 holds commands for the next step boundary
-        # (so every rank joins their broadcast). Then the gradients, summed.
+        # (so every rank joins their broadcast); on CUDA each rank's memory in its own slot, so
+        # the metrics row can show the tightest rank's. Then buffers from rank 0.
         D.all_reduce_sum(totals, w.ctx)
         agree = D.all_reduce_max(flags_t, w.ctx)
-        w.grad_sync.reduce()
+        strategy.after_window()
         # From here on the other ranks step and move on: an out-of-memory error on this rank
         # cannot be redone here alone (see _step), so it stops the run.
     return _step(w, totals, agree, window_samples, clip, tensor_count, host_total)
+
+
+def _memory_slots(w: WindowContext) -> list[float]:
+    """This rank's GPU memory in its slot of world x MEM_N numbers, zeros elsewhere (nothing on CPU)."""
+    probe = w.probe
+    if probe is None or not probe.available:
+        return []
+    m = probe.sample()
+    mine = [float(v or 0) for v in (m.allocated, m.reserved, m.peak, m.used, m.total)]
+    slots = [0.0] * (MEM_N * w.ctx.world)
+    slots[MEM_N * w.ctx.rank:MEM_N * (w.ctx.rank + 1)] = mine
+    return slots
+
+
+def _guarded(w: WindowContext, fn: Callable[[], Any], collectives: bool, k: int, n_micro: Optional[int],
+             micro_batch: int) -> Any:
+    try:
+        return fn()
+    except BaseException as e:
+        _out_of_memory(w, e, collectives, k, n_micro, micro_batch)
+        raise
+
+
+def _out_of_memory(w: WindowContext, e: BaseException, collectives: bool, k: int, n_micro: Optional[int],
+                   micro_batch: int) -> None:
+    """Under torchrun, an out-of-memory error: with no collective in flight the strategy
+    forgets the window (the trainer redoes it with half the micro-batch); with collectives
+    in flight the ranks cannot redo it apart: StepNotRedoable, which stops the run."""
+    if not (w.ctx.enabled and is_oom(e)):
+        return
+    if not collectives:
+        w.strategy.forget_window()
+        return
+    detail = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
+    which = f"micro-batch {k + 1} of {n_micro}" if n_micro else "the window's start"
+    smaller = max(1, micro_batch // 2)
+    advice = (f"try --micro-batch {smaller} (continue with --resume)" if smaller < micro_batch
+              else "even micro-batch 1 does not fit: try --strategy fsdp or more ranks")
+    raise StepNotRedoable(
+        f"out of memory on rank {w.ctx.rank} in {which} at micro-batch size {micro_batch}, where the ranks "
+        f"{w.strategy.collective} (--strategy {w.strategy.name}): the ranks cannot redo it apart, so every rank "
+        f"stops (rows committed, the last checkpoint kept); {advice} ({detail})") from None
 
 
 def _step(w: WindowContext, totals: torch.Tensor, agree: Optional[torch.Tensor], window_samples: int,
@@ -148,9 +215,9 @@ def _normalise_and_step(w: WindowContext, totals: torch.Tensor, agree: Optional[
     torchrun, dev = w.ctx.enabled, w.device
     if w.scaler is not None:
         w.scaler.unscale_(w.optimizer)  # once per window, before the norm and the clip
-    grads = [p.grad for p in w.params if p.grad is not None]
-    # Every rank scaled by 1/window_samples (the window's samples over all ranks) and the sum
-    # over ranks added them up: multiply by window_samples / the window's global count, one
+    grads = w.strategy.local_grads([p.grad for p in w.params if p.grad is not None])
+    # Every rank scaled by 1/window_samples (the window's samples over all ranks) and the
+    # strategy's reduction summed them over ranks: multiply by window_samples / the window's global count, one
     # fused multiply per dtype. When every count was a host int (one process), the factor is
     # a host number, and exactly 1 (count == samples, a classifier) needs no multiply at all.
     if torchrun or tensor_count:
@@ -160,6 +227,6 @@ def _normalise_and_step(w: WindowContext, totals: torch.Tensor, agree: Optional[
     # Per-parameter norms (to name non-finite parameters without another sync) and the
     # total norm before clipping, as clip_grad_norm_ computes it. The step variant clips:
     # with the norm on the host (SyncStep) a window under the clip norm costs no pass at all.
-    per_param = G.per_param_norms(grads, dev)
+    per_param = w.strategy.global_norms(G.per_param_norms(grads, dev))  # fsdp: over the shards of all ranks
     norm = torch.linalg.vector_norm(per_param)
     return w.stepper.finish(totals, agree, norm, per_param, clip, grads)

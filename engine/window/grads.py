@@ -29,7 +29,7 @@ def dtype_order(tensors: list[torch.Tensor]) -> list[int]:
 def scale_(grads: list[torch.Tensor], factor: torch.Tensor) -> None:
     """grads *= factor, one fused multiply per dtype (factor stays on the device: no sync)."""
     for dtype, group in by_dtype(grads).items():
-        torch._foreach_mul_(group, factor.to(dtype))
+        torch._foreach_mul_(group, factor.to(group[0].device, dtype))  # (fsdp --cpu-offload: grads on the CPU)
 
 
 def scale_by_(grads: list[torch.Tensor], factor: float) -> None:
@@ -55,7 +55,7 @@ def clip_(grads: list[torch.Tensor], max_norm: float, total_norm: torch.Tensor) 
     window is skipped anyway, so clip with 0 instead."""
     coef = torch.clamp(max_norm / (torch.nan_to_num(total_norm, nan=0.0) + 1e-6), max=1.0)
     for group in by_dtype(grads).values():
-        torch._foreach_mul_(group, coef)  # the coefficient in the norm's dtype, as torch clips
+        torch._foreach_mul_(group, coef.to(group[0].device))  # the coefficient in the norm's dtype, as torch clips
 
 
 def clip_by_host_norm_(grads: list[torch.Tensor], max_norm: float, total_norm: torch.Tensor,

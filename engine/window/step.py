@@ -22,8 +22,11 @@ import torch
 
 from . import grads as G
 
-# Host numbers of the ranks' agreement, when a job has several ranks (see accumulate.py).
+# Host numbers of the ranks' agreement, when a job has several ranks (see accumulate.py); on
+# CUDA followed by each rank's GPU memory, MEM_N numbers a rank in its own slot (the others 0),
+# so the one max all-reduce gathers them all.
 AGREE_STOP, AGREE_MICRO, AGREE_COMMANDS, AGREE_N = 0, 1, 2, 3
+MEM_N = 5  # allocated, reserved, peak, used (NVML, whole device), total
 
 
 @dataclass(frozen=True)
@@ -36,6 +39,7 @@ class WindowNumbers:
     stop_any: bool = False  # torchrun: some rank was asked to stop
     min_micro: int = 0  # torchrun: the smallest micro-batch any rank trained with (0: single process)
     step_commands_any: bool = False  # torchrun: rank 0 holds commands for the next step boundary
+    memory: tuple[int, ...] = ()  # torchrun on CUDA: the tightest rank's (allocated, reserved, peak, used, total)
 
     @property
     def loss(self) -> float:
@@ -53,31 +57,44 @@ def pack(totals: torch.Tensor, agree: Optional[torch.Tensor], norm: torch.Tensor
     return torch.cat(parts)
 
 
-def _norm_at(ddp: bool) -> int:
-    return 2 + AGREE_N if ddp else 2
+def _n_agree(agree: "Optional[torch.Tensor] | int | bool") -> int:
+    """How many numbers the agreement holds: a tensor's length, a count, or (True) the flags alone."""
+    if isinstance(agree, bool):
+        return AGREE_N if agree else 0
+    if isinstance(agree, int):
+        return agree
+    return 0 if agree is None else agree.numel()
 
 
-def device_bad(packed: torch.Tensor, ddp: bool) -> torch.Tensor:
+def device_bad(packed: torch.Tensor, n_agree: "int | bool") -> torch.Tensor:
     """On the device, no sync: loss sum or norm not finite, or no count."""
-    norm = packed[_norm_at(ddp)]
+    norm = packed[2 + _n_agree(n_agree)]
     return ~(torch.isfinite(norm) & torch.isfinite(packed[0]) & (packed[1] > 0))
 
 
-def _agreement(values: Optional[list[float]]) -> tuple[bool, int, bool]:
-    if values is None:
-        return False, 0, False
-    return values[AGREE_STOP] > 0, int(-values[AGREE_MICRO]), values[AGREE_COMMANDS] > 0
+def tightest(slots: list[float]) -> tuple[int, ...]:
+    """The memory of the rank with the least headroom (NVML's used / total; else the peak)."""
+    ranks = [tuple(int(v) for v in slots[i:i + MEM_N]) for i in range(0, len(slots) - MEM_N + 1, MEM_N)]
+    if not ranks:
+        return ()
+    return max(ranks, key=lambda m: (m[3] / m[4] if m[4] else 0.0, m[2]))
 
 
-def unpack(values: list[float], ddp: bool) -> WindowNumbers:
-    """The inverse of pack, the one place that knows the layout."""
+def _agreement(values: Optional[list[float]]) -> tuple[bool, int, bool, tuple[int, ...]]:
+    if not values:
+        return False, 0, False, ()
+    return (values[AGREE_STOP] > 0, int(-values[AGREE_MICRO]), values[AGREE_COMMANDS] > 0,
+            tightest(values[AGREE_N:]))
+
+
+def unpack(values: list[float], n_agree: "int | bool") -> WindowNumbers:
+    """The inverse of pack, the one place that knows the layout. n_agree: the agreement's
+    length (True: the flags alone; False or 0: one process)."""
+    n = _n_agree(n_agree)
     loss_sum, count = values[0], values[1]
-    rest = values[2:]
-    stop_any, min_micro, commands = False, 0, False
-    if ddp:
-        stop_any, min_micro, commands = rest[AGREE_STOP] > 0, int(-rest[AGREE_MICRO]), rest[AGREE_COMMANDS] > 0
-        rest = rest[AGREE_N:]
-    return WindowNumbers(loss_sum, count, rest[0], tuple(rest[1:]), stop_any, min_micro, commands)
+    agreed = _agreement(values[2:2 + n])
+    rest = values[2 + n:]
+    return WindowNumbers(loss_sum, count, rest[0], tuple(rest[1:]), *agreed)
 
 
 def _nothing() -> None:
@@ -87,16 +104,16 @@ def _nothing() -> None:
 class InFlight:
     """A launched step whose numbers may still be on their way to the host."""
 
-    def __init__(self, host: Optional[torch.Tensor], ready: Optional["torch.cuda.Event"], ddp: bool,
+    def __init__(self, host: Optional[torch.Tensor], ready: Optional["torch.cuda.Event"], n_agree: int,
                  numbers: Optional[WindowNumbers] = None) -> None:
-        self._host, self._ready, self._ddp, self._numbers = host, ready, ddp, numbers
+        self._host, self._ready, self._n_agree, self._numbers = host, ready, n_agree, numbers
 
     def numbers(self) -> WindowNumbers:
         if self._numbers is None:
             if self._ready is not None:
                 self._ready.synchronize()  # the step's one wait, usually long over
             assert self._host is not None
-            self._numbers = unpack(self._host.tolist(), self._ddp)
+            self._numbers = unpack(self._host.tolist(), self._n_agree)
         return self._numbers
 
 
@@ -106,6 +123,7 @@ class SyncStep:
     def __init__(self, optimizer: torch.optim.Optimizer, scaler: Optional[torch.amp.GradScaler], ddp: bool) -> None:
         self.optimizer, self.scaler, self.ddp = optimizer, scaler, ddp
         self.before_zero: Callable[[], None] = _nothing  # sees the gradients and state before they go
+        self.set_to_none = True  # False under ddp: the gradients are views into its buckets, zeroed in place
 
     def finish(self, totals: torch.Tensor, agree: Optional[torch.Tensor], norm: torch.Tensor,
                per_param: torch.Tensor, clip: float, grads: list[torch.Tensor]) -> InFlight:
@@ -113,7 +131,7 @@ class SyncStep:
             nums = WindowNumbers(*totals.tolist(), norm.item(), tuple(per_param.tolist()),
                                  *_agreement(agree.tolist() if agree is not None else None))
         else:  # the one CPU-GPU sync point of the step: one copy of all the numbers, then decide
-            nums = unpack(pack(totals, agree, norm, per_param).tolist(), self.ddp)
+            nums = unpack(pack(totals, agree, norm, per_param).tolist(), _n_agree(agree))
         if nums.finite:
             if clip > 0:
                 G.clip_by_host_norm_(grads, clip, norm, nums.norm)
@@ -127,8 +145,8 @@ class SyncStep:
                 self.scaler.update(self.scaler.get_scale())  # a NaN loss is no overflow: keep the scale
         # A skipped window leaves weights and optimizer state untouched: its gradients just go.
         self.before_zero()
-        self.optimizer.zero_grad(set_to_none=True)
-        return InFlight(None, None, self.ddp, nums)
+        self.optimizer.zero_grad(set_to_none=self.set_to_none)
+        return InFlight(None, None, _n_agree(agree), nums)
 
 
 class DeferredStep:
@@ -139,6 +157,7 @@ class DeferredStep:
         self.optimizer, self.scaler, self.ddp, self.device = optimizer, scaler, ddp, device
         self._pinned: dict[int, list[torch.Tensor]] = {}
         self.before_zero: Callable[[], None] = _nothing
+        self.set_to_none = True  # False under ddp: the gradients are views into its buckets, zeroed in place
 
     def finish(self, totals: torch.Tensor, agree: Optional[torch.Tensor], norm: torch.Tensor,
                per_param: torch.Tensor, clip: float, grads: list[torch.Tensor]) -> InFlight:
@@ -146,7 +165,8 @@ class DeferredStep:
             G.clip_(grads, clip, norm)  # on the device: the norm is not on the host yet
         packed = pack(totals, agree, norm, per_param)
         opt = self.optimizer
-        opt.found_inf = device_bad(packed, self.ddp).float()  # 0-dim, as GradScaler passes it: the fused kernel skips on the device
+        n_agree = _n_agree(agree)
+        opt.found_inf = device_bad(packed, n_agree).float()  # 0-dim, as GradScaler passes it: the fused kernel skips on the device
         opt.grad_scale = None
         try:
             opt.step()
@@ -155,14 +175,14 @@ class DeferredStep:
         if self.scaler is not None:
             self.scaler.update()  # backs off on the overflow unscale_ found; no sync
         self.before_zero()
-        opt.zero_grad(set_to_none=True)
+        opt.zero_grad(set_to_none=self.set_to_none)
         if self.device.type != "cuda":
-            return InFlight(packed, None, self.ddp)  # CPU (tests): nothing is in flight
+            return InFlight(packed, None, n_agree)  # CPU (tests): nothing is in flight
         buf = self._pinned_buffer(packed.numel())
         buf.copy_(packed, non_blocking=True)
         ready = torch.cuda.Event()
         ready.record()
-        return InFlight(buf, ready, self.ddp)
+        return InFlight(buf, ready, n_agree)
 
     def _pinned_buffer(self, n: int) -> torch.Tensor:
         """Two pinned buffers used in turn: one may still be unread when the next is filled."""

@@ -1,7 +1,9 @@
-"""torchrun on CPU (gloo), two processes: the engine's gradient sum (no DDP wrapper).
+"""torchrun on CPU (gloo), two processes, the default strategy (DDP): agreement between the
+ranks (stop, NaN, commands, rollback), the start from rank 0's model, failures.
 
 The launcher is PyTorch's own (`python -m torch.distributed.run`); the worker
-(tests/ddp/worker.py) drives the real engine and records what each rank saw.
+(tests/ddp/worker.py) drives the real engine and records what each rank saw. Exactness of
+each strategy against one process: test_strategies.py.
 """
 from __future__ import annotations
 
@@ -10,72 +12,19 @@ import os
 import signal
 import sqlite3
 import subprocess
-import sys
 import time
 
 import pytest
 import torch
 
 from engine.declarations.commands import SetLr
-from engine.declarations.config import TrainConfig
 from engine.store import RunReader, send_command
-from engine.loop.trainer import Trainer
-from tests.ddp import varlen_task
-from testkit import ROOT
-
-TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
-
-
-def env(**extra: str) -> dict[str, str]:
-    e = {k: v for k, v in os.environ.items() if not k.startswith("HEADROOM_TEST_")}
-    e.update(extra)
-    e["PYTHONPATH"] = str(ROOT)
-    e["OMP_NUM_THREADS"] = "1"
-    return e
-
-
-def torchrun_worker(out, timeout=180, extra_env=None, **opts):
-    args = TORCHRUN + [os.path.join(ROOT, "tests", "ddp", "worker.py"), str(out)] + [f"{k}={v}" for k, v in opts.items()]
-    r = subprocess.run(args, cwd=ROOT, env=env(**(extra_env or {})), capture_output=True, text=True, timeout=timeout)
-    assert r.returncode == 0, r.stderr[-3000:]
-    logs = [json.load(open(out / f"log-{rank}.json")) for rank in (0, 1)]
-    weights = [torch.load(out / f"weights-{rank}.pt", weights_only=True) for rank in (0, 1)]
-    return logs, weights
-
-
-def single_process(tmp_path, micro=8, accum=1, epochs=1):
-    cfg = TrainConfig(task="varlen", micro_batch=micro, accum=accum, epochs=epochs, lr=0.05, clip=0.0, device="cpu",
-                      seed=3, run_dir=str(tmp_path / f"single-{micro}x{accum}"))
-    t = Trainer(cfg, task=varlen_task.build_task(cfg.seed))
-    t.run()
-    return {k: v.detach() for k, v in t.model.state_dict().items()}
-
-
-def max_diff(a, b):
-    return max(float((a[k] - b[k]).abs().max()) for k in a)
+from tests.ddp.harness import ROOT, TORCHRUN, env, max_diff, single_process, torchrun_worker
 
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
-    return single_process(tmp_path_factory.mktemp("ref"))
-
-
-def test_two_ranks_2x2_equal_one_process_8x1_and_one_allreduce_per_step(tmp_path, reference):
-    logs, weights = torchrun_worker(tmp_path, count_hook=1)
-    assert max_diff(weights[0], weights[1]) == 0.0  # ranks hold identical weights
-    assert max_diff(weights[0], reference) < 1e-6
-    for log in logs:
-        assert [e["step"] for e in log] == list(range(1, 9))
-        assert [e["allreduces"] for e in log] == [e["step"] for e in log]  # exactly one gradient all-reduce per step
-        assert all(e["ddp_wrappers"] == 0 for e in log)  # no DDP wrapper (no reducer): every backward is local
-    # The samples are variable-length: the update really depends on the global count.
-    rows = RunReader(str(tmp_path / "run")).metrics()
-    assert len({r["tokens"] for r in rows}) > 1
-
-
-def test_negative_control_without_global_count_differs(tmp_path, reference):
-    _, weights = torchrun_worker(tmp_path, local_count=1)
-    assert max_diff(weights[0], reference) > 1e-4
+    return single_process(tmp_path_factory.mktemp("ref") / "run")
 
 
 def test_nan_on_one_rank_skips_the_step_on_both(tmp_path, reference):
@@ -100,26 +49,10 @@ def test_oom_on_one_rank_is_recovered_on_both(tmp_path, reference):
     assert len(events) == 1 and events[0]["data"]["new_micro_batch"] == 1
 
 
-def test_oom_in_the_last_backward_on_one_rank_is_recovered_on_both(tmp_path, reference):
-    """Rank 1 runs out of memory in the backward of its last micro-batch of window 2 (its 4th
-    loss call), where DDP would have all-reduced the gradients. Every micro-batch is local
-    and the gradients are summed after the window, so no collective is in flight:
-    rank 1 redoes the window, rank 0 waits for it, both adopt micro-batch 1, and the result is
-    exact."""
-    logs, weights = torchrun_worker(tmp_path, timeout=150, extra_env={"HEADROOM_TEST_BACKWARD_OOM_AT": "1:4"})
-    for log in logs:
-        assert log[0]["micro"] == 2 and all(e["micro"] == 1 and e["accum"] == 4 for e in log[1:])
-        assert [e["step"] for e in log] == list(range(1, 9))
-    assert max_diff(weights[0], weights[1]) == 0.0
-    assert max_diff(weights[0], reference) < 1e-6  # the redone window is exact
-    events = RunReader(str(tmp_path / "run")).events(kinds={"oom_recovered"})
-    assert len(events) == 1 and events[0]["data"]["new_micro_batch"] == 1
-
-
 def test_batch_norm_statistics_are_rank_0s_on_every_rank(tmp_path):
-    """Every backward is local and there is no DDP wrapper to broadcast buffers before a
-    synchronised forward: the gradient sum broadcasts the buffers from rank 0 instead, and both ranks end
-    with the same running statistics. Negative control: without that broadcast they differ."""
+    """DDP does not broadcast buffers before each forward here (broadcast_buffers=False): they go
+    from rank 0 once a window, after its gradients, and both ranks end with the same running
+    statistics. Negative control: without that broadcast they differ."""
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
     _, weights = torchrun_worker(tmp_path / "a", extra_env={"HEADROOM_TEST_BATCH_NORM": "1"})

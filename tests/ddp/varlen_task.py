@@ -10,6 +10,8 @@ Behaviour switches come from environment variables so the same file serves every
   HEADROOM_TEST_RANK_INIT=1  each rank initialises its model from its own seed (seed + rank)
   HEADROOM_TEST_RANK_WIDTH=1 rank 1 builds a wider model than rank 0 (not the same model)
   HEADROOM_TEST_PIDS=DIR     write DIR/rank-R.pid
+  HEADROOM_TEST_SAMPLES=N    the data set holds N samples (default 64)
+  HEADROOM_TEST_MOMENTUM=1   SGD with momentum 0.9 (optimizer state a checkpoint must carry)
 """
 from __future__ import annotations
 
@@ -106,8 +108,8 @@ def build_task(seed: int) -> Task:
     torch.manual_seed(seed + (rank if os.environ.get("HEADROOM_TEST_RANK_INIT") == "1" else 0))
     width = 24 if os.environ.get("HEADROOM_TEST_RANK_WIDTH") == "1" and rank == 1 else 16
     model = TinyLM(os.environ.get("HEADROOM_TEST_BATCH_NORM") == "1", width)
-    return Task(model=model, train_data=make_samples(), loss=loss, collate=collate,
-                optimizer=lambda p, lr: SGD(p, lr=lr),
+    return Task(model=model, train_data=make_samples(int(os.environ.get("HEADROOM_TEST_SAMPLES", "64"))), loss=loss, collate=collate,
+                optimizer=lambda p, lr: SGD(p, lr=lr, momentum=0.9 if os.environ.get("HEADROOM_TEST_MOMENTUM") else 0),
                 sample_length=lambda s: len(s) - 1, name="varlen")
 
 

@@ -1,7 +1,12 @@
 """Run by the DDP tests under torchrun: trains tests/ddp/varlen_task.py with the engine and
-writes what each rank saw to OUT_DIR (weights, steps, all-reduce counts).
+writes what each rank saw to OUT_DIR (weights, steps, how each micro-batch ran).
 
 usage: python -m torch.distributed.run --nproc-per-node 2 tests/ddp/worker.py OUT_DIR [key=value ...]
+
+Options: strategy=ddp|fsdp|sum, fsdp_reduce=last|every, micro=, accum=, epochs=, samples= (data
+set size), momentum=1 (SGD with momentum), count_hook=1 (record how each micro-batch ran), run=, fork=, resume=1, max_steps=,
+checkpoint_every=, nonfinite=, nan_by_call=1, and the negative controls local_count=1,
+no_share=1, no_buffer_sync=1, no_sum_hook=1.
 """
 from __future__ import annotations
 
@@ -22,90 +27,122 @@ from engine.loop.trainer import Trainer  # noqa: E402
 from tests.ddp import varlen_task  # noqa: E402
 
 
+def full_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The model's state on every rank, whole (fsdp: gathered; a collective on every rank)."""
+    from torch.distributed.tensor import DTensor
+    return {k: (v.full_tensor() if isinstance(v, DTensor) else v).detach().clone()
+            for k, v in model.state_dict().items()}
+
+
 def main() -> None:
     out = sys.argv[1]
     opts = dict(a.split("=", 1) for a in sys.argv[2:])
     rank = int(os.environ["RANK"])
     threads_before = os_threads()  # before the process group: gloo's threads must be gone again after the run
-    allreduces = {"n": 0, "ddp": 0}
+    micro_log: list[dict] = []  # per micro-batch this step: inside DDP's forward, gradient sync on
+    ddp = {"depth": 0, "sync": None, "wrappers": 0}
     if opts.get("count_hook") == "1":
-        # Count the gradient all-reduces the engine issues (engine/distributed/grad_sync.py), and any
-        # DistributedDataParallel wrapper made (its reducer would all-reduce in the backward
-        # and hold a second copy of every gradient): there must be none.
-        import engine.distributed.grad_sync as GS
+        # Record, for each call of the user's model, whether it ran inside DistributedDataParallel's
+        # forward and whether that forward would sync gradients (False under no_sync).
+        original_forward = DistributedDataParallel.forward
         original_init = DistributedDataParallel.__init__
-        original_all_reduce = GS.dist.all_reduce
+        user_forward = varlen_task.TinyLM.forward
 
         def init(self, *a, **k):
-            allreduces["ddp"] += 1
+            ddp["wrappers"] += 1
             original_init(self, *a, **k)
 
-        class CountingDist:
-            def __getattr__(self, name):
-                return getattr(dist, name)
+        def forward(self, *a, **k):
+            ddp["depth"] += 1
+            ddp["sync"] = bool(self.require_backward_grad_sync)
+            try:
+                return original_forward(self, *a, **k)
+            finally:
+                ddp["depth"] -= 1
 
-            def all_reduce(self, *a, **k):
-                allreduces["n"] += 1
-                return original_all_reduce(*a, **k)
+        def model_forward(self, x):
+            if self.training:
+                micro_log.append(dict(inside_ddp=ddp["depth"] > 0, sync=ddp["sync"] if ddp["depth"] else None,
+                                      dtensor=type(self.head.weight).__name__))
+            return user_forward(self, x)
 
         DistributedDataParallel.__init__ = init
-        GS.dist = CountingDist()
+        DistributedDataParallel.forward = forward
+        varlen_task.TinyLM.forward = model_forward
     if opts.get("no_buffer_sync") == "1":
-        # Negative control: the gradient sum without the buffers' broadcast from rank 0.
-        import engine.distributed.grad_sync as GS
-        original_prepare = GS.GradSync.prepare
-
-        def prepare(self):
-            self.buffers = []
-            return original_prepare(self)
-
-        GS.GradSync.prepare = prepare
+        # Negative control: no buffers from rank 0 after each window.
+        import engine.distributed.strategy as ST
+        ST.Replicated.after_window = lambda self: None
+    if opts.get("no_sum_hook") == "1":
+        # Negative control: DDP's default hook, which averages the buckets over the ranks.
+        DistributedDataParallel.register_comm_hook = lambda self, state, hook: None
     if opts.get("no_share") == "1":
         # Negative control: each rank keeps the model it built (no rank 0 values at the start).
         D.share_rank0_model = lambda model, ctx, device: None
     if opts.get("local_count") == "1":
         # Negative control: normalise by each rank's own count, not the all-reduced one.
         D.all_reduce_sum = lambda t, ctx: t
-    extra = {}
+    extra: dict = {}
+    for key in ("checkpoint_every", "max_steps"):
+        if key in opts:
+            extra[key] = int(opts[key])
     if "checkpoint_every" in opts:
-        extra["checkpoint_every"] = int(opts["checkpoint_every"])
         extra["keep_checkpoints"] = 100
-    if "nonfinite" in opts:
-        extra["nonfinite"] = opts["nonfinite"]
-    if "fork" in opts:
-        extra["fork"] = opts["fork"]
+    for key in ("nonfinite", "fork", "strategy", "fsdp_reduce"):
+        if key in opts:
+            extra[key] = opts[key]
+    run_dir = os.path.join(out, opts.get("run", "run"))
+    if opts.get("resume") == "1":
+        extra["resume"] = run_dir
+    if "samples" in opts:
+        os.environ["HEADROOM_TEST_SAMPLES"] = opts["samples"]
+    if opts.get("momentum") == "1":
+        os.environ["HEADROOM_TEST_MOMENTUM"] = "1"
     cfg = TrainConfig(task="tests/ddp/varlen_task.py", micro_batch=int(opts.get("micro", 2)),
                       accum=int(opts.get("accum", 2)), epochs=int(opts.get("epochs", 1)), lr=0.05, clip=0.0,
-                      run_dir=os.path.join(out, opts.get("run", "run")), device="cpu", seed=3, **extra)
+                      run_dir=run_dir, device="cpu", seed=3, **extra)
     trainer = Trainer(cfg, task=varlen_task.build_task(cfg.seed))
     signal.signal(signal.SIGTERM, lambda *_: trainer.request_stop())
     log = []
     original_step = trainer.step_window
-
     calls = {"n": 0}
 
     def step(window):
         calls["n"] += 1  # nan_by_call=1: NaN by the window's place in the data, not the step counter
         varlen_task._window[0] = calls["n"] if opts.get("nan_by_call") == "1" else trainer.step + 1
         skipped_before = trainer.nonfinite_steps
+        micro_log.clear()
         trained = original_step(window)  # on CPU a step's numbers are resolved at once
+        model = trainer.model
+        local = sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel() for p in model.parameters())
         log.append(dict(step=trainer.step, epoch=trainer.epoch, micro=trainer.settings.micro_batch,
-                        accum=trainer.settings.accum, lr=trainer.settings.lr, allreduces=allreduces["n"],
-                        ddp_wrappers=allreduces["ddp"],
+                        accum=trainer.settings.accum, lr=trainer.settings.lr, micro_batches=list(micro_log),
+                        ddp_wrappers=ddp["wrappers"], local_numel=local,
+                        total_numel=sum(p.numel() for p in model.parameters()),
                         nonfinite=trainer.nonfinite_steps > skipped_before if trained else None,
-                        wsum=float(sum(p.detach().double().sum() for p in trainer.model.parameters()))))
+                        wsum=float(sum((p.to_local() if hasattr(p, "to_local") else p).detach().double().sum()
+                                       for p in model.parameters()))))
         return trained
 
     trainer.step_window = step
+    weights: dict = {}
+    original_shutdown = D.shutdown
+
+    def shutdown(ctx, clean=True):  # the whole weights while the process group still lives
+        if clean and dist.is_initialized():
+            weights.update(full_state(trainer.model))
+        original_shutdown(ctx, clean)
+
+    D.shutdown = shutdown
     trainer.run()
-    torch.save({k: v.detach().clone() for k, v in trainer.model.state_dict().items()},
-               os.path.join(out, f"weights-{rank}.pt"))
+    torch.save(weights, os.path.join(out, f"weights-{rank}.pt"))
     with open(os.path.join(out, f"log-{rank}.json"), "w") as f:
         json.dump(log, f)
     assert not dist.is_initialized()
     # The run released the process group for real (the DDP wrapper holds it): no gloo thread
     # lives on into the interpreter's exit, where one that frees a tensor aborts the process.
-    assert os_threads() <= threads_before, f"{os_threads()} OS threads after the run, {threads_before} before"
+    if opts.get("strategy") != "fsdp":
+        assert os_threads() <= threads_before, f"{os_threads()} OS threads after the run, {threads_before} before"
 
 
 def os_threads() -> int:

@@ -1,0 +1,28 @@
+"""The run's strategy, from --strategy (strategy.py says what a strategy is)."""
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+import torch
+
+from engine import distributed as D
+from .ddp import Ddp
+from .fsdp import Fsdp
+from .grad_sync import GradSum
+from .strategy import Local
+
+
+def build(name: str, model: torch.nn.Module, ctx: D.DistContext, device: torch.device, *,
+          blocks: Optional[Callable[[torch.nn.Module], Any]] = None, precision: str = "fp32",
+          fsdp_reduce: str = "last", cpu_offload: bool = False, unused: frozenset = frozenset()) -> Local:
+    """The run's strategy: Local in one process; under torchrun (after the process group
+    started) the model is made rank 0's on every rank, then wrapped."""
+    if not ctx.enabled:
+        return Local(model, ctx)
+    D.share_rank0_model(model, ctx, device)
+    if name == "fsdp":
+        return Fsdp(model, ctx, device, blocks=blocks, precision=precision, reduce=fsdp_reduce,
+                    cpu_offload=cpu_offload)
+    if name == "sum":
+        return GradSum(model, ctx, device)
+    return Ddp(model, ctx, device, find_unused=bool(unused))

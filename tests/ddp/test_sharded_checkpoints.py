@@ -1,0 +1,115 @@
+"""Checkpoints of sharded runs (torch.distributed.checkpoint folders): written by 2 ranks,
+continued on 1 process and on 4 ranks with the effective batch kept, exact against a run that
+never changed world size; headroom-export makes one weights_only file of any checkpoint."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from engine.store import RunReader
+from tests.ddp.harness import ROOT, env, max_diff, single_process, torchrun_worker
+
+SAMPLES = 61  # windows of 8: a short last window of 5
+
+
+@pytest.fixture(scope="module")
+def sharded_run(tmp_path_factory):
+    """2 ranks, --strategy fsdp, stopped after step 3 of 8 (checkpoints/last/ and step-2/)."""
+    out = tmp_path_factory.mktemp("fsdp")
+    torchrun_worker(out, strategy="fsdp", samples=SAMPLES, momentum=1, max_steps=3, checkpoint_every=2)
+    return out / "run"
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """One process, 8x1, the whole epoch: what an uninterrupted run on any number of ranks ends at."""
+    return single_process(tmp_path_factory.mktemp("ref") / "run", samples=SAMPLES, momentum=True)
+
+
+def copy_run(src, dst):
+    shutil.copytree(src, dst)
+    return dst
+
+
+def test_the_checkpoint_is_a_folder_per_name(sharded_run):
+    ckpts = sharded_run / "checkpoints"
+    assert sorted(os.listdir(ckpts)) == ["last", "step-2"]  # no temporary or old folder left
+    for name in ("last", "step-2"):
+        files = set(os.listdir(ckpts / name))
+        assert {".metadata", "meta.pt", "__0_0.distcp", "__1_0.distcp"} <= files  # each rank wrote its shards
+    meta = torch.load(ckpts / "last" / "meta.pt", weights_only=True)
+    assert meta["step"] == 3 and meta["world_size"] == 2 and meta["config"]["strategy"] == "fsdp"
+
+
+def test_resumed_on_one_process_equals_the_uninterrupted_run(sharded_run, reference, tmp_path):
+    run = copy_run(sharded_run, tmp_path / "run")
+    r = subprocess.run([sys.executable, "-m", "engine", "--resume", str(run)], cwd=ROOT,
+                       env=env(HEADROOM_TEST_SAMPLES=str(SAMPLES), HEADROOM_TEST_MOMENTUM="1"), capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "[settings_applied] world_size 2 -> 1; accum 2 -> 4" in r.stderr  # the console says so
+    event = RunReader(str(run)).events(kinds={"settings_applied"})[-1]
+    assert event["step"] == 3 and [list(c) for c in event["data"]["changes"]] == [["world_size", 2, 1],
+                                                                                   ["accum", 2, 4]]
+    rows = RunReader(str(run)).metrics()
+    assert [r["step"] for r in rows] == list(range(1, 9)) and rows[-1]["samples"] == 5
+    state = torch.load(run / "checkpoints" / "last.pt", weights_only=True)  # one process: a single file
+    assert not (run / "checkpoints" / "last").exists()  # the name is one checkpoint, not two
+    assert state["step"] == 8 and state["settings"]["accum"] == 4
+    assert max_diff(state["model"], reference) < 1e-6
+
+
+def test_resumed_on_four_ranks_equals_the_uninterrupted_run(sharded_run, reference, tmp_path):
+    copy_run(sharded_run, tmp_path / "run")
+    logs, weights = torchrun_worker(tmp_path, nproc=4, timeout=300, strategy="fsdp", samples=SAMPLES, momentum=1, resume=1)
+    assert [e["step"] for e in logs[0]] == list(range(4, 9))
+    assert all(e["accum"] == 1 and e["micro"] == 2 for e in logs[0])  # 2 x 1 x 4 ranks = 2 x 2 x 2 ranks
+    assert all(e["local_numel"] * 4 == e["total_numel"] for e in logs[0])
+    assert max_diff(weights[0], reference) < 1e-6
+
+
+def test_export_of_a_sharded_checkpoint_loads_with_weights_only(sharded_run, tmp_path):
+    out = tmp_path / "step2.pt"
+    r = subprocess.run([sys.executable, "-m", "engine.export", f"{sharded_run}@step-2", str(out)], cwd=ROOT,
+                       env=env(), capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    state = torch.load(out, weights_only=True)
+    assert state["step"] == 2
+    at_2 = single_process(tmp_path / "ref2", samples=SAMPLES, momentum=True, max_steps=2)
+    assert max_diff(state["model"], at_2) < 1e-6  # whole tensors, the model's own names
+    # a file export is a checkpoint like last.pt: a run folder holding it continues from it
+    assert sorted(state["optimizer"]) == ["param_groups", "state"]
+    assert sorted(state["optimizer"]["state"]) == list(range(len(at_2)))  # momentum, by parameter index
+    bad = subprocess.run([sys.executable, "-m", "engine.export", f"{sharded_run}@step-9", str(tmp_path / "x.pt")],
+                         cwd=ROOT, env=env(), capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and bad.stderr.startswith("error: ") and len(bad.stderr.splitlines()) == 1
+    assert not (tmp_path / "x.pt").exists()
+
+
+def test_a_ddp_checkpoint_continues_sharded(tmp_path, reference):
+    """DDP's single file (rank 0's last.pt) into FSDP on 2 ranks: the optimizer state by
+    parameter index becomes by name, each rank keeps its shards."""
+    torchrun_worker(tmp_path, strategy="ddp", samples=SAMPLES, momentum=1, max_steps=3)
+    assert (tmp_path / "run" / "checkpoints" / "last.pt").exists()
+    logs, weights = torchrun_worker(tmp_path, strategy="fsdp", samples=SAMPLES, momentum=1, resume=1)
+    assert [e["step"] for e in logs[0]] == list(range(4, 9))
+    assert max_diff(weights[0], reference) < 1e-6
+    assert os.path.isdir(tmp_path / "run" / "checkpoints" / "last")
+    assert not (tmp_path / "run" / "checkpoints" / "last.pt").exists()
+
+
+def test_negative_control_a_fork_on_one_process_that_keeps_accum_2_differs(sharded_run, reference, tmp_path):
+    """--accum 2 given for the fork: windows of 2 x 2 x 1 = 4 samples, not 8; the run ends elsewhere."""
+    fork = tmp_path / "fork"
+    r = subprocess.run([sys.executable, "-m", "engine", "--fork", str(sharded_run), "--accum", "2", "--max-steps", "100",
+                        "--run-dir", str(fork)], cwd=ROOT, env=env(HEADROOM_TEST_SAMPLES=str(SAMPLES), HEADROOM_TEST_MOMENTUM="1"),
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "world_size" not in r.stderr
+    state = torch.load(fork / "checkpoints" / "last.pt", weights_only=True)
+    assert state["settings"]["accum"] == 2 and state["step"] > 8  # 4 more samples a step: more steps
+    assert max_diff(state["model"], reference) > 1e-4
