@@ -72,6 +72,7 @@ def test_flag_table_matches_the_cli():
     assert flags <= known, flags - known
 
 
+@pytest.mark.slow
 def test_headless_demo(tmp_path):
     # `make demo-headless` runs exactly this (checked below), into the default runs folder.
     r = run([PY, "-m", "engine", "--task", "mlp", "--epochs", "2", "--run-dir", str(tmp_path / "demo")])
@@ -81,6 +82,7 @@ def test_headless_demo(tmp_path):
     assert len(RunReader(str(tmp_path / "demo")).metrics()) == 128
 
 
+@pytest.mark.slow
 def test_task_file_example_trains(tmp_path):
     example = next(b for b in blocks("python") if "def build_task" in b)
     path = tmp_path / "my_task.py"
@@ -90,6 +92,7 @@ def test_task_file_example_trains(tmp_path):
     assert RunReader(str(tmp_path / "run")).metrics()
 
 
+@pytest.mark.slow
 def test_ssh_example_command_and_resume(tmp_path):
     line = next(l for l in shell_lines() if "path/to/my_task.py" in l and "--run-dir runs/exp1" in l)
     example = next(b for b in blocks("python") if "def build_task" in b)
@@ -103,6 +106,7 @@ def test_ssh_example_command_and_resume(tmp_path):
     assert RunReader(str(tmp_path / "runs" / "exp1")).epochs()[-1]["epoch"] == 2
 
 
+@pytest.mark.ddp
 def test_cpu_torchrun_line_runs(tmp_path):
     line = re.search(r"`(torchrun --standalone --nproc-per-node 2 -m engine[^`]*--device cpu)`", README).group(1)
     words = shlex.split(line)

@@ -128,6 +128,7 @@ def test_opening_a_folder_whose_writer_has_not_made_run_db_yet_names_it(qtbot, m
         locker.wait()
 
 
+@pytest.mark.slow
 def test_the_window_shows_its_own_run_live_without_refusing_itself(qtbot, make_window, tmp_path):
     w = make_window()
     run_dir = tmp_path / "own"

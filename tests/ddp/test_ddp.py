@@ -23,6 +23,8 @@ from engine.loop.trainer import Trainer
 from tests.ddp import varlen_task
 from testkit import ROOT
 
+pytestmark = pytest.mark.ddp  # torchrun, two processes
+
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
 
 

@@ -218,6 +218,7 @@ def cli(*args, cwd):
     return run_engine(*args, cwd=cwd, timeout=120)
 
 
+@pytest.mark.slow
 def test_a_task_file_imports_its_neighbours_and_resumes_from_another_folder(tmp_path):
     proj = tmp_path / "proj" / "tasks"
     proj.mkdir(parents=True)

@@ -116,6 +116,7 @@ def build_task(seed):
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("what,code,words", [
     ("sys.exit(3)", 1, "sys.exit(3)"),
     ("raise KeyboardInterrupt()", 130, "interrupted"),

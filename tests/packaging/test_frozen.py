@@ -37,6 +37,7 @@ INPUTS = ["build_spec.spec", "pyproject.toml", "app", "engine", "resources"]
 SIZE_LIMIT = 800 * 10**6  # bytes unpacked, CPU torch
 
 pytestmark = [
+    pytest.mark.package,
     pytest.mark.skipif(os.environ.get("HEADROOM_SKIP_PACKAGE") == "1", reason="HEADROOM_SKIP_PACKAGE=1"),
     pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the packaged build is tested on Linux"),
     pytest.mark.timeout(1800),  # the first test also builds
