@@ -117,12 +117,14 @@ def test_cpu_torchrun_line_runs(tmp_path):
     assert info["world_size"] == 2 and info["backend"] == "gloo"
 
 
+@pytest.mark.slow
 def test_nvml_status_line_runs():
     line = re.search(r'`\.venv/bin/python -c "(from engine.memory.telemetry import nvml_status[^"]*)"`', README).group(1)
     r = run([PY, "-c", line])
     assert r.returncode == 0 and r.stdout.strip()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_find_micro_batch_line_parses_and_runs(tmp_path):
     line = next(l for l in re.findall(r"`(\.venv/bin/python -m engine[^`]*--find-micro-batch[^`]*)`", README))

@@ -18,6 +18,8 @@ from engine.store import runlock
 from app_folders import LOCKER, tree
 from app_helpers import FAST, ROOT, run_to_end, start, wait_until
 
+pytestmark = pytest.mark.slow  # a writer in another process, real runs
+
 HOST = socket.gethostname()
 APP = [sys.executable, "-m", "app"]
 
@@ -128,7 +130,6 @@ def test_opening_a_folder_whose_writer_has_not_made_run_db_yet_names_it(qtbot, m
         locker.wait()
 
 
-@pytest.mark.slow
 def test_the_window_shows_its_own_run_live_without_refusing_itself(qtbot, make_window, tmp_path):
     w = make_window()
     run_dir = tmp_path / "own"

@@ -32,6 +32,7 @@ def test_torchrun_command_round_trips_through_the_engine_flags(tmp_path):
         torchrun_command({"task": "mlp", "accum": 0}, 2, run_dir)
 
 
+@pytest.mark.slow
 def test_run_on_gpus_is_disabled_here_with_the_reason(qtbot, make_window):
     import torch
     w = make_window()

@@ -246,6 +246,7 @@ class Stream(torch.utils.data.IterableDataset):
         return 1
 
 
+@pytest.mark.slow
 def test_an_iterable_dataset_is_refused_with_one_line(tmp_path):
     f = tmp_path / "it.py"
     f.write_text(textwrap.dedent("""

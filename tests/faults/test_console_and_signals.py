@@ -62,6 +62,7 @@ def test_bad_input_with_stderr_closed_still_exits_2_and_writes_nothing(tmp_path)
 
 
 # -- one error line ------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_an_error_with_many_lines_is_one_capped_line(tmp_path):
     task = tmp_path / "task.py"
     task.write_text("def build_task(seed):\n    raise RuntimeError('no data\\n  in line two\\n\\n' + 'x' * 5000)\n")

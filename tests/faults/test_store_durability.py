@@ -405,6 +405,7 @@ while True:
 """
 
 
+@pytest.mark.slow
 def test_a_sigkill_during_a_checkpoint_write_leaves_an_orphan_the_next_writer_removes(tmp_path):
     from engine.store import runlock
     folder = tmp_path / "checkpoints"

@@ -33,6 +33,7 @@ def tree(folder):
             for b, _, fs in os.walk(folder) for f in fs if not f.endswith(("-wal", "-shm"))}
 
 
+@pytest.mark.slow
 def test_resume_of_a_run_another_process_writes_is_refused_naming_it(tmp_path):
     run_dir = finished_run(tmp_path)
     holder = subprocess.Popen([sys.executable, "-c", f"import sys, time\nsys.path.insert(0, {str(ROOT)!r})\n"
