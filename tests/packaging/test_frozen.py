@@ -69,7 +69,8 @@ def _build_command() -> list[str]:
     try:  # another interpreter (a CI matrix, a conda env): the same build with it
         import PyInstaller  # noqa: F401
     except ImportError:
-        subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "pyinstaller>=6.10"], check=True)
+        subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "-c", str(ROOT / "constraints.txt"),
+                        "pyinstaller>=6.10"], check=True)  # the tested version
     return [sys.executable, "-m", "PyInstaller", "--noconfirm", "--clean", "--distpath", "dist",
             "--workpath", "build", "build_spec.spec"]
 
