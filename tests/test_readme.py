@@ -79,6 +79,7 @@ def test_flag_table_matches_the_cli():
         assert f"`{flag} " in README or f"`{flag}`" in README, flag
 
 
+@pytest.mark.slow
 def test_headless_demo(tmp_path):
     # `make demo-headless` runs exactly this (checked below), into the default runs folder.
     r = run([PY, "-m", "engine", "--task", "mlp", "--epochs", "2", "--run-dir", str(tmp_path / "demo")])
@@ -88,6 +89,7 @@ def test_headless_demo(tmp_path):
     assert len(RunReader(str(tmp_path / "demo")).metrics()) == 128
 
 
+@pytest.mark.slow
 def test_task_file_example_trains(tmp_path):
     example = next(b for b in blocks("python") if "def build_task" in b)
     path = tmp_path / "my_task.py"
@@ -97,6 +99,7 @@ def test_task_file_example_trains(tmp_path):
     assert RunReader(str(tmp_path / "run")).metrics()
 
 
+@pytest.mark.slow
 def test_ssh_example_command_and_resume(tmp_path):
     line = next(l for l in shell_lines() if "path/to/my_task.py" in l and "--run-dir runs/exp1" in l)
     example = next(b for b in blocks("python") if "def build_task" in b)
@@ -110,6 +113,7 @@ def test_ssh_example_command_and_resume(tmp_path):
     assert RunReader(str(tmp_path / "runs" / "exp1")).epochs()[-1]["epoch"] == 2
 
 
+@pytest.mark.ddp
 def test_cpu_torchrun_line_runs(tmp_path):
     line = re.search(r"`(torchrun --standalone --nproc-per-node 2 -m engine[^`]*--device cpu)`", README).group(1)
     words = shlex.split(line)
@@ -120,12 +124,14 @@ def test_cpu_torchrun_line_runs(tmp_path):
     assert info["world_size"] == 2 and info["backend"] == "gloo"
 
 
+@pytest.mark.slow
 def test_nvml_status_line_runs():
     line = re.search(r'`\.venv/bin/python -c "(from engine.memory.telemetry import nvml_status[^"]*)"`', README).group(1)
     r = run([PY, "-c", line])
     assert r.returncode == 0 and r.stdout.strip()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_find_micro_batch_line_parses_and_runs(tmp_path):
     line = next(l for l in re.findall(r"`(\.venv/bin/python -m engine[^`]*--find-micro-batch[^`]*)`", README))

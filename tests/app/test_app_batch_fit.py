@@ -2,8 +2,11 @@
 "what fits" readout fed by the engine's memory forecast."""
 from __future__ import annotations
 
+import pytest
+
 
 # -- the micro-batch finder ------------------------------------------------------------------
+@pytest.mark.slow
 def test_find_micro_batch_runs_the_finder_and_shows_what_it_chose(qtbot, make_window):
     from app_helpers import run_to_end, start
     w = make_window()

@@ -37,6 +37,7 @@ def test_bad_flags_are_one_error_line_and_exit_2(args, words):
     assert r.stdout == ""
 
 
+@pytest.mark.slow
 def test_a_task_file_that_fails_to_load_exits_2_when_scripted(tmp_path):
     r = _app("--task", broken_task(tmp_path), "--autostart", "--quit-when-done")
     assert r.returncode == 2, r.stderr
@@ -44,6 +45,7 @@ def test_a_task_file_that_fails_to_load_exits_2_when_scripted(tmp_path):
     assert len(err) == 1 and err[0].startswith("error: task file") and "syntax error" in err[0], r.stderr
 
 
+@pytest.mark.slow
 def test_screenshot_writes_a_png_of_the_window(tmp_path):
     shot = tmp_path / "shot.png"
     r = _app("--task", "mlp", "--epochs", "1", "--max-steps", "6", "--micro-batch", "64", "--device", "cpu",
@@ -64,6 +66,7 @@ def test_window_shows_before_torch_loads():
     assert "torch_loaded 0" in line, line
 
 
+@pytest.mark.slow
 def test_open_a_run_folder_and_screenshot_it(tmp_path):
     run_dir = tmp_path / "run"
     r = subprocess.run([sys.executable, "-m", "engine", "--task", "mlp", "--max-steps", "5", "--micro-batch", "64",

@@ -1,6 +1,7 @@
 """Controls: validators, effective batch, buttons by state, settings kept, shortcuts, themes, no-GPU plot."""
 from __future__ import annotations
 
+import pytest
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QValidator
 
@@ -50,6 +51,7 @@ def test_effective_batch_and_buttons(qtbot, make_window):
     assert w.resume_action.shortcut().toString() == SHORTCUTS["resume"]
 
 
+@pytest.mark.slow
 def test_settings_and_layout_are_kept(qtbot, make_window):
     w = make_window()
     w.controls.set_values({"micro_batch": 24, "accum": 3, "lr": 0.0025, "clip": 0.0, "epochs": 7,
@@ -74,6 +76,7 @@ def _steps(n, gpu):
                         scaler_skipped=False, **mem) for i in range(1, n + 1)]
 
 
+@pytest.mark.slow
 def test_memory_plot_says_no_gpu_plainly_on_cpu(qtbot, make_window):
     from app.model.runmodel import RunModel
     w = make_window()
@@ -96,6 +99,7 @@ def test_memory_plot_says_no_gpu_plainly_on_cpu(qtbot, make_window):
     assert not w.plots.mem_note.isVisible()
 
 
+@pytest.mark.slow
 def test_theme_switch_keeps_the_data(qtbot, make_window):
     from app.model.runmodel import RunModel
     w = make_window()

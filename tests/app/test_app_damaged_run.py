@@ -10,6 +10,8 @@ import pytest
 
 from app_helpers import ROOT
 
+pytestmark = pytest.mark.slow  # real runs, then damaged
+
 
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory):

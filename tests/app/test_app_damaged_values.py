@@ -13,6 +13,8 @@ import pytest
 from app_folders import damaged_run
 from app_helpers import ROOT
 
+pytestmark = pytest.mark.slow  # the app on a whole damaged run, in process and in a subprocess
+
 APP = [sys.executable, "-m", "app"]
 
 

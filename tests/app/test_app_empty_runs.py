@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from engine.declarations.events import StepMetrics
 from engine.store import RunStore, runlock
 
@@ -16,6 +18,7 @@ from app_tasks import loading_mark, slow_task
 
 
 # -- no empty run left by a window closed while its task loads ------------------------------------
+@pytest.mark.slow
 def test_closing_while_the_task_loads_leaves_no_empty_run_in_the_history(qtbot, make_window, tmp_path):
     from app.core.runs import list_runs
     runs = tmp_path / "runs"  # HEADROOM_RUNS (the isolated fixture): where the engine names new folders

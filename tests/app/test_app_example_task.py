@@ -1,7 +1,11 @@
 """resources/example_task.py: a complete task a user can copy, and it trains in the app."""
 from __future__ import annotations
 
+import pytest
+
 from app_helpers import ROOT, run_to_end, start
+
+pytestmark = pytest.mark.slow  # a real run in the window
 
 
 def test_example_task_loads_and_trains_in_the_window(qtbot, make_window, tmp_path):

@@ -3,11 +3,14 @@ from __future__ import annotations
 
 import csv
 
+import pytest
 from PySide6.QtGui import QImage
 
 from engine.store import RunReader
 
 from app_helpers import run_to_end, start
+
+pytestmark = pytest.mark.slow  # a real run, then exported
 
 
 def test_csv_and_png_export(qtbot, make_window, tmp_path):

@@ -18,6 +18,8 @@ from engine.store import runlock
 from app_folders import LOCKER, tree
 from app_helpers import FAST, ROOT, run_to_end, start, wait_until
 
+pytestmark = pytest.mark.slow  # a writer in another process, real runs
+
 HOST = socket.gethostname()
 APP = [sys.executable, "-m", "app"]
 

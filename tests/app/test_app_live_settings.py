@@ -2,9 +2,13 @@
 there exactly (events and run.db agree), and marked on every plot."""
 from __future__ import annotations
 
+
+import pytest
 from engine.store import RunReader
 
 from app_helpers import run_to_end, start, wait_until
+
+pytestmark = pytest.mark.slow  # real runs changed while they train
 
 
 def test_changes_apply_exactly_at_the_next_epoch_boundary(qtbot, make_window, tmp_path):

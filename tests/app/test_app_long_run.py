@@ -33,6 +33,7 @@ def rss_bytes() -> int:
     return 0
 
 
+@pytest.mark.slow
 def test_a_long_run_opens_quickly_into_a_compact_model(qtbot, make_window, tmp_path):
     n = 300_000
     run_dir = str(tmp_path / "long")

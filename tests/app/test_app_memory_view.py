@@ -15,12 +15,15 @@ import os
 import time
 
 import numpy as np
+import pytest
 
 from engine.declarations.commands import SetAccum, SetMicroBatch, SetPrecision
 from engine.declarations.events import MemoryLevers, MemorySnapshot, RunFinished, RunStarted, StepMetrics
 from engine.store import RunReader, RunStore
 
 from app_helpers import run_to_end, start, wait_until
+
+pytestmark = pytest.mark.slow  # real runs in the window
 
 GIB = 2 ** 30
 KINDS = ("mem_params", "mem_grads", "mem_optimizer", "mem_activations")

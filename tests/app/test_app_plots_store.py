@@ -2,10 +2,13 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from engine.store import RunReader
 
 from app_helpers import run_to_end, start
+
+pytestmark = pytest.mark.slow  # real runs in the window
 
 
 def _store(run_dir):

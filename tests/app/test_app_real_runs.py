@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 
 import numpy as np
+import pytest
 
 from engine.declarations.commands import SetAccum, SetLr
 from engine.declarations.limits import RANGES
@@ -21,6 +22,8 @@ from engine.store import RunReader
 
 from app_helpers import run_to_end, start, wait_until
 from testkit import run_cli
+
+pytestmark = pytest.mark.slow  # real runs in the window
 
 
 def _cum_samples(w) -> np.ndarray:

@@ -7,7 +7,11 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from app_helpers import ROOT, wait_until
+
+pytestmark = pytest.mark.slow  # an engine in a subprocess, followed live
 
 
 def test_open_a_running_run_and_control_it(qtbot, make_window, tmp_path):

@@ -60,6 +60,7 @@ def _x_of_step(w, step: int) -> float:
     return float(w.plots.steps_to_x(np.array([step], dtype=np.float64))[0])
 
 
+@pytest.mark.slow
 def test_fork_from_a_plot_point_records_its_parent_and_change(qtbot, make_window, tmp_path):
     w = make_window()
     parent = str(tmp_path / "parent")
@@ -109,6 +110,7 @@ def test_fork_from_a_plot_point_records_its_parent_and_change(qtbot, make_window
     assert "fork of parent @step-8" in label and 8 * 128 < lines[0][1].value() < x[0]
 
 
+@pytest.mark.slow
 def test_history_shows_the_tree_lists_checkpoints_and_compares_a_family(qtbot, make_window, tmp_path):
     w = make_window()
     parent = str(tmp_path / "parent")
@@ -172,6 +174,7 @@ def _assert_rollback_shown(w) -> None:
     assert "rolled_back" in w.alerts.kinds()
 
 
+@pytest.mark.slow
 def test_rollback_markers_and_discarded_steps_for_a_run_opened_and_live(qtbot, make_window, tmp_path):
     task = tmp_path / "diverging.py"
     task.write_text(DIVERGING)
@@ -261,6 +264,7 @@ def _rows(store, steps, loss: float) -> None:
                                  nonfinite=False, scaler_skipped=False))
 
 
+@pytest.mark.slow
 def test_a_run_followed_while_another_process_rolls_back_reads_the_new_rows(qtbot, make_window, tmp_path):
     """The window follows a run folder that another process writes; that process rolls back past
     rows the window has read and writes those steps again: the window reads them again (the ones

@@ -37,6 +37,7 @@ def test_a_screenshot_path_that_cannot_be_written_is_bad_input_at_start(tmp_path
     assert time.monotonic() - t0 < 30
 
 
+@pytest.mark.slow
 def test_a_screenshot_that_fails_at_the_end_exits_1(tmp_path):
     shots = tmp_path / "shots"
     shots.mkdir()

@@ -9,10 +9,14 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from engine.store import RunReader, runlock
 
 import testkit
 from app_helpers import ROOT
+
+pytestmark = pytest.mark.slow  # the app in a subprocess, signalled
 
 APP = [sys.executable, "-m", "app"]
 BLOCKING_TASK = str(ROOT / "tests" / "faults" / "blocking_task.py")

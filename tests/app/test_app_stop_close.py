@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 import torch
 
 from engine.store import RunReader
@@ -15,6 +16,8 @@ from engine.store import RunReader
 import testkit
 from app_helpers import ROOT, run_to_end, start, wait_until
 from app_tasks import loading_mark, slow_task
+
+pytestmark = pytest.mark.slow  # real runs, signals and subprocesses
 
 
 def _checkpoint_step(run_dir) -> int:

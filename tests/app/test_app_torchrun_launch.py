@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 import sys
 
+import pytest
+
 from app_helpers import wait_until
 
 
@@ -30,6 +32,7 @@ def test_torchrun_command_round_trips_through_the_engine_flags(tmp_path):
         torchrun_command({"task": "mlp", "accum": 0}, 2, run_dir)
 
 
+@pytest.mark.slow
 def test_run_on_gpus_is_disabled_here_with_the_reason(qtbot, make_window):
     import torch
     w = make_window()
@@ -46,6 +49,7 @@ def test_run_on_gpus_is_disabled_here_with_the_reason(qtbot, make_window):
         assert w.torchrun_action.isEnabled()
 
 
+@pytest.mark.ddp
 def test_launch_torchrun_on_cpu_attaches_shows_metrics_and_stops(qtbot, make_window, tmp_path):
     from app_helpers import FAST
     w = make_window()
@@ -78,6 +82,7 @@ def test_launch_torchrun_on_cpu_attaches_shows_metrics_and_stops(qtbot, make_win
             ln.process.waitForFinished(10_000)
 
 
+@pytest.mark.ddp
 def test_launch_stop_falls_back_to_sigterm(qtbot, make_window, tmp_path, monkeypatch):
     import app.session.launcher as launcher_mod
     from app_helpers import FAST

@@ -178,6 +178,9 @@ def run_trainer(task: Task, run_dir, on_event: Optional[Callable[[Any, Any], Non
     settings.update(cfg)
     if "resume" not in settings:
         settings["run_dir"] = str(run_dir)
+        # Not auto: it times the data set's loading and picks workers on a loaded machine, and a
+        # Recorder sees only the collate calls made in this process.
+        settings.setdefault("workers", 0)
     config = TrainConfig(task="tokens", **settings)
     box: dict[str, Any] = {}
     events: list = []

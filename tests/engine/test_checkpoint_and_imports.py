@@ -85,6 +85,7 @@ def _python(code: str) -> subprocess.CompletedProcess:
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
 
 
+@pytest.mark.slow
 def test_import_engine_loads_no_qt_and_light_modules_no_torch():
     p = _python(
         "import sys\n"

@@ -174,6 +174,7 @@ def check_bad(name, rc, stdout, stderr, before, after):
     assert after == before  # no run folder, no default-runs folder, nothing touched
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", [n for n in BAD if n not in IN_PROCESS])
 def test_bad_input_exits_2_with_one_error_line(bad_runs, name):
     check_bad(name, *bad_runs[name])
@@ -196,6 +197,7 @@ def run_cli(args, cwd, timeout=240):
                           text=True, timeout=timeout)
 
 
+@pytest.mark.slow
 def test_json_run_happy_path(tmp_path, tasks_dir):
     run_dir = tmp_path / "run"
     p = run_cli(["--task", str(tasks_dir / "good.py"), "--micro-batch", "4", "--accum", "2", "--epochs", "2",
@@ -223,6 +225,7 @@ def test_json_run_happy_path(tmp_path, tasks_dir):
     assert not (tmp_path / "runs").exists()  # --run-dir was honoured
 
 
+@pytest.mark.slow
 def test_cli_resume_continues_the_run(tmp_path, tasks_dir):
     """A run stopped by --max-steps, resumed with only --resume DIR, trains on to the end of its
     saved epochs (the old --max-steps is not a limit for the continuation), one row per step,

@@ -109,6 +109,7 @@ def test_oom_at_micro_batch_one_stops_clearly(tmp_path):
         run(tmp_path, "one", tiny_task(oom_above=0), micro_batch=4, accum=1, epochs=1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("limit,effective,want_accum", [(12, 64, 6), (5, 20, 4), (64, 48, 1), (1, 8, 8)])
 def test_finder_picks_largest_size_that_fits(tmp_path, limit, effective, want_accum):
     task = tiny_task(n=96, oom_above=limit)
@@ -122,6 +123,7 @@ def test_finder_picks_largest_size_that_fits(tmp_path, limit, effective, want_ac
     assert steps[0].micro_batch == found[0].micro_batch
 
 
+@pytest.mark.slow
 def test_finder_restores_model_and_optimizer(tmp_path):
     t0, _, _ = run(tmp_path, "plain", tiny_task(), micro_batch=12, accum=6, epochs=1)
     t1, _, _ = run(tmp_path, "found", tiny_task(oom_above=12), find_micro_batch=True, effective_batch=64, epochs=1)
@@ -220,6 +222,7 @@ def test_nvml_without_driver_reports_instead_of_failing():
     assert msg.startswith("NVML unavailable")
 
 
+@pytest.mark.slow
 def test_vram_limit_refused_on_cpu(tmp_path):
     r = subprocess.run([sys.executable, "-m", "engine", "--device", "cpu", "--vram-limit", "24GiB",
                         "--run-dir", str(tmp_path / "v")], capture_output=True, text=True, timeout=120)

@@ -218,6 +218,7 @@ def cli(*args, cwd):
     return run_engine(*args, cwd=cwd, timeout=120)
 
 
+@pytest.mark.slow
 def test_a_task_file_imports_its_neighbours_and_resumes_from_another_folder(tmp_path):
     proj = tmp_path / "proj" / "tasks"
     proj.mkdir(parents=True)
@@ -245,6 +246,7 @@ class Stream(torch.utils.data.IterableDataset):
         return 1
 
 
+@pytest.mark.slow
 def test_an_iterable_dataset_is_refused_with_one_line(tmp_path):
     f = tmp_path / "it.py"
     f.write_text(textwrap.dedent("""

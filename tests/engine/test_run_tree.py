@@ -15,6 +15,8 @@ from engine.store import RunReader
 
 from testkit import run_engine
 
+pytestmark = pytest.mark.slow  # every test trains several runs in subprocesses
+
 
 TASK = textwrap.dedent("""
     import os, torch

@@ -53,6 +53,7 @@ def test_bad_task_args_are_refused(text):
         parse_task_arg(text)
 
 
+@pytest.mark.slow
 def test_cli_resume_and_refusals(tmp_path):
     task = tmp_path / "t.py"
     task.write_text(TASK)

@@ -3,10 +3,13 @@ from __future__ import annotations
 
 import itertools
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engine.cli import main
+
+pytestmark = pytest.mark.slow  # hypothesis: hundreds of command lines through the engine's main
 
 FLAGS = ["--task", "--micro-batch", "--accum", "--lr", "--clip", "--epochs", "--optimizer", "--precision",
          "--device", "--seed", "--lr-scaling", "--token-budget", "--effective-batch", "--memory-margin",

@@ -34,6 +34,7 @@ def error_lines(stderr: str) -> list[str]:
 
 
 # -- the console -------------------------------------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["stdout_full", "stdout_closed", "stderr_closed", "both_closed"])
 def test_a_failing_console_never_ends_training(tmp_path, how):
     run_dir = tmp_path / "run"
@@ -61,6 +62,7 @@ def test_bad_input_with_stderr_closed_still_exits_2_and_writes_nothing(tmp_path)
 
 
 # -- one error line ------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_an_error_with_many_lines_is_one_capped_line(tmp_path):
     task = tmp_path / "task.py"
     task.write_text("def build_task(seed):\n    raise RuntimeError('no data\\n  in line two\\n\\n' + 'x' * 5000)\n")
@@ -73,6 +75,7 @@ def test_an_error_with_many_lines_is_one_capped_line(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
 def test_a_run_failing_with_a_many_line_message_prints_one_error_line(tmp_path):
     run_dir = tmp_path / "run"
     r = subprocess.run([sys.executable, "-m", "engine", "--task", BLOCKING, *RUN, "--run-dir", str(run_dir)],
@@ -87,6 +90,7 @@ def test_a_run_failing_with_a_many_line_message_prints_one_error_line(tmp_path):
 
 
 # -- Ctrl-C / SIGTERM twice --------------------------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_a_second_signal_ends_a_run_blocked_in_getitem_at_once(tmp_path, sig):
     run_dir = tmp_path / "run"

@@ -38,6 +38,7 @@ def steps_in(run_dir) -> list[int]:
 
 
 # -- bad task files: one line, exit 2, nothing written --------------------------------------------
+@pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_bad_task_file_is_one_error_line_and_writes_nothing(tmp_path, case):
     text, words = CASES[case]
@@ -54,6 +55,7 @@ def test_bad_task_file_is_one_error_line_and_writes_nothing(tmp_path, case):
     assert not run_dir.exists()
 
 
+@pytest.mark.slow
 def test_micro_batch_larger_than_data_set(tmp_path):
     r = cli("--task", TASK, "--micro-batch", "1000", "--run-dir", str(tmp_path / "run"))
     assert r.returncode == 2 and "larger than the data set" in one_error_line(r.stderr)
@@ -72,6 +74,7 @@ def test_bad_values_exit_2(tmp_path, args):
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
 def test_resume_of_a_folder_that_is_not_a_run(tmp_path):
     (tmp_path / "junk").mkdir()
     r = cli("--resume", str(tmp_path / "junk"))
@@ -95,6 +98,7 @@ def _finished_run(tmp_path):
     return run_dir
 
 
+@pytest.mark.slow
 def test_checkpoint_with_pickled_code_is_refused_and_never_runs(tmp_path):
     run_dir = _finished_run(tmp_path)
     marker = tmp_path / "pwned"
@@ -108,6 +112,7 @@ def test_checkpoint_with_pickled_code_is_refused_and_never_runs(tmp_path):
     assert not marker.exists()
 
 
+@pytest.mark.slow
 def test_truncated_checkpoint_is_a_clear_error(tmp_path):
     # Issue 12: resume continues from the newest checkpoint that loads; only when none does is
     # it bad input. Here every checkpoint of the run is cut in half.
@@ -120,6 +125,7 @@ def test_truncated_checkpoint_is_a_clear_error(tmp_path):
     assert "damaged or truncated" in one_error_line(r.stderr)
 
 
+@pytest.mark.slow
 def test_a_truncated_last_checkpoint_resumes_from_the_newest_that_loads(tmp_path):
     run_dir = _finished_run(tmp_path)
     path = run_dir / "checkpoints" / "last.pt"
@@ -134,6 +140,7 @@ def test_a_truncated_last_checkpoint_resumes_from_the_newest_that_loads(tmp_path
 
 
 # -- faults during a run ----------------------------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.parametrize("fault", [{"HEADROOM_FAULT_DATA_AT": "77"}, {"HEADROOM_FAULT_COLLATE_AFTER": "40"}])
 def test_data_or_collate_raising_mid_epoch_fails_the_run_and_keeps_everything(tmp_path, fault):
     run_dir = tmp_path / "run"
@@ -154,6 +161,7 @@ def test_data_or_collate_raising_mid_epoch_fails_the_run_and_keeps_everything(tm
     assert state["step"] == steps[-1]  # the last good weights
 
 
+@pytest.mark.slow
 def test_nonfinite_stop_saves_last_good_weights(tmp_path):
     # --lr at its upper limit (1e4, engine/declarations/limits.py) makes the loss overflow within a few steps;
     # stop mode ends the run at the first bad step.
@@ -177,6 +185,7 @@ def _start(run_dir, *extra, env=None):
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
+@pytest.mark.slow
 def test_sigkill_loses_at_most_the_last_second_and_resume_continues_without_gap(tmp_path):
     run_dir = tmp_path / "run"
     proc = _start(run_dir, "--epochs", "6", env={"HEADROOM_FAULT_SLOW": "0.04"})
@@ -220,6 +229,7 @@ def test_sigkill_loses_at_most_the_last_second_and_resume_continues_without_gap(
     assert a == pytest.approx(b, rel=0, abs=1e-12)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_sigint_and_sigterm_stop_at_the_next_step_with_a_checkpoint(tmp_path, sig):
     run_dir = tmp_path / "run"
@@ -243,6 +253,7 @@ def test_sigint_and_sigterm_stop_at_the_next_step_with_a_checkpoint(tmp_path, si
     assert RunReader(str(run_dir)).events(kinds={"run_finished"})[0]["data"]["reason"] == "stopped"
 
 
+@pytest.mark.slow
 def test_disk_full_stops_with_a_clear_message_and_keeps_the_last_checkpoint(tmp_path):
     run_dir = _finished_run(tmp_path)
     good = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)
@@ -264,6 +275,7 @@ def test_disk_full_stops_with_a_clear_message_and_keeps_the_last_checkpoint(tmp_
     assert db.execute("PRAGMA integrity_check").fetchone() == ("ok",)
 
 
+@pytest.mark.slow
 def test_run_folder_becoming_unwritable_stops_the_run(tmp_path):
     run_dir = tmp_path / "run"
     proc = _start(run_dir, "--epochs", "4")

@@ -93,6 +93,7 @@ def cli(tmp_path, body, *extra):
                       "--run-dir", tmp_path / "run", *extra, timeout=120)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(CASES))
 def test_bad_task_is_one_line_exit_2_and_nothing_written(tmp_path, case):
     body, words = CASES[case]
@@ -116,6 +117,7 @@ def build_task(seed):
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("what,code,words", [
     ("sys.exit(3)", 1, "sys.exit(3)"),
     ("raise KeyboardInterrupt()", 130, "interrupted"),

@@ -7,7 +7,11 @@ import os
 import sqlite3
 import textwrap
 
+import pytest
+
 from testkit import ROOT, run_engine
+
+pytestmark = pytest.mark.slow  # engine runs in subprocesses
 
 TASK = os.path.join(ROOT, "tests", "faults", "fault_task.py")
 

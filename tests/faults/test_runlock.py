@@ -25,11 +25,11 @@ lock = runlock.acquire(sys.argv[1])
 if len(sys.argv) > 2 and sys.argv[2] == "fork":
     child = os.fork()
     if child == 0:          # a DataLoader worker, say: it outlives a SIGKILLed parent for a while
-        print("child running", flush=True)  # (past fork and its at-fork handlers)
+        os.write(1, b"child running\\n")  # (past fork and its at-fork handlers)
         time.sleep(60)
         os._exit(0)
-    print(child, flush=True)
-print("locked", flush=True)
+    os.write(1, b"%d\\n" % child)  # whole lines in one write each: parent and child share the pipe
+os.write(1, b"locked\\n")
 time.sleep(60)
 """
 

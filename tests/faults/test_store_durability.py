@@ -171,6 +171,7 @@ def test_commands_polling_on_a_busy_run_db_never_waits_or_raises(tmp_path):
     store.close()
 
 
+@pytest.mark.slow
 def test_another_program_holding_the_write_lock_for_35_s_never_ends_a_run(tmp_path):
     """The old store waited 30 s on the lock, then failed the run."""
     run_dir = tmp_path / "run"
@@ -205,6 +206,7 @@ def test_another_program_holding_the_write_lock_for_35_s_never_ends_a_run(tmp_pa
 
 
 # -- (c) strings SQLite would refuse ---------------------------------------------------------
+@pytest.mark.slow
 def test_a_run_folder_whose_name_is_not_utf8_runs_and_is_recorded(tmp_path):
     run_dir = os.fsdecode(os.fsencode(str(tmp_path)) + b"/run-\xff\xfe")  # surrogates in a str
     r = subprocess.run([sys.executable, "-m", "engine", "--task", TASK, "--micro-batch", "8", "--accum", "2",
@@ -315,6 +317,7 @@ def test_a_step_written_twice_keeps_its_first_row(tmp_path):
         (1, 1.0, "superseded"), (2, 3.0, "superseded")]
 
 
+@pytest.mark.slow
 def test_resume_after_sigkill_moves_the_rows_past_the_checkpoint_aside(tmp_path):
     run_dir = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, "-m", "engine", "--task", TASK, "--micro-batch", "8", "--accum", "2",
@@ -402,6 +405,7 @@ while True:
 """
 
 
+@pytest.mark.slow
 def test_a_sigkill_during_a_checkpoint_write_leaves_an_orphan_the_next_writer_removes(tmp_path):
     from engine.store import runlock
     folder = tmp_path / "checkpoints"

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 
 from engine.store import runlock
 from engine.declarations.commands import SetAccum
@@ -32,6 +33,7 @@ def tree(folder):
             for b, _, fs in os.walk(folder) for f in fs if not f.endswith(("-wal", "-shm"))}
 
 
+@pytest.mark.slow
 def test_resume_of_a_run_another_process_writes_is_refused_naming_it(tmp_path):
     run_dir = finished_run(tmp_path)
     holder = subprocess.Popen([sys.executable, "-c", f"import sys, time\nsys.path.insert(0, {str(ROOT)!r})\n"
@@ -51,6 +53,7 @@ def test_resume_of_a_run_another_process_writes_is_refused_naming_it(tmp_path):
         holder.wait()
 
 
+@pytest.mark.slow
 def test_a_resumed_run_removes_a_killed_writers_temporary_files_and_holds_the_lock_while_it_runs(tmp_path):
     run_dir = finished_run(tmp_path)
     orphan = run_dir / "checkpoints" / ".tmp-killed.pt"
@@ -62,6 +65,7 @@ def test_a_resumed_run_removes_a_killed_writers_temporary_files_and_holds_the_lo
     assert os.path.exists(run_dir / runlock.LOCK_NAME)
 
 
+@pytest.mark.slow
 def test_a_command_sent_to_a_dead_run_expires_when_it_is_resumed(tmp_path):
     run_dir = finished_run(tmp_path)
     send_command(str(run_dir), SetAccum(3))

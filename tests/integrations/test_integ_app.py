@@ -6,6 +6,8 @@ import os
 
 import pytest
 
+pytestmark = pytest.mark.slow  # three frameworks' runs, then the window
+
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 pytest.importorskip("pytestqt", reason="pytest-qt is not installed")
 

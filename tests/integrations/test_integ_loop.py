@@ -268,6 +268,7 @@ def test_importing_engine_and_the_app_loads_no_framework():
     assert r.returncode == 0, r.stderr[-2000:]
 
 
+@pytest.mark.slow
 def test_readme_plain_loop_example_runs(tmp_path):
     """The README's plain-loop example, as printed, trains and writes a run the reader reads."""
     import re

@@ -20,7 +20,7 @@ from testkit import ROOT
 DESKTOP = ROOT / "resources" / "headroom.desktop"
 SIZES = (48, 128, 256)
 
-pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
+pytestmark = [pytest.mark.package, pytest.mark.skipif(shutil.which("make") is None, reason="needs make")]
 
 
 def _entry(path: Path) -> dict[str, str]:

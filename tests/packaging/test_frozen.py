@@ -37,6 +37,7 @@ INPUTS = ["build_spec.spec", "pyproject.toml", "app", "engine", "resources"]
 SIZE_LIMIT = 800 * 10**6  # bytes unpacked, CPU torch
 
 pytestmark = [
+    pytest.mark.package,
     pytest.mark.skipif(os.environ.get("HEADROOM_SKIP_PACKAGE") == "1", reason="HEADROOM_SKIP_PACKAGE=1"),
     pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the packaged build is tested on Linux"),
     pytest.mark.timeout(1800),  # the first test also builds
@@ -68,7 +69,8 @@ def _build_command() -> list[str]:
     try:  # another interpreter (a CI matrix, a conda env): the same build with it
         import PyInstaller  # noqa: F401
     except ImportError:
-        subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "pyinstaller>=6.10"], check=True)
+        subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "-c", str(ROOT / "constraints.txt"),
+                        "pyinstaller>=6.10"], check=True)  # the tested version
     return [sys.executable, "-m", "PyInstaller", "--noconfirm", "--clean", "--distpath", "dist",
             "--workpath", "build", "build_spec.spec"]
 
