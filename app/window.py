@@ -14,7 +14,7 @@ from typing import Any, Callable, Optional
 
 from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtGui import QCloseEvent
-from PySide6.QtWidgets import QApplication, QDockWidget, QLabel, QMainWindow, QMessageBox, QScrollArea, QWidget
+from PySide6.QtWidgets import QApplication, QDockWidget, QMainWindow, QMessageBox, QStackedWidget, QWidget
 
 from engine.declarations.paths import default_runs_root
 
@@ -24,7 +24,7 @@ from .model.runmodel import RunModel
 from .session.controller import RunController
 from .session.launcher import Launch
 from .ui import actions, export
-from .ui.shell import dialogs, window_prefs
+from .ui.shell import dialogs, layout, window_prefs
 from .ui.alerts import AlertsPanel
 from .ui.controls.panel import ControlsPanel
 from .ui.runs.history import HistoryPanel
@@ -34,7 +34,7 @@ from .ui.shell.pacing import TICK_MS
 from .ui.controls.run_starter import RunStarter
 from .ui.runs.tree_views import RunTreeViews
 from .ui.runs.views import RunViews
-from .ui.shell.statusbar import StatusBar
+from .ui.shell.statusbar import ElidedLabel, StatusBar
 from .ui.theme import THEMES, apply_stylesheet, system_theme
 from .ui.shell.view_prefs import ViewPrefs
 
@@ -78,7 +78,13 @@ class MainWindow(QMainWindow):
         self.plot_listeners: list[Callable[[Any], None]] = []  # called once the plots exist
         self.placeholder = LoadingPlots()
         self.placeholder.paint_listeners.append(lambda _t: QTimer.singleShot(0, self._build_plots))
-        self.setCentralWidget(self.placeholder)
+        # One central widget for the window's life: the plots take the placeholder's place inside
+        # it. (QMainWindow re-fits its docks around a new central widget, and while the plots'
+        # size hints were not in yet the docks took the room: plots a strip, Alerts the window.)
+        self.central = QStackedWidget()
+        self.central.setObjectName("plots_area")
+        self.central.addWidget(self.placeholder)
+        self.setCentralWidget(self.central)
         QTimer.singleShot(250, self._build_plots)  # in case the window is never painted (hidden)
 
         self.run_actions = actions.RunActions(self)
@@ -91,22 +97,18 @@ class MainWindow(QMainWindow):
         self.setStatusBar(self.status)
         # Who writes the run shown, while it is going: "live: pid N on HOST" (this process for
         # its own run; the holder of the run folder's writer lock for a run trained elsewhere).
-        self.live_label = QLabel("")
+        self.live_label = ElidedLabel("")
         self.live_label.setObjectName("live_writer")
         self.status.addPermanentWidget(self.live_label)
-        scroll = QScrollArea()
-        scroll.setWidget(self.controls)
-        scroll.setWidgetResizable(True)
-        scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
-        scroll.setMinimumWidth(self.controls.sizeHint().width() + 24)
         self.setCorner(Qt.Corner.BottomLeftCorner, Qt.DockWidgetArea.LeftDockWidgetArea)
-        self.controls_dock = self._dock("Controls", "controls", scroll, Qt.DockWidgetArea.LeftDockWidgetArea)
+        self.controls_dock = self._dock("Controls", "controls", self.controls, Qt.DockWidgetArea.LeftDockWidgetArea)
         self.alerts_dock = self._dock("Alerts", "alerts", self.alerts, Qt.DockWidgetArea.BottomDockWidgetArea)
         self.history_dock = self._dock("Run history", "history", self.history, Qt.DockWidgetArea.BottomDockWidgetArea)
         self.levers_dock = self._dock("What fits", "levers", self.levers, Qt.DockWidgetArea.BottomDockWidgetArea)
         self.tabifyDockWidget(self.alerts_dock, self.history_dock)
         self.tabifyDockWidget(self.history_dock, self.levers_dock)
         self.alerts_dock.raise_()
+        self.dock_layout = layout.DockLayout(self, self.controls_dock, self.alerts_dock)
         self.run_menu = actions.install(self, self.run_actions, self.app_actions,
                                         [d.toggleViewAction() for d in (self.controls_dock, self.alerts_dock,
                                                                         self.history_dock, self.levers_dock)])
@@ -136,27 +138,20 @@ class MainWindow(QMainWindow):
         for t in self.preferences.recent("recent_tasks"):
             if os.path.isfile(t):
                 self.controls.set_task(t)
-        restored = (window_prefs.restore(self, self.preferences, self.controls, self.log_action, self.base_config)
-                    if restore_settings else False)
-        self.controls.set_values(self.base_config)
-        self.controls.set_task(str(self.base_config.get("task") or self.controls.task_spec()))
-        self._needs_layout = not restored
+        restored, state = (window_prefs.restore(self, self.preferences, self.controls, self.log_action,
+                                                self.base_config) if restore_settings else (False, None))
         if not restored:
             self.resize(1440, 900)
-            self.default_layout()
+        self.dock_layout.restore(state)  # checked once the plots are in (app/ui/shell/layout.py)
+        self.controls.set_values(self.base_config)
+        self.controls.set_task(str(self.base_config.get("task") or self.controls.task_spec()))
+        self._needs_layout = True
         QTimer.singleShot(0, self.history.refresh)  # after the window shows
         self.views.sync_state()
 
     # -- construction ----------------------------------------------------------------------
     def _dock(self, title: str, name: str, widget: QWidget, area: Qt.DockWidgetArea) -> QDockWidget:
-        d = QDockWidget(title, self)
-        d.setObjectName(f"dock_{name}")
-        d.setWidget(widget)
-        d.setFeatures(QDockWidget.DockWidgetFeature.DockWidgetMovable
-                      | QDockWidget.DockWidgetFeature.DockWidgetFloatable
-                      | QDockWidget.DockWidgetFeature.DockWidgetClosable)
-        self.addDockWidget(area, d)
-        return d
+        return layout.make_dock(self, title, name, widget, area)
 
     def _wire(self) -> None:
         ra, aa, ctl = self.run_actions, self.app_actions, self.controller
@@ -202,17 +197,16 @@ class MainWindow(QMainWindow):
         panel.log_scale_changed.connect(self.log_action.setChecked)
         if self.log_action.isChecked():
             panel.set_log_scale(True)
-        old = self.centralWidget()
-        self.setCentralWidget(panel)
-        if old is not None:
-            old.deleteLater()
+        self.central.addWidget(panel)
+        self.central.setCurrentWidget(panel)
+        self.central.removeWidget(self.placeholder)
+        self.placeholder.deleteLater()
         panel.set_model(self.model)
         panel.set_live(self.session.state.is_live)
         self.view_prefs.bind_plots(panel, self.history)
-        if self._needs_layout:  # dock sizes again, once the plots are in the layout
+        if self._needs_layout:  # the docks around the plots: the saved layout, or the default
             self._needs_layout = False
-            self.default_layout()
-            QTimer.singleShot(0, self.default_layout)
+            self.dock_layout.plots_in()
         for fn in list(self.plot_listeners):
             fn(panel)
 
@@ -226,12 +220,13 @@ class MainWindow(QMainWindow):
 
     # -- layout and preferences ------------------------------------------------------------
     def default_layout(self) -> None:
-        self.resizeDocks([self.alerts_dock], [170], Qt.Orientation.Vertical)
-        self.resizeDocks([self.controls_dock], [340], Qt.Orientation.Horizontal)
+        self.dock_layout.default()
 
     def use_default_layout(self) -> None:
         """Lay the docks out the default way once the plots are in, whatever was saved."""
-        self._needs_layout = True
+        self.dock_layout.forget_saved()
+        if self._plots is not None:
+            self.dock_layout.plots_in()
 
     def save_preferences(self) -> None:
         window_prefs.save(self, self.preferences, self.controls, self.theme, self.log_action.isChecked())

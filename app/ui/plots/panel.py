@@ -32,6 +32,7 @@ from PySide6.QtWidgets import QVBoxLayout, QWidget
 
 from app.model.metrics import MetricsBuffer
 from app.model.runmodel import RunModel
+from .fold import PlotFold
 from .marks import PlotMarks
 from .mem_stack import MemoryStack
 from .memory import MemoryPlot
@@ -155,6 +156,8 @@ class PlotPanel(QWidget):
             s.item.setClipToView(True)
         self._set_downsampling()
         self._set_titles()
+        self.fold = PlotFold(c, ps, self.hint)
+        self.fold.update(c.height() if self.isVisible() else 0)
 
         self.loss_note = pg.TextItem("", color=pal.note, anchor=(0.5, 0.5))
         self.loss_note.setZValue(50)
@@ -166,6 +169,10 @@ class PlotPanel(QWidget):
         self.memory.set_mode("none")
         self._show_x_labels()
         self._show_loss_note(IDLE_NOTE)
+
+    def resizeEvent(self, ev) -> None:  # noqa: N802 - Qt name
+        super().resizeEvent(ev)
+        self.fold.update(self.canvas.height())
 
     def _set_titles(self) -> None:
         set_titles(self.plot_set, self.pal, self.model, self.planned, self._overlays, self.rollbacks)

@@ -6,6 +6,7 @@ from typing import Optional
 from PySide6.QtWidgets import QCheckBox, QComboBox, QHBoxLayout, QLabel, QPushButton, QWidget
 
 from app.model.x_axis import COMPARE_HINT, X_AXES
+from app.ui.elided import ElidedLabel
 
 
 class PlotToolbar(QWidget):
@@ -17,7 +18,7 @@ class PlotToolbar(QWidget):
         self.log_box.setToolTip("Show the loss on a logarithmic y axis")
         self.fit_button = QPushButton("Fit all")
         self.fit_button.setToolTip("Show the whole run and follow new steps (zooming with the mouse stops following)")
-        self.hint = QLabel("")
+        self.hint = ElidedLabel("")
         self.hint.setObjectName("hint")
         self.x_axis_box = QComboBox()
         self.x_axis_box.setObjectName("x_axis")
@@ -33,4 +34,4 @@ class PlotToolbar(QWidget):
         bar.addWidget(self.log_box)
         bar.addWidget(self.fit_button)
         bar.addStretch(1)
-        bar.addWidget(self.hint)
+        bar.addWidget(self.hint, 100)

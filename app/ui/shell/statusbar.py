@@ -5,13 +5,14 @@ from __future__ import annotations
 
 from typing import Optional
 
-from PySide6.QtWidgets import QLabel, QProgressBar, QStatusBar, QWidget
+from PySide6.QtWidgets import QProgressBar, QStatusBar, QWidget
 
 from app.model.runmodel import RunModel
+from app.ui.elided import ElidedLabel
 from app.model.state import RunState
 from app.model.epoch_progress import EpochProgress, ProgressTracker, fmt_duration, fmt_eta
 
-__all__ = ["StatusBar", "fmt_duration", "state_text"]
+__all__ = ["ElidedLabel", "StatusBar", "fmt_duration", "state_text"]
 
 
 def state_text(view_state: str, state: RunState, model: RunModel) -> str:
@@ -38,23 +39,25 @@ def torch_version_quietly() -> str:
 class StatusBar(QStatusBar):
     def __init__(self, parent: Optional[QWidget] = None) -> None:
         super().__init__(parent)
-        self.device = QLabel("Device: chosen at start")
-        self.backend = QLabel("")
-        self.torch = QLabel(f"torch {torch_version_quietly()}")
-        self.progress = QLabel("step -")
+        # Every label elides rather than widen the window (app/ui/shell/layout.py): the state and
+        # the step come first and keep their text longest.
+        self.device = ElidedLabel("Device: chosen at start")
+        self.backend = ElidedLabel("")
+        self.torch = ElidedLabel(f"torch {torch_version_quietly()}")
+        self.progress = ElidedLabel("step -", keep=150)
         self.epoch_bar = QProgressBar()  # the bar, and its words beside it (easier to read than on it)
         self.epoch_bar.setObjectName("epoch_progress")
         self.epoch_bar.setTextVisible(False)
         self.epoch_bar.setFixedSize(120, 10)
-        self.epoch_text = QLabel("")
+        self.epoch_text = ElidedLabel("", keep=110)
         tip = ("The current epoch: optimizer steps done of those planned (the data set over the samples per step), "
                "and when it ends at the last steps' pace")
         for w in (self.epoch_bar, self.epoch_text):
             w.setToolTip(tip)
             w.setVisible(False)
-        self.elapsed = QLabel("elapsed --")
-        self.eta = QLabel("ETA --")
-        self.state = QLabel("Ready")
+        self.elapsed = ElidedLabel("elapsed --")
+        self.eta = ElidedLabel("ETA --", keep=90)
+        self.state = ElidedLabel("Ready", keep=150)
         self.tracker = ProgressTracker()
         for w in (self.state, self.epoch_bar, self.epoch_text, self.progress, self.elapsed, self.eta):
             self.addWidget(w)
