@@ -139,6 +139,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
 
+    from .core import syslibs
+    libs_missing = syslibs.problem(syslibs.missing())  # before Qt aborts on them, one after another
+    if libs_missing:
+        print_error(libs_missing)
+        return EXIT_FAILED
     from .core import logs
     logs.setup()
     from PySide6.QtCore import QTimer, qInstallMessageHandler
