@@ -386,9 +386,12 @@ class MainWindow(QMainWindow):
         return export.write_png(self if whole_window else self.plots, path)
 
     def screenshot(self, path: str) -> bool:
-        """PNG of the whole window as it is now (--screenshot)."""
+        """PNG of the whole window as a person would see it (--screenshot): once the plots are
+        built and the layout has stopped changing."""
         self.tick()
         self.views.update_status()
+        self.plots.refresh(force=True)
+        layout.settle(self, lambda: self.plots.canvas.ci.geometry().getRect())
         self.plots.refresh(force=True)
         QApplication.processEvents()
         return export.write_png(self, path)

@@ -131,3 +131,43 @@ def test_a_long_compare_legend_never_widens_the_window(qtbot, make_window):
     assert w.size().toTuple() == (1024, 640)
     assert w.plots.loss_plot.titleLabel.is_clipped()  # the legend is cut, not the plots widened
     assert w.plots.canvas.ci.width() <= w.plots.canvas.viewport().width() + 1
+
+
+def synthetic_run(path: Any, steps: int = 120) -> str:
+    """A finished run folder written through the run store (no torch)."""
+    from engine.declarations.events import StepMetrics
+    from engine.store import RunStore
+    path.mkdir(parents=True, exist_ok=True)
+    store = RunStore(str(path))
+    store.set_info(status="finished", task="mlp", device="cpu")
+    for s in range(1, steps + 1):
+        store.record(StepMetrics(s, 1 + s // 50, loss=2.0 / (1 + s / 20), grad_norm=0.5 + s % 3, clipped=False,
+                                 lr=1e-3, accum=4, clip=1.0, micro_batch=16, samples=64, tokens=100 + s,
+                                 step_time=0.01, throughput=1000.0, nonfinite=False, scaler_skipped=False))
+    store.close()
+    return str(path)
+
+
+def test_a_scripted_screenshot_shows_the_window_laid_out(qtbot, make_window, tmp_path):
+    w1 = make_window(restore_settings=True)  # a saved layout: the screenshot is of a second launch
+    w1.resize(780, 740)
+    settle(qtbot, w1)
+    w1.close()
+    run = synthetic_run(tmp_path / "run")
+    # As `python -m app --open RUN --screenshot out.png --quit-when-done` does, with no event
+    # processed between the window showing and the screenshot.
+    w = make_window(restore_settings=True)
+    w.resize(1440, 900)
+    w.use_default_layout()
+    assert w.open_run(run)
+    assert w.screenshot(str(tmp_path / "shot.png"))
+
+    def shape() -> tuple:
+        return (w.size().toTuple(), w.centralWidget().geometry().getRect(), w.alerts_dock.geometry().getRect(),
+                w.controls_dock.geometry().getRect(), w.plots.canvas.ci.geometry().getRect(),
+                round(w.plots.loss_plot.getViewBox().height()))
+    shot = shape()
+    qtbot.wait(1500)  # as a person would see it a moment later
+    settle(qtbot, w)
+    assert shot == shape()
+    assert plot_height_share(w) >= MIN_PLOT_HEIGHT

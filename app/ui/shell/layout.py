@@ -16,10 +16,11 @@ buttons) scrolls inside its dock instead of setting the window's minimum width.
 from __future__ import annotations
 
 import logging
-from typing import Any, Optional
+import time
+from typing import Any, Callable, Optional
 
 from PySide6.QtCore import QEvent, QObject, Qt, QTimer
-from PySide6.QtWidgets import QDockWidget, QFrame, QMainWindow, QScrollArea, QSizePolicy, QWidget
+from PySide6.QtWidgets import QApplication, QDockWidget, QFrame, QMainWindow, QScrollArea, QSizePolicy, QWidget
 
 log = logging.getLogger("headroom.window")
 
@@ -67,6 +68,35 @@ def plot_share(window: QMainWindow) -> tuple[float, float]:
 def plots_visible_enough(window: QMainWindow) -> bool:
     h, w = plot_share(window)
     return h >= MIN_PLOT_HEIGHT and w >= MIN_PLOT_WIDTH
+
+
+def settle(window: QMainWindow, probe: Callable[[], Any] = lambda: None, timeout: float = 3.0,
+           rounds: int = 3) -> bool:
+    """Process events until the window's layout has stopped changing (the window, its central
+    widget and docks, and whatever `probe` returns the same `rounds` times in a row, ~20 ms
+    apart), at most `timeout` seconds. A scripted screenshot waits for this, so it shows the
+    window as a person would see it. True if it settled."""
+    app = QApplication.instance()
+    if app is None:
+        return False
+
+    def shape() -> tuple:
+        parts = [window.geometry().getRect()]
+        parts += [w.geometry().getRect() for w in [window.centralWidget(), *window.findChildren(QDockWidget)]
+                  if w is not None]
+        return (*parts, probe())
+
+    deadline = time.monotonic() + timeout
+    last, same = None, 0
+    while time.monotonic() < deadline:
+        app.processEvents()
+        now = shape()
+        same = same + 1 if now == last else 0
+        if same >= rounds:
+            return True
+        last = now
+        time.sleep(0.02)
+    return False
 
 
 class DockLayout(QObject):
