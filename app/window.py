@@ -33,6 +33,7 @@ from .ui.shell.loading import LoadingPlots
 from .ui.shell.pacing import TICK_MS
 from .ui.controls.run_starter import RunStarter
 from .ui.runs.tree_views import RunTreeViews
+from .ui.runs.form_sync import FormFollowsRun
 from .ui.runs.views import RunViews
 from .ui.shell.statusbar import ElidedLabel, StatusBar
 from .ui.theme import THEMES, apply_stylesheet, system_theme
@@ -125,6 +126,7 @@ class MainWindow(QMainWindow):
         self.tree = RunTreeViews(self.controller, self.history, self.levers, lambda: self.plots, self.start_fork,
                                  self.show_error, self)
         self.plot_listeners.append(self.tree.plots_built)
+        self.form_sync = FormFollowsRun(self.controller, self.controls)  # whose settings the form holds
         self.view_prefs = ViewPrefs(self.preferences, restore_settings)
         self.view_prefs.bind_controls(self.controls)
         self._wire()
@@ -259,7 +261,11 @@ class MainWindow(QMainWindow):
         return self.session.view_state()
 
     def start_run(self) -> bool:
-        return self.starter.start()
+        if not self.starter.start():
+            return False
+        values, _err = self.controls.values()
+        self.form_sync.started_run(values or {})
+        return True
 
     def start_fork(self, config: dict[str, Any]) -> bool:
         """A fork's TrainConfig fields (fork="DIR@CHECKPOINT"), through the Start path."""
@@ -286,7 +292,9 @@ class MainWindow(QMainWindow):
         self.controller.stop()
 
     def apply_changes(self) -> None:
-        self.controller.apply(self.controls.edits(), self.controls.apply_when())
+        edits = self.controls.edits()
+        self.form_sync.applied_by_user(edits)
+        self.controller.apply(edits, self.controls.apply_when())
 
     def open_run(self, path: str) -> bool:
         """Show a run folder's plots (finished, or training in another process)."""
