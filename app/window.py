@@ -115,7 +115,7 @@ class MainWindow(QMainWindow):
                                                                         self.history_dock, self.levers_dock)])
         ra, aa = self.run_actions, self.app_actions
         self.start_action, self.pause_action, self.resume_action = ra.start, ra.pause, ra.resume
-        self.stop_action, self.apply_action = ra.stop, ra.apply
+        self.stop_action, self.apply_action, self.continue_action = ra.stop, ra.apply, ra.cont
         self.log_action, self.theme_action, self.about_action = aa.log_scale, aa.theme, aa.about
         self.torchrun_action, self.open_log_action = aa.torchrun, aa.open_log
         self.theme_action.setChecked(self.theme == "dark")
@@ -158,7 +158,7 @@ class MainWindow(QMainWindow):
     def _wire(self) -> None:
         ra, aa, ctl = self.run_actions, self.app_actions, self.controller
         for action, slot in ((ra.start, self.start_run), (ra.pause, self.pause_run), (ra.resume, self.resume_run),
-                             (ra.stop, self.stop_run), (ra.apply, self.apply_changes),
+                             (ra.stop, self.stop_run), (ra.apply, self.apply_changes), (ra.cont, self.continue_run),
                              (aa.open_run, self.choose_run_folder), (aa.open_task, self.choose_task_file),
                              (aa.csv, lambda: export.csv_dialog(self, self.model, self.show_error)),
                              (aa.png, lambda: export.png_dialog(self, self.model, self.plots, self.show_error)),
@@ -172,6 +172,7 @@ class MainWindow(QMainWindow):
         self.controls.task_file_wanted.connect(self.choose_task_file)
         self.controls.live.what_fits.clicked.connect(lambda: (self.levers_dock.show(), self.levers_dock.raise_()))
         self.alerts.count_changed.connect(self._alerts_count)
+        self.alerts.serious_added.connect(self._alerts_serious)
         self.alerts.step_clicked.connect(self._zoom_to_step)
         self.history.open_requested.connect(self.open_run)
         self.history.browse_requested.connect(self.choose_run_folder)
@@ -267,6 +268,15 @@ class MainWindow(QMainWindow):
         self.form_sync.started_run(values or {})
         return True
 
+    def continue_run(self, path: str = "") -> bool:
+        """Continue the run shown (or `path`) from its last checkpoint, with the form's settings."""
+        path = path or self.views.continuable()
+        values = self.starter.form()
+        if not path or values is None or not self.controller.continue_run(path, self.base_config, values):
+            return False
+        self.form_sync.started_run(values)
+        return True
+
     def start_fork(self, config: dict[str, Any]) -> bool:
         """A fork's TrainConfig fields (fork="DIR@CHECKPOINT"), through the Start path."""
         return self.starter.fork(config)
@@ -350,7 +360,11 @@ class MainWindow(QMainWindow):
 
     def _alerts_count(self, n: int) -> None:
         self.alerts_dock.setWindowTitle(f"Alerts ({n})" if n else "Alerts")
-        if n:
+
+    def _alerts_serious(self) -> None:
+        """Bring the Alerts tab forward for news during a run, not for a run folder's past (a run
+        viewed from Run history keeps that tab in front)."""
+        if self.session.state.is_live:
             self.alerts_dock.raise_()
 
     def _zoom_to_step(self, step: int) -> None:

@@ -99,6 +99,20 @@ class RunController(QObject):
         except ConfigError as e:
             self.error.emit("Cannot start", str(e))
             return False
+        return self._start(config)
+
+    def continue_run(self, path: str, base: dict[str, Any], form: dict[str, Any]) -> bool:
+        """Continue a run folder from its last checkpoint in this window's engine thread (the
+        engine's --resume), with the form's settings; the run goes on in its own folder."""
+        flags = {k: v for k, v in base.items() if k not in ("resume", "run_dir", "fork", "max_steps")}
+        try:
+            config = start_config({**flags, "resume": path}, form, False)
+        except ConfigError as e:
+            self.error.emit("Cannot continue the run", str(e))
+            return False
+        return self._start(config)
+
+    def _start(self, config: TrainConfig) -> bool:
         folder = config.resume or config.run_dir
         holder = live_writer(folder) if folder else None
         if holder is not None:  # never a second writer: refused before anything loads or is written

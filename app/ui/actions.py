@@ -48,7 +48,7 @@ class ActionButton(QPushButton):
 
 
 class RunActions(QObject):
-    """Start, Pause, Resume, Stop and Apply changes."""
+    """Start, Pause, Resume, Stop, Continue run and Apply changes."""
 
     def __init__(self, parent: QWidget) -> None:
         super().__init__(parent)
@@ -56,6 +56,9 @@ class RunActions(QObject):
         self.pause = make_action(parent, "Pause", "pause", "pause", "Pause after the current epoch")
         self.resume = make_action(parent, "Resume", "resume", "resume", "Resume a paused run")
         self.stop = make_action(parent, "Stop", "stop", "stop", "Stop at the next step and write a checkpoint")
+        self.cont = make_action(parent, "Continue run", "continue", "resume",
+                                "Continue the run shown from its last checkpoint, in its own folder (the engine's "
+                                "--resume), with the form's settings")
         self.apply = make_action(parent, "Apply changes", "apply", "apply",
                                  "Send the edited settings to the run; the engine says when they apply")
 
@@ -64,6 +67,7 @@ class RunActions(QObject):
         self.pause.setEnabled(allowed.pause)
         self.resume.setEnabled(allowed.resume)
         self.stop.setEnabled(allowed.stop)
+        self.cont.setEnabled(allowed.cont)
         self.apply.setEnabled(allowed.apply)
 
 
@@ -105,12 +109,12 @@ def install(window: QMainWindow, run: RunActions, app: AppActions, docks: list[Q
     tb.setObjectName("toolbar_run")
     tb.setMovable(False)
     tb.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextBesideIcon)
-    for a in (run.start, run.pause, run.resume, run.stop, None, app.open_run, app.open_task, None, app.csv,
+    for a in (run.start, run.pause, run.resume, run.stop, run.cont, None, app.open_run, app.open_task, None, app.csv,
               app.png, None, app.theme):
         tb.addSeparator() if a is None else tb.addAction(a)
     mb = window.menuBar()
     _menu(mb.addMenu("&File"), (app.open_run, app.open_task, None, app.csv, app.png, None, app.quit))
-    run_menu = _menu(mb.addMenu("&Run"), (run.start, run.pause, run.resume, run.stop, None, run.apply, None,
+    run_menu = _menu(mb.addMenu("&Run"), (run.start, run.pause, run.resume, run.stop, run.cont, None, run.apply, None,
                                           app.torchrun, app.open_log))
     run_menu.setToolTipsVisible(True)  # the disabled "Run on N GPUs..." says why
     _menu(mb.addMenu("&View"), (app.log_scale, app.fit, app.theme, None, *docks))

@@ -16,15 +16,16 @@ __all__ = ["ElidedLabel", "StatusBar", "fmt_duration", "state_text"]
 
 
 def state_text(view_state: str, state: RunState, model: RunModel) -> str:
-    """One or two words for where the run stands, e.g. 'Paused after epoch 2', 'Viewing (finished)'."""
+    """One or two words for where the run stands, e.g. 'Paused after epoch 2', 'Stopped',
+    'Viewing (gave up)': how a run ended is said as app/model/ending.py says it."""
     st = view_state
     if st == "idle" and state.is_over:
         st = state.value
+    over = model.ending().word if state.is_over else ""
     return {"idle": "Ready", "starting": "Starting", "training": "Training", "pausing": "Pausing",
             "paused": f"Paused after epoch {model.epoch}", "stopping": "Stopping",
-            "viewing": f"Viewing ({state.value})" if state is not RunState.IDLE else "Viewing",
-            "finished": f"Finished ({model.finish_reason})", "failed": "Failed",
-            "interrupted": "Interrupted"}.get(st, st)
+            "viewing": f"Viewing ({over.lower()})" if over else "Viewing",
+            "finished": over, "failed": over, "interrupted": over}.get(st, st)
 
 
 def torch_version_quietly() -> str:
