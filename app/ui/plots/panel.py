@@ -85,6 +85,9 @@ class PlotPanel(QWidget):
         tb = self.toolbar
         self.log_box, self.fit_button, self.hint, self.x_axis_box = tb.log_box, tb.fit_button, tb.hint, tb.x_axis_box
         self.log_box.toggled.connect(self.set_log_scale)
+        self.outliers_box = tb.outliers_box
+        self.outliers_chosen = False  # the user ticked or cleared it: no longer set by itself
+        self.outliers_box.toggled.connect(self._outliers_toggled)
         self.fit_button.clicked.connect(self.fit)
         self.x_axis_box.currentIndexChanged.connect(lambda _i: self.set_x_axis(self.x_axis_box.currentData()))
         self.canvas = PlotCanvas()
@@ -290,6 +293,31 @@ class PlotPanel(QWidget):
         self.refresh(force=True)
         self.log_scale_changed.emit(on)
 
+    @property
+    def ignore_outliers(self) -> bool:
+        return self.outliers_box.isChecked()
+
+    def set_ignore_outliers(self, on: bool) -> None:
+        """As the user's choice (the box is then no longer set by itself)."""
+        self.outliers_chosen = True
+        if self.outliers_box.isChecked() != on:
+            self.outliers_box.setChecked(on)
+
+    def _outliers_toggled(self, _on: bool) -> None:
+        if not self._updating:
+            self.outliers_chosen = True
+        self.follow = True
+        self.refresh(force=True, refit=True)
+
+    def _outliers_by_itself(self, model: RunModel) -> None:
+        """On by itself once the run has non-finite steps or rollbacks (their neighbours are
+        often spikes), unless the user chose."""
+        want = bool(len(model.metrics.nonfinite_steps) or model.rollbacks)
+        if not self.outliers_chosen and want != self.outliers_box.isChecked():
+            self.outliers_box.blockSignals(True)
+            self.outliers_box.setChecked(want)
+            self.outliers_box.blockSignals(False)
+
     def fit(self) -> None:
         """Show everything and follow new steps again."""
         self.follow = True
@@ -365,9 +393,11 @@ class PlotPanel(QWidget):
                 self._tput_unit = unit
                 self.tput_plot.setLabel("left", unit)
             if self.follow:
+                self._outliers_by_itself(model)
                 follow(self.plot_set, {**self._y_series, id(self.stack_plot): self.stack.series()},
                        self._overlays.series(), self.val_item, self._log,
-                       self.memory.shown, refit or force, {id(self.lr_plot): [self.planned.y_shown]})
+                       self.memory.shown, refit or force, {id(self.lr_plot): [self.planned.y_shown]},
+                       robust=self.ignore_outliers)
             if len(buf) > 0 or self._overlays.entries:
                 self._show_loss_note("")
             else:

@@ -1,4 +1,4 @@
-"""The row above the plots: the x axis choice, log scale, Fit all and a hint."""
+"""The row above the plots: the x axis choice, log scale, ignore outliers, Fit all and a hint."""
 from __future__ import annotations
 
 from typing import Optional
@@ -16,6 +16,10 @@ class PlotToolbar(QWidget):
         bar.setContentsMargins(6, 4, 6, 0)
         self.log_box = QCheckBox("Log scale (loss)")
         self.log_box.setToolTip("Show the loss on a logarithmic y axis")
+        self.outliers_box = QCheckBox("Ignore outliers")
+        self.outliers_box.setToolTip("Range the y axes on the finite values without outliers (outside Tukey's fences "
+                                     "around the 5th and 95th percentiles): one spike no longer flattens the curve. "
+                                     "On by itself once a run has non-finite steps or rollbacks.")
         self.fit_button = QPushButton("Fit all")
         self.fit_button.setToolTip("Show the whole run and follow new steps (zooming with the mouse stops following)")
         self.hint = ElidedLabel("")
@@ -32,6 +36,7 @@ class PlotToolbar(QWidget):
         bar.addWidget(self.x_axis_box)
         bar.addSpacing(12)
         bar.addWidget(self.log_box)
+        bar.addWidget(self.outliers_box)
         bar.addWidget(self.fit_button)
         bar.addStretch(1)
         bar.addWidget(self.hint, 100)
