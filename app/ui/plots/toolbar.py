@@ -20,6 +20,9 @@ class PlotToolbar(QWidget):
         self.outliers_box.setToolTip("Range the y axes on the finite values without outliers (outside Tukey's fences "
                                      "around the 5th and 95th percentiles): one spike no longer flattens the curve. "
                                      "On by itself once a run has non-finite steps or rollbacks.")
+        self.clear_compare = QPushButton("Clear compare")
+        self.clear_compare.setToolTip("Take the other runs' curves off the loss plot (Run history's Compare)")
+        self.clear_compare.setVisible(False)  # while runs are compared
         self.fit_button = QPushButton("Fit all")
         self.fit_button.setToolTip("Show the whole run and follow new steps (zooming with the mouse stops following)")
         self.hint = ElidedLabel("")
@@ -38,5 +41,6 @@ class PlotToolbar(QWidget):
         bar.addWidget(self.log_box)
         bar.addWidget(self.outliers_box)
         bar.addWidget(self.fit_button)
+        bar.addWidget(self.clear_compare)
         bar.addStretch(1)
         bar.addWidget(self.hint, 100)

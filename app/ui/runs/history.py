@@ -44,6 +44,7 @@ class HistoryPanel(QWidget):
     overlay_toggled = Signal(str, bool)
     fork_requested = Signal(str, object)  # (run folder, lineage.Checkpoint): "Fork from here..."
     family_requested = Signal(str)  # compare this run with its ancestors, siblings and forks
+    compare_cleared = Signal()  # "Clear compare": no run overlaid
 
     def __init__(self, root: str, parent: Optional[QWidget] = None) -> None:
         super().__init__(parent)
@@ -81,11 +82,14 @@ class HistoryPanel(QWidget):
         self.family_button.setToolTip("Show the selected run with its parent runs, the other forks of its parent "
                                       "and its own forks overlaid, each from its fork point")
         self.family_button.clicked.connect(self._family)
+        self.clear_button = QPushButton("Clear compare")
+        self.clear_button.setToolTip("Untick every compared run: only the run shown stays on the plots")
+        self.clear_button.clicked.connect(self.compare_cleared)
         refresh = QPushButton(assets.icon("refresh"), "")
         refresh.setToolTip("Refresh the list")
         refresh.clicked.connect(self.refresh)
         row = QHBoxLayout()
-        for b in (open_b, browse, self.family_button):
+        for b in (open_b, browse, self.family_button, self.clear_button):
             row.addWidget(b)
         row.addStretch(1)
         row.addWidget(refresh)
