@@ -24,7 +24,7 @@ from .model.runmodel import RunModel
 from .session.controller import RunController
 from .session.launcher import Launch
 from .ui import actions, export
-from .ui.shell import dialogs, layout, window_prefs
+from .ui.shell import dialogs, layout, wheel, window_prefs
 from .ui.alerts import AlertsPanel
 from .ui.controls.panel import ControlsPanel
 from .ui.runs.history import HistoryPanel
@@ -72,6 +72,7 @@ class MainWindow(QMainWindow):
         self.setWindowIcon(assets.app_icon())
         self.setObjectName("MainWindow")
         apply_stylesheet(self.theme)
+        wheel.install(QApplication.instance())  # the wheel changes no setting it passes over
 
         # The plots (pyqtgraph) are built just after the window first paints: pyqtgraph's import is
         # the largest part of start-up, and the controls are usable before it is done.
