@@ -295,7 +295,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if signals["count"] > 1:
             end_now("interrupted twice")
             return
-        QTimer.singleShot(0, win.close)
+        QTimer.singleShot(0, win.close_without_asking)  # a signal is no person to ask
         if signum == signal.SIGTERM:  # a process manager: it kills what does not go; Ctrl+C waits for a second one
             force.start(int(FORCE_AFTER_S * 1000))
 

@@ -37,6 +37,7 @@ from .ui.runs.form_sync import FormFollowsRun
 from .ui.runs.views import RunViews
 from .ui.shell.statusbar import ElidedLabel, StatusBar
 from .ui.theme import THEMES, apply_stylesheet, system_theme
+from .ui.shell.close_question import CloseQuestion
 from .ui.shell.view_prefs import ViewPrefs
 
 log = logging.getLogger("headroom.window")
@@ -129,6 +130,7 @@ class MainWindow(QMainWindow):
         self.plot_listeners.append(self.tree.plots_built)
         self.form_sync = FormFollowsRun(self.controller, self.controls)  # whose settings the form holds
         self.view_prefs = ViewPrefs(self.preferences, restore_settings)
+        self.close_question = CloseQuestion(self, self.preferences, aa.ask_close, restore_settings)
         self.view_prefs.bind_controls(self.controls)
         self._wire()
 
@@ -425,7 +427,16 @@ class MainWindow(QMainWindow):
         self._really_closing = True
         self.close()
 
+    def close_without_asking(self) -> None:
+        """Close the normal way (a run stops with a checkpoint) without the question: a signal."""
+        self.close_question.confirmed = True
+        self.close()
+
     def closeEvent(self, event: QCloseEvent) -> None:  # noqa: N802 - Qt name
+        if self.runner.is_busy() and not self._really_closing and self.close_question.wanted():
+            self.close_question.ask(self.close)  # Stop and quit: closes again, without asking
+            event.ignore()
+            return
         if self.runner.is_busy() and not self._really_closing:
             self.runner.stop()  # at the next micro-batch, with a checkpoint
             t0 = time.perf_counter()

@@ -85,6 +85,9 @@ class AppActions(QObject):
         self.theme = make_action(parent, "Dark theme", "theme", "theme", "Switch light/dark")
         self.theme.setCheckable(True)
         self.quit = make_action(parent, "Quit", "quit")
+        self.ask_close = make_action(parent, "Ask before closing during a run",
+                                     tip="Closing the window while a run trains asks first: stop it with a checkpoint, "
+                                         "or cancel")
         self.fit = make_action(parent, "Fit all")
         self.torchrun = make_action(parent, "Run on N GPUs...", icon="start")
         self.torchrun.setEnabled(False)
@@ -113,7 +116,7 @@ def install(window: QMainWindow, run: RunActions, app: AppActions, docks: list[Q
               app.png, None, app.theme):
         tb.addSeparator() if a is None else tb.addAction(a)
     mb = window.menuBar()
-    _menu(mb.addMenu("&File"), (app.open_run, app.open_task, None, app.csv, app.png, None, app.quit))
+    _menu(mb.addMenu("&File"), (app.open_run, app.open_task, None, app.csv, app.png, None, app.ask_close, app.quit))
     run_menu = _menu(mb.addMenu("&Run"), (run.start, run.pause, run.resume, run.stop, run.cont, None, run.apply, None,
                                           app.torchrun, app.open_log))
     run_menu.setToolTipsVisible(True)  # the disabled "Run on N GPUs..." says why
