@@ -184,6 +184,7 @@ class MainWindow(QMainWindow):
         ctl.signals.model_replaced.connect(lambda *_: self._sync_live())
         ctl.run_dir_known.connect(self._on_run_dir)
         ctl.folder_opened.connect(self._on_folder_opened)
+        ctl.view_restored.connect(self._on_folder_opened)
         ctl.run_done.connect(self._on_run_done)
 
     # -- the plots -----------------------------------------------------------------------
