@@ -38,6 +38,7 @@ from .ui.runs.views import RunViews
 from .ui.shell.statusbar import ElidedLabel, StatusBar
 from .ui.theme import THEMES, apply_stylesheet, system_theme
 from .ui.shell.close_question import CloseQuestion
+from .ui.shell.field_notices import FieldNotices
 from .ui.shell.view_prefs import ViewPrefs
 
 log = logging.getLogger("headroom.window")
@@ -131,6 +132,7 @@ class MainWindow(QMainWindow):
         self.form_sync = FormFollowsRun(self.controller, self.controls)  # whose settings the form holds
         self.view_prefs = ViewPrefs(self.preferences, restore_settings)
         self.close_question = CloseQuestion(self, self.preferences, aa.ask_close, restore_settings)
+        self.field_notices = FieldNotices(self.controls)  # a field says what it refused
         self.view_prefs.bind_controls(self.controls)
         self._wire()
 
