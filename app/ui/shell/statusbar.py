@@ -89,16 +89,16 @@ class StatusBar(QStatusBar):
         else:
             self.progress.setText("step -")
         self.elapsed.setText(f"elapsed {fmt_duration(model.elapsed())}")
-        self._show_progress(prog, state)
-        if state.is_live:
-            eta = None
-            if state is not RunState.PAUSED:
-                eta = prog.run_eta if prog is not None and prog.run_eta is not None else model.eta()
-            self.eta.setText(f"ETA {fmt_eta(eta)}" if eta is not None else "ETA after epoch 1")
+        self._show_progress(prog, state, model)
+        if state is RunState.PAUSED:
+            self.eta.setText("ETA: paused")  # the clock stops while the run waits
+        elif state.is_live:
+            eta = prog.run_eta if prog is not None and prog.run_eta is not None else model.eta()
+            self.eta.setText(f"ETA {fmt_eta(eta)}" if eta is not None else "ETA after the first steps")
         else:
             self.eta.setText("ETA --")
 
-    def _show_progress(self, prog: Optional[EpochProgress], state: RunState) -> None:
+    def _show_progress(self, prog: Optional[EpochProgress], state: RunState, model: RunModel) -> None:
         bar = self.epoch_bar
         bar.setVisible(prog is not None)
         self.epoch_text.setVisible(prog is not None)
@@ -114,5 +114,7 @@ class StatusBar(QStatusBar):
         text = prog.text(eta_shown=running)
         if state is RunState.PAUSED:
             text += " \u00b7 paused"
+        elif state.is_over and prog.fraction < 1.0:
+            text += f" \u00b7 {model.ending().word.lower()}"  # the rest of the epoch was not trained
         self.epoch_text.setText(text)
         bar.setFormat(text)  # no %p, %v or %m in it: Qt shows it as it is (an accessible name, a tooltip)
