@@ -11,7 +11,9 @@ import pyqtgraph as pg
 from .parts import PlotSet
 
 FOLD_BELOW_PX = 430  # the canvas' height
-FOLDED_HINT = "Memory and throughput folded away: taller plots show them"
+FOLDED_HINT = "Memory, throughput folded"
+FOLDED_TIP = ("GPU memory, memory by kind and throughput are folded away while the plots are short: make them "
+              "taller (a larger window, a smaller Alerts dock) to see them")
 
 
 class PlotFold:
@@ -53,5 +55,5 @@ class PlotFold:
                 p.show()
         grid.invalidate()
         self.hint.setText(FOLDED_HINT if fold else "")
-        self.hint.setToolTip(FOLDED_HINT if fold else "")
+        self.hint.setToolTip(FOLDED_TIP if fold else "")
         return True
