@@ -152,7 +152,6 @@ class MainWindow(QMainWindow):
         self.dock_layout.restore(state)  # checked once the plots are in (app/ui/shell/layout.py)
         self.controls.set_values(self.base_config)
         self.controls.set_task(str(self.base_config.get("task") or self.controls.task_spec()))
-        self._needs_layout = True
         QTimer.singleShot(0, self.history.refresh)  # after the window shows
         self.views.sync_state()
 
@@ -176,9 +175,11 @@ class MainWindow(QMainWindow):
         self.run_menu.aboutToShow.connect(self.check_gpus)
         self.controls.task_file_wanted.connect(self.choose_task_file)
         self.controls.live.what_fits.clicked.connect(lambda: (self.levers_dock.show(), self.levers_dock.raise_()))
-        self.alerts.count_changed.connect(self._alerts_count)
-        self.alerts.serious_added.connect(self._alerts_serious)
-        self.alerts.step_clicked.connect(self._zoom_to_step)
+        self.alerts.count_changed.connect(lambda n: self.alerts_dock.setWindowTitle(f"Alerts ({n})" if n else "Alerts"))
+        # The Alerts tab comes forward for news during a run, not for a run folder's past (a run
+        # viewed from Run history keeps that tab in front).
+        self.alerts.serious_added.connect(lambda: self.alerts_dock.raise_() if self.session.state.is_live else None)
+        self.alerts.step_clicked.connect(lambda step: self.plots.zoom_to_step(step))
         self.history.open_requested.connect(self.open_run)
         self.history.browse_requested.connect(self.choose_run_folder)
         ctl.error.connect(self.show_error)
@@ -213,9 +214,7 @@ class MainWindow(QMainWindow):
         panel.set_model(self.model)
         panel.set_live(self.session.state.is_live)
         self.view_prefs.bind_plots(panel, self.history)
-        if self._needs_layout:  # the docks around the plots: the saved layout, or the default
-            self._needs_layout = False
-            self.dock_layout.plots_in()
+        self.dock_layout.plots_in()  # the docks around the plots: the saved layout, or the default
         for fn in list(self.plot_listeners):
             fn(panel)
 
@@ -364,18 +363,6 @@ class MainWindow(QMainWindow):
         if self._close_when_done:
             self.close_now()
 
-    def _alerts_count(self, n: int) -> None:
-        self.alerts_dock.setWindowTitle(f"Alerts ({n})" if n else "Alerts")
-
-    def _alerts_serious(self) -> None:
-        """Bring the Alerts tab forward for news during a run, not for a run folder's past (a run
-        viewed from Run history keeps that tab in front)."""
-        if self.session.state.is_live:
-            self.alerts_dock.raise_()
-
-    def _zoom_to_step(self, step: int) -> None:
-        self.plots.zoom_to_step(step)
-
     # -- dialogs -------------------------------------------------------------------------
     @property
     def last_error(self) -> Optional[tuple[str, str]]:
@@ -418,11 +405,7 @@ class MainWindow(QMainWindow):
         built and the layout has stopped changing."""
         self.tick()
         self.views.update_status()
-        self.plots.refresh(force=True)
-        layout.settle(self, lambda: self.plots.canvas.ci.geometry().getRect())
-        self.plots.refresh(force=True)
-        QApplication.processEvents()
-        return export.write_png(self, path)
+        return export.window_png(self, self.plots, path)
 
     # -- closing -------------------------------------------------------------------------
     def close_now(self) -> None:

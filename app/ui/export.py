@@ -10,6 +10,7 @@ from PySide6.QtWidgets import QApplication, QFileDialog, QMainWindow, QWidget
 
 from app.model.metrics import STEP_COLUMNS, MetricsBuffer
 from app.model.runmodel import RunModel
+from app.ui.shell.layout import settle
 
 CSV_COLUMNS = (*STEP_COLUMNS, "loss_ema")
 INT_COLUMNS = {"step", "epoch", "accum", "micro_batch", "samples", "tokens", "clipped", "nonfinite",
@@ -41,6 +42,15 @@ def write_csv(model: RunModel, path: str) -> int:
             n += 1
     os.replace(tmp, path)
     return n
+
+
+def window_png(window: QWidget, plots: Any, path: str) -> bool:
+    """The whole window once its layout has stopped changing (the plots' own too)."""
+    plots.refresh(force=True)
+    settle(window, lambda: plots.canvas.ci.geometry().getRect())
+    plots.refresh(force=True)
+    QApplication.processEvents()
+    return write_png(window, path)
 
 
 def write_png(widget: QWidget, path: str) -> bool:

@@ -20,11 +20,11 @@ def test_overlays_go_with_the_view_and_clear_compare_clears_them(qtbot, make_win
     assert w.open_run(c)  # another run viewed: a's comparison is not c's
     assert not w.plots.overlays and not w.history.checked
     assert w.history.item_for(b).checkState(0).name == "Unchecked"
-    assert not w.plots.toolbar.clear_compare.isVisible()
+    assert not w.plots.toolbar.clear_compare_shown()
     assert "b (EMA)" not in w.plots.loss_plot.titleLabel.text
     w.history.set_checked(a, True)
     w.history.set_checked(b, True)
-    assert set(w.plots.overlays) == {"a", "b"} and w.plots.toolbar.clear_compare.isVisible()
+    assert set(w.plots.overlays) == {"a", "b"} and w.plots.toolbar.clear_compare_shown()
     w.plots.toolbar.clear_compare.click()
     assert not w.plots.overlays and not w.history.checked
     w.history.set_checked(b, True)

@@ -51,10 +51,10 @@ def test_a_dock_resized_by_the_user_comes_back_at_its_size(qtbot, make_window):
     w1.resize(780, 740)  # inside the test screen (800 x 800): restoreGeometry keeps it as it is
     settle(qtbot, w1)
     w1.resizeDocks([w1.alerts_dock], [220], Qt.Orientation.Vertical)
-    w1.resizeDocks([w1.controls_dock], [300], Qt.Orientation.Horizontal)
+    w1.resizeDocks([w1.controls_dock], [250], Qt.Orientation.Horizontal)
     settle(qtbot, w1)
     alerts_h, controls_w = w1.alerts_dock.height(), w1.controls_dock.width()
-    assert alerts_h > 150 and abs(controls_w - 300) < 10
+    assert alerts_h > 150 and abs(controls_w - 250) < 10
     w1.close()
     w2 = make_window(restore_settings=True)
     settle(qtbot, w2)

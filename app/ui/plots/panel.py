@@ -443,7 +443,7 @@ class PlotPanel(QWidget):
 
     def add_overlay(self, name: str, buf: MetricsBuffer) -> None:
         self._overlays.add(name, buf)
-        self.toolbar.clear_compare.setVisible(True)
+        self.toolbar.show_clear_compare(True)
         self._set_downsampling()
         self._set_titles()
         self.follow = True
@@ -451,7 +451,7 @@ class PlotPanel(QWidget):
 
     def remove_overlay(self, name: str, refresh: bool = True) -> None:
         if self._overlays.remove(name):
-            self.toolbar.clear_compare.setVisible(bool(self._overlays.entries))
+            self.toolbar.show_clear_compare(bool(self._overlays.entries))
             self._set_titles()
             if refresh:
                 self.refresh(force=True, refit=True)
