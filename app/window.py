@@ -165,7 +165,8 @@ class MainWindow(QMainWindow):
                              (ra.stop, self.stop_run), (ra.apply, self.apply_changes), (ra.cont, self.continue_run),
                              (aa.open_run, self.choose_run_folder), (aa.open_task, self.choose_task_file),
                              (aa.csv, lambda: export.csv_dialog(self, self.model, self.show_error)),
-                             (aa.png, lambda: export.png_dialog(self, self.model, self.plots, self.show_error)),
+                             (aa.png, lambda: export.png_dialog(self, self.model, self.plots, self.show_error,
+                                                                self.views.shown_dir)),
                              (aa.quit, self.close), (aa.fit, lambda: self.plots.fit()),
                              (aa.torchrun, self.run_on_gpus_dialog), (aa.open_log, self.launcher.open_log),
                              (aa.about, self.show_about)):
@@ -396,9 +397,10 @@ class MainWindow(QMainWindow):
         return export.write_csv(self.model, path)
 
     def export_png(self, path: str, whole_window: bool = False) -> bool:
-        self.plots.refresh(force=True)
-        QApplication.processEvents()
-        return export.write_png(self if whole_window else self.plots, path)
+        """The plots under a line naming the run (or the whole window)."""
+        if whole_window:
+            return export.window_png(self, self.plots, path)
+        return export.plots_png(self.plots, self.model, path, self.views.shown_dir)
 
     def screenshot(self, path: str) -> bool:
         """PNG of the whole window as a person would see it (--screenshot): once the plots are

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+from PySide6.QtCore import QTimer
 from PySide6.QtWidgets import QProgressBar, QStatusBar, QWidget
 
 from app.model.runmodel import RunModel
@@ -60,11 +61,22 @@ class StatusBar(QStatusBar):
         self.eta = ElidedLabel("ETA --", keep=90)
         self.state = ElidedLabel("Ready", keep=150)
         self.tracker = ProgressTracker()
+        self.note = ElidedLabel("")  # news of the moment ("Wrote run.png"), in its own place
+        self.note.setObjectName("hint")
+        self._note_timer = QTimer(self)
+        self._note_timer.setSingleShot(True)
+        self._note_timer.timeout.connect(lambda: self.note.setText(""))
         for w in (self.state, self.epoch_bar, self.epoch_text, self.progress, self.elapsed, self.eta):
             self.addWidget(w)
+        self.addWidget(self.note, 1)
         for w in (self.device, self.backend, self.torch):
             self.addPermanentWidget(w)
         self.backend.setVisible(False)
+
+    def say(self, text: str, ms: int = 6000) -> None:
+        """Show news for a while beside the run's progress (showMessage would cover it)."""
+        self.note.setText(text)
+        self._note_timer.start(ms)
 
     def update_from(self, model: Optional[RunModel], state: RunState, text: str) -> None:
         self.state.setText(text)
