@@ -139,6 +139,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
 
+    from .core import syslibs
+    libs_missing = syslibs.problem(syslibs.missing())  # before Qt aborts on them, one after another
+    if libs_missing:
+        print_error(libs_missing)
+        return EXIT_FAILED
     from .core import logs
     logs.setup()
     from PySide6.QtCore import QTimer, qInstallMessageHandler
@@ -290,7 +295,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if signals["count"] > 1:
             end_now("interrupted twice")
             return
-        QTimer.singleShot(0, win.close)
+        QTimer.singleShot(0, win.close_without_asking)  # a signal is no person to ask
         if signum == signal.SIGTERM:  # a process manager: it kills what does not go; Ctrl+C waits for a second one
             force.start(int(FORCE_AFTER_S * 1000))
 

@@ -14,7 +14,7 @@ from typing import Any, Callable, Optional
 
 from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtGui import QCloseEvent
-from PySide6.QtWidgets import QApplication, QDockWidget, QLabel, QMainWindow, QMessageBox, QScrollArea, QWidget
+from PySide6.QtWidgets import QApplication, QDockWidget, QMainWindow, QMessageBox, QStackedWidget, QWidget
 
 from engine.declarations.paths import default_runs_root
 
@@ -24,7 +24,7 @@ from .model.runmodel import RunModel
 from .session.controller import RunController
 from .session.launcher import Launch
 from .ui import actions, export
-from .ui.shell import dialogs, window_prefs
+from .ui.shell import dialogs, layout, wheel, window_prefs
 from .ui.alerts import AlertsPanel
 from .ui.controls.panel import ControlsPanel
 from .ui.runs.history import HistoryPanel
@@ -33,9 +33,12 @@ from .ui.shell.loading import LoadingPlots
 from .ui.shell.pacing import TICK_MS
 from .ui.controls.run_starter import RunStarter
 from .ui.runs.tree_views import RunTreeViews
+from .ui.runs.form_sync import FormFollowsRun
 from .ui.runs.views import RunViews
-from .ui.shell.statusbar import StatusBar
+from .ui.shell.statusbar import ElidedLabel, StatusBar
 from .ui.theme import THEMES, apply_stylesheet, system_theme
+from .ui.shell.close_question import CloseQuestion
+from .ui.shell.field_notices import FieldNotices
 from .ui.shell.view_prefs import ViewPrefs
 
 log = logging.getLogger("headroom.window")
@@ -71,6 +74,7 @@ class MainWindow(QMainWindow):
         self.setWindowIcon(assets.app_icon())
         self.setObjectName("MainWindow")
         apply_stylesheet(self.theme)
+        wheel.install(QApplication.instance())  # the wheel changes no setting it passes over
 
         # The plots (pyqtgraph) are built just after the window first paints: pyqtgraph's import is
         # the largest part of start-up, and the controls are usable before it is done.
@@ -78,7 +82,13 @@ class MainWindow(QMainWindow):
         self.plot_listeners: list[Callable[[Any], None]] = []  # called once the plots exist
         self.placeholder = LoadingPlots()
         self.placeholder.paint_listeners.append(lambda _t: QTimer.singleShot(0, self._build_plots))
-        self.setCentralWidget(self.placeholder)
+        # One central widget for the window's life: the plots take the placeholder's place inside
+        # it. (QMainWindow re-fits its docks around a new central widget, and while the plots'
+        # size hints were not in yet the docks took the room: plots a strip, Alerts the window.)
+        self.central = QStackedWidget()
+        self.central.setObjectName("plots_area")
+        self.central.addWidget(self.placeholder)
+        self.setCentralWidget(self.central)
         QTimer.singleShot(250, self._build_plots)  # in case the window is never painted (hidden)
 
         self.run_actions = actions.RunActions(self)
@@ -91,28 +101,24 @@ class MainWindow(QMainWindow):
         self.setStatusBar(self.status)
         # Who writes the run shown, while it is going: "live: pid N on HOST" (this process for
         # its own run; the holder of the run folder's writer lock for a run trained elsewhere).
-        self.live_label = QLabel("")
+        self.live_label = ElidedLabel("")
         self.live_label.setObjectName("live_writer")
         self.status.addPermanentWidget(self.live_label)
-        scroll = QScrollArea()
-        scroll.setWidget(self.controls)
-        scroll.setWidgetResizable(True)
-        scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
-        scroll.setMinimumWidth(self.controls.sizeHint().width() + 24)
         self.setCorner(Qt.Corner.BottomLeftCorner, Qt.DockWidgetArea.LeftDockWidgetArea)
-        self.controls_dock = self._dock("Controls", "controls", scroll, Qt.DockWidgetArea.LeftDockWidgetArea)
+        self.controls_dock = self._dock("Controls", "controls", self.controls, Qt.DockWidgetArea.LeftDockWidgetArea)
         self.alerts_dock = self._dock("Alerts", "alerts", self.alerts, Qt.DockWidgetArea.BottomDockWidgetArea)
         self.history_dock = self._dock("Run history", "history", self.history, Qt.DockWidgetArea.BottomDockWidgetArea)
         self.levers_dock = self._dock("What fits", "levers", self.levers, Qt.DockWidgetArea.BottomDockWidgetArea)
         self.tabifyDockWidget(self.alerts_dock, self.history_dock)
         self.tabifyDockWidget(self.history_dock, self.levers_dock)
         self.alerts_dock.raise_()
+        self.dock_layout = layout.DockLayout(self, self.controls_dock, self.alerts_dock)
         self.run_menu = actions.install(self, self.run_actions, self.app_actions,
                                         [d.toggleViewAction() for d in (self.controls_dock, self.alerts_dock,
                                                                         self.history_dock, self.levers_dock)])
         ra, aa = self.run_actions, self.app_actions
         self.start_action, self.pause_action, self.resume_action = ra.start, ra.pause, ra.resume
-        self.stop_action, self.apply_action = ra.stop, ra.apply
+        self.stop_action, self.apply_action, self.continue_action = ra.stop, ra.apply, ra.cont
         self.log_action, self.theme_action, self.about_action = aa.log_scale, aa.theme, aa.about
         self.torchrun_action, self.open_log_action = aa.torchrun, aa.open_log
         self.theme_action.setChecked(self.theme == "dark")
@@ -123,7 +129,10 @@ class MainWindow(QMainWindow):
         self.tree = RunTreeViews(self.controller, self.history, self.levers, lambda: self.plots, self.start_fork,
                                  self.show_error, self)
         self.plot_listeners.append(self.tree.plots_built)
+        self.form_sync = FormFollowsRun(self.controller, self.controls)  # whose settings the form holds
         self.view_prefs = ViewPrefs(self.preferences, restore_settings)
+        self.close_question = CloseQuestion(self, self.preferences, aa.ask_close, restore_settings)
+        self.field_notices = FieldNotices(self.controls)  # a field says what it refused
         self.view_prefs.bind_controls(self.controls)
         self._wire()
 
@@ -136,35 +145,28 @@ class MainWindow(QMainWindow):
         for t in self.preferences.recent("recent_tasks"):
             if os.path.isfile(t):
                 self.controls.set_task(t)
-        restored = (window_prefs.restore(self, self.preferences, self.controls, self.log_action, self.base_config)
-                    if restore_settings else False)
-        self.controls.set_values(self.base_config)
-        self.controls.set_task(str(self.base_config.get("task") or self.controls.task_spec()))
-        self._needs_layout = not restored
+        restored, state = (window_prefs.restore(self, self.preferences, self.controls, self.log_action,
+                                                self.base_config) if restore_settings else (False, None))
         if not restored:
             self.resize(1440, 900)
-            self.default_layout()
+        self.dock_layout.restore(state)  # checked once the plots are in (app/ui/shell/layout.py)
+        self.controls.set_values(self.base_config)
+        self.controls.set_task(str(self.base_config.get("task") or self.controls.task_spec()))
         QTimer.singleShot(0, self.history.refresh)  # after the window shows
         self.views.sync_state()
 
     # -- construction ----------------------------------------------------------------------
     def _dock(self, title: str, name: str, widget: QWidget, area: Qt.DockWidgetArea) -> QDockWidget:
-        d = QDockWidget(title, self)
-        d.setObjectName(f"dock_{name}")
-        d.setWidget(widget)
-        d.setFeatures(QDockWidget.DockWidgetFeature.DockWidgetMovable
-                      | QDockWidget.DockWidgetFeature.DockWidgetFloatable
-                      | QDockWidget.DockWidgetFeature.DockWidgetClosable)
-        self.addDockWidget(area, d)
-        return d
+        return layout.make_dock(self, title, name, widget, area)
 
     def _wire(self) -> None:
         ra, aa, ctl = self.run_actions, self.app_actions, self.controller
         for action, slot in ((ra.start, self.start_run), (ra.pause, self.pause_run), (ra.resume, self.resume_run),
-                             (ra.stop, self.stop_run), (ra.apply, self.apply_changes),
+                             (ra.stop, self.stop_run), (ra.apply, self.apply_changes), (ra.cont, self.continue_run),
                              (aa.open_run, self.choose_run_folder), (aa.open_task, self.choose_task_file),
                              (aa.csv, lambda: export.csv_dialog(self, self.model, self.show_error)),
-                             (aa.png, lambda: export.png_dialog(self, self.model, self.plots, self.show_error)),
+                             (aa.png, lambda: export.png_dialog(self, self.model, self.plots, self.show_error,
+                                                                self.views.shown_dir)),
                              (aa.quit, self.close), (aa.fit, lambda: self.plots.fit()),
                              (aa.torchrun, self.run_on_gpus_dialog), (aa.open_log, self.launcher.open_log),
                              (aa.about, self.show_about)):
@@ -174,8 +176,11 @@ class MainWindow(QMainWindow):
         self.run_menu.aboutToShow.connect(self.check_gpus)
         self.controls.task_file_wanted.connect(self.choose_task_file)
         self.controls.live.what_fits.clicked.connect(lambda: (self.levers_dock.show(), self.levers_dock.raise_()))
-        self.alerts.count_changed.connect(self._alerts_count)
-        self.alerts.step_clicked.connect(self._zoom_to_step)
+        self.alerts.count_changed.connect(lambda n: self.alerts_dock.setWindowTitle(f"Alerts ({n})" if n else "Alerts"))
+        # The Alerts tab comes forward for news during a run, not for a run folder's past (a run
+        # viewed from Run history keeps that tab in front).
+        self.alerts.serious_added.connect(lambda: self.alerts_dock.raise_() if self.session.state.is_live else None)
+        self.alerts.step_clicked.connect(lambda step: self.plots.zoom_to_step(step))
         self.history.open_requested.connect(self.open_run)
         self.history.browse_requested.connect(self.choose_run_folder)
         ctl.error.connect(self.show_error)
@@ -183,6 +188,7 @@ class MainWindow(QMainWindow):
         ctl.signals.model_replaced.connect(lambda *_: self._sync_live())
         ctl.run_dir_known.connect(self._on_run_dir)
         ctl.folder_opened.connect(self._on_folder_opened)
+        ctl.view_restored.connect(self._on_folder_opened)
         ctl.run_done.connect(self._on_run_done)
 
     # -- the plots -----------------------------------------------------------------------
@@ -202,17 +208,14 @@ class MainWindow(QMainWindow):
         panel.log_scale_changed.connect(self.log_action.setChecked)
         if self.log_action.isChecked():
             panel.set_log_scale(True)
-        old = self.centralWidget()
-        self.setCentralWidget(panel)
-        if old is not None:
-            old.deleteLater()
+        self.central.addWidget(panel)
+        self.central.setCurrentWidget(panel)
+        self.central.removeWidget(self.placeholder)
+        self.placeholder.deleteLater()
         panel.set_model(self.model)
         panel.set_live(self.session.state.is_live)
         self.view_prefs.bind_plots(panel, self.history)
-        if self._needs_layout:  # dock sizes again, once the plots are in the layout
-            self._needs_layout = False
-            self.default_layout()
-            QTimer.singleShot(0, self.default_layout)
+        self.dock_layout.plots_in()  # the docks around the plots: the saved layout, or the default
         for fn in list(self.plot_listeners):
             fn(panel)
 
@@ -226,12 +229,13 @@ class MainWindow(QMainWindow):
 
     # -- layout and preferences ------------------------------------------------------------
     def default_layout(self) -> None:
-        self.resizeDocks([self.alerts_dock], [170], Qt.Orientation.Vertical)
-        self.resizeDocks([self.controls_dock], [340], Qt.Orientation.Horizontal)
+        self.dock_layout.default()
 
     def use_default_layout(self) -> None:
         """Lay the docks out the default way once the plots are in, whatever was saved."""
-        self._needs_layout = True
+        self.dock_layout.forget_saved()
+        if self._plots is not None:
+            self.dock_layout.plots_in()
 
     def save_preferences(self) -> None:
         window_prefs.save(self, self.preferences, self.controls, self.theme, self.log_action.isChecked())
@@ -264,7 +268,20 @@ class MainWindow(QMainWindow):
         return self.session.view_state()
 
     def start_run(self) -> bool:
-        return self.starter.start()
+        if not self.starter.start():
+            return False
+        values, _err = self.controls.values()
+        self.form_sync.started_run(values or {})
+        return True
+
+    def continue_run(self, path: str = "") -> bool:
+        """Continue the run shown (or `path`) from its last checkpoint, with the form's settings."""
+        path = path or self.views.continuable()
+        values = self.starter.form()
+        if not path or values is None or not self.controller.continue_run(path, self.base_config, values):
+            return False
+        self.form_sync.started_run(values)
+        return True
 
     def start_fork(self, config: dict[str, Any]) -> bool:
         """A fork's TrainConfig fields (fork="DIR@CHECKPOINT"), through the Start path."""
@@ -291,7 +308,9 @@ class MainWindow(QMainWindow):
         self.controller.stop()
 
     def apply_changes(self) -> None:
-        self.controller.apply(self.controls.edits(), self.controls.apply_when())
+        edits = self.controls.edits()
+        self.form_sync.applied_by_user(edits)
+        self.controller.apply(edits, self.controls.apply_when())
 
     def open_run(self, path: str) -> bool:
         """Show a run folder's plots (finished, or training in another process)."""
@@ -345,14 +364,6 @@ class MainWindow(QMainWindow):
         if self._close_when_done:
             self.close_now()
 
-    def _alerts_count(self, n: int) -> None:
-        self.alerts_dock.setWindowTitle(f"Alerts ({n})" if n else "Alerts")
-        if n:
-            self.alerts_dock.raise_()
-
-    def _zoom_to_step(self, step: int) -> None:
-        self.plots.zoom_to_step(step)
-
     # -- dialogs -------------------------------------------------------------------------
     @property
     def last_error(self) -> Optional[tuple[str, str]]:
@@ -386,17 +397,17 @@ class MainWindow(QMainWindow):
         return export.write_csv(self.model, path)
 
     def export_png(self, path: str, whole_window: bool = False) -> bool:
-        self.plots.refresh(force=True)
-        QApplication.processEvents()
-        return export.write_png(self if whole_window else self.plots, path)
+        """The plots under a line naming the run (or the whole window)."""
+        if whole_window:
+            return export.window_png(self, self.plots, path)
+        return export.plots_png(self.plots, self.model, path, self.views.shown_dir)
 
     def screenshot(self, path: str) -> bool:
-        """PNG of the whole window as it is now (--screenshot)."""
+        """PNG of the whole window as a person would see it (--screenshot): once the plots are
+        built and the layout has stopped changing."""
         self.tick()
         self.views.update_status()
-        self.plots.refresh(force=True)
-        QApplication.processEvents()
-        return export.write_png(self, path)
+        return export.window_png(self, self.plots, path)
 
     # -- closing -------------------------------------------------------------------------
     def close_now(self) -> None:
@@ -404,7 +415,16 @@ class MainWindow(QMainWindow):
         self._really_closing = True
         self.close()
 
+    def close_without_asking(self) -> None:
+        """Close the normal way (a run stops with a checkpoint) without the question: a signal."""
+        self.close_question.confirmed = True
+        self.close()
+
     def closeEvent(self, event: QCloseEvent) -> None:  # noqa: N802 - Qt name
+        if self.runner.is_busy() and not self._really_closing and self.close_question.wanted():
+            self.close_question.ask(self.close)  # Stop and quit: closes again, without asking
+            event.ignore()
+            return
         if self.runner.is_busy() and not self._really_closing:
             self.runner.stop()  # at the next micro-batch, with a checkpoint
             t0 = time.perf_counter()

@@ -125,6 +125,14 @@ def remove_if_empty(path: str, keep_folder: bool = False, own_pid: Optional[int]
     return True
 
 
+@dataclass(frozen=True)
+class RolledBackRow:
+    """A rolled_back event's where and why (enough to say how a run gave up)."""
+    to_step: int
+    from_step: int
+    reason: str
+
+
 @dataclass
 class RunSummary:
     path: str
@@ -133,6 +141,15 @@ class RunSummary:
     status: str  # running, finished, failed, interrupted, unknown
     started: Optional[float]
     steps: Optional[int]
+    finished: Optional[float] = None  # wall clock of its end
+    finish_reason: Optional[str] = None  # run_finished's reason, or run_failed's error
+    nonfinite_mode: Optional[str] = None  # its --nonfinite
+    rollbacks: tuple[RolledBackRow, ...] = ()
+    final_loss: Optional[float] = None
+
+    @property
+    def duration(self) -> Optional[float]:
+        return self.finished - self.started if self.finished and self.started else None
 
     def label(self) -> str:
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(self.started)) if self.started else "?"
@@ -149,17 +166,56 @@ def summarize(path: str) -> Optional[RunSummary]:
         info = reader.info()
     except StoreError:
         info = {}
+    try:
+        ending = _ending_rows(reader)
     finally:
         reader.close()
     status = str(info.get("status") or "unknown")
     if status == "running" and not is_live(path, info):
         status = "interrupted"
-    started = info.get("started")
+    started, finished = info.get("started"), info.get("finished")
     steps = info.get("step")
+    cfg = info.get("config") if isinstance(info.get("config"), dict) else {}
     return RunSummary(path=os.path.abspath(path), name=os.path.basename(os.path.normpath(path)),
                       task=str(info.get("task") or "?"), status=status,
                       started=float(started) if isinstance(started, (int, float)) else None,
-                      steps=int(steps) if isinstance(steps, int) else None)
+                      steps=int(steps) if isinstance(steps, int) else None,
+                      finished=float(finished) if isinstance(finished, (int, float)) else None,
+                      nonfinite_mode=str(cfg.get("nonfinite") or "") or None, **ending)
+
+
+def _ending_rows(reader: RunReader) -> dict[str, Any]:
+    """How the run ended, from its events (run_finished, run_failed, rolled_back) and its last
+    loss, read with three small queries; {} for a run.db that cannot say."""
+    import json
+    import sqlite3
+    out: dict[str, Any] = {}
+    try:
+        db = reader.connection
+        rows = db.execute("SELECT kind, data FROM events WHERE kind IN ('run_finished', 'run_failed', "
+                          "'rolled_back') ORDER BY id").fetchall()
+        rolled: list[RolledBackRow] = []
+        for kind, raw in rows:
+            try:
+                data = json.loads(raw) if raw else {}
+            except (TypeError, ValueError):
+                data = {}
+            if not isinstance(data, dict):
+                continue
+            if kind == "rolled_back":
+                try:
+                    rolled.append(RolledBackRow(int(data["to_step"]), int(data["from_step"]), str(data.get("reason"))))
+                except (KeyError, TypeError, ValueError):
+                    continue
+            else:
+                out["finish_reason"] = str(data.get("reason" if kind == "run_finished" else "error") or "")
+        out["rollbacks"] = tuple(rolled)
+        last = db.execute("SELECT loss FROM metrics ORDER BY step DESC LIMIT 1").fetchone()
+        if last is not None and isinstance(last[0], (int, float)):
+            out["final_loss"] = float(last[0])
+    except (sqlite3.Error, AttributeError):
+        return out
+    return out
 
 
 def list_runs(root: str, extra: tuple[str, ...] = ()) -> list[RunSummary]:

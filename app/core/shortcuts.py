@@ -6,6 +6,7 @@ SHORTCUTS = {
     "pause": "F6",
     "resume": "F7",
     "stop": "Shift+F5",
+    "continue": "Ctrl+F5",
     "apply": "Ctrl+Return",
     "open_run": "Ctrl+O",
     "open_task": "Ctrl+Shift+O",

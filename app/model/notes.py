@@ -11,7 +11,7 @@ from engine.declarations.events import Event
 # Event kinds that become an entry in the alerts panel (one entry per occurrence).
 ALERT_KINDS = ("nonfinite", "clip_saturation", "vram_low", "batchnorm_small_batch", "lr_hint",
                "oom_recovered", "command_refused", "scaler_skip", "run_failed", "micro_batch_found",
-               "run_damaged", "rolled_back", "memory_snapshot")
+               "run_damaged", "rolled_back", "memory_snapshot", "run_ended")
 
 
 def _float(v: object) -> float:

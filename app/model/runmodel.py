@@ -18,6 +18,7 @@ import numpy as np
 from engine.declarations.events import StepMetrics
 
 from .discarded import KEPT, DiscardedSteps
+from .ending import Ending, ending
 from .fields import fmt_value, words
 from .metrics import MetricsBuffer, StepColumns, _num
 from .notes import Note
@@ -231,6 +232,18 @@ class RunModel:
         self.finish_reason = note.data.get("reason" if note.kind == "run_finished" else "error")
         self.ended_at = note.time or time.time()
         delta.info = True
+        if note.kind == "run_finished":  # why it ended, in the alerts (run_failed is one itself)
+            end = self.ending("finished")
+            said = Note("run_ended", note.step, note.epoch, end.why or end.word, {"key": end.key, "word": end.word},
+                        note.time)
+            self.notes.append(said)
+            delta.alerts.append(said)
+
+    def ending(self, status: Optional[str] = None) -> Ending:
+        """How the run ended (status: finished, failed, interrupted; default: from its state)."""
+        st = status or {RunState.FAILED: "failed", RunState.INTERRUPTED: "interrupted"}.get(self.state, "finished")
+        return ending(st, self.finish_reason, self.step, self.config.get("nonfinite"), self.rollbacks,
+                      error=str(self.finish_reason or "") if st == "failed" else "")
 
     # -- reading -------------------------------------------------------------------------
     @property

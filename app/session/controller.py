@@ -64,6 +64,7 @@ class RunController(QObject):
     error = Signal(str, str)  # (title, message): something the user must read
     run_dir_known = Signal(str)  # the folder of the run shown (prepared, launched or opened)
     folder_opened = Signal(str)  # a run folder's data is in the model
+    view_restored = Signal(str)  # the run shown before a Start that failed is in the model again
     run_done = Signal(dict)  # this window's engine thread has ended: the outcome
 
     def __init__(self, parent: Optional[QObject] = None) -> None:
@@ -75,6 +76,7 @@ class RunController(QObject):
         self.outcome: Optional[dict[str, Any]] = None  # how the last run of this window ended
         self.own: Optional[OwnRun] = None  # the run this window's engine thread trains
         self._resume_used = False  # --resume continues that run once; Start again begins a new one
+        self._before_start = ""  # the run shown when Start was pressed
         self.runner.prepared.connect(self._on_prepared)
         self.runner.bad_input.connect(self._on_bad_input)
         self.runner.failed.connect(self._on_failed)
@@ -99,6 +101,28 @@ class RunController(QObject):
         except ConfigError as e:
             self.error.emit("Cannot start", str(e))
             return False
+        return self._start(config)
+
+    def continue_run(self, path: str, base: dict[str, Any], form: dict[str, Any]) -> bool:
+        """Continue a run folder from its last checkpoint in this window's engine thread (the
+        engine's --resume), with the form's settings; the run goes on in its own folder."""
+        flags = {k: v for k, v in base.items() if k not in ("resume", "run_dir", "fork", "max_steps")}
+        try:
+            config = start_config({**flags, "resume": path}, form, False)
+        except ConfigError as e:
+            self.error.emit("Cannot continue the run", str(e))
+            return False
+        return self._start(config)
+
+    def _shown_folder(self) -> str:
+        """The folder of the run the window shows now ('' : none, or nothing of it to show)."""
+        ses = self.session
+        if not len(ses.model.metrics):
+            return ""
+        d = (ses.source.run_dir if ses.source is not None else None) or ses.model.info.get("run_dir")
+        return str(d or "")
+
+    def _start(self, config: TrainConfig) -> bool:
         folder = config.resume or config.run_dir
         holder = live_writer(folder) if folder else None
         if holder is not None:  # never a second writer: refused before anything loads or is written
@@ -109,6 +133,7 @@ class RunController(QObject):
         if config.resume:
             self._resume_used = True
             history = self._history(config.resume)
+        self._before_start = self._shown_folder()  # shown again if this Start fails before its first step
         self.own = OwnRun(config, config.resume or config.run_dir or None,
                           existed=bool(config.resume or (config.run_dir and os.path.isdir(config.run_dir))))
         self.outcome = None
@@ -149,8 +174,10 @@ class RunController(QObject):
         self.run_dir_known.emit(ln.run_dir)
         return ln
 
-    def open(self, path: str) -> bool:
-        """Show a run folder's data (finished, or training in another process)."""
+    def open(self, path: str, restore: bool = False) -> bool:
+        """Show a run folder's data (finished, or training in another process). restore: the run
+        shown before a Start that failed, shown again (view_restored, not folder_opened: the
+        form keeps what the user was starting)."""
         if self.runner.is_busy():
             self.error.emit("A run is going", "This window is training a run. Stop it first, or tick "
                                               "'Compare' in the run history to overlay the other run's loss.")
@@ -166,7 +193,7 @@ class RunController(QObject):
             return False
         self.publish(self.session.open(src))
         self.run_dir_known.emit(path)
-        self.folder_opened.emit(path)
+        (self.view_restored if restore else self.folder_opened).emit(path)
         return True
 
     # -- commands ------------------------------------------------------------------------
@@ -233,7 +260,17 @@ class RunController(QObject):
         if self.outcome is None:
             self.outcome = {"status": "finished", "reason": self.session.model.finish_reason}
         self._forget_empty_run()
+        self._show_again()
         self.run_done.emit(dict(self.outcome))
+
+    def _show_again(self) -> None:
+        """A Start refused before its first step (a task that does not load): the run the window
+        showed before comes back, plots and all, rather than an empty window under its name."""
+        before, self._before_start = self._before_start, ""
+        if (self.outcome or {}).get("status") != "bad_input" or len(self.session.model.metrics):
+            return
+        if before and os.path.isfile(os.path.join(before, "run.db")):
+            self.open(before, restore=True)
 
     def _forget_empty_run(self) -> None:
         """A run stopped (Stop, the window closed, a signal) or refused before its first step:

@@ -148,8 +148,8 @@ class RunSession:
             return self.state.value
         return "viewing" if self.viewing else "idle"
 
-    def allowed(self, edits_ready: bool, gpus: int, min_gpus: int) -> Allowed:
-        return allowed(self.state, self.busy, edits_ready, gpus, min_gpus)
+    def allowed(self, edits_ready: bool, gpus: int, min_gpus: int, checkpoint: bool = False) -> Allowed:
+        return allowed(self.state, self.busy, edits_ready, gpus, min_gpus, checkpoint)
 
     # -- beginning -----------------------------------------------------------------------
     def reset(self) -> Update:

@@ -48,8 +48,8 @@ class ActionButton(QPushButton):
 
 
 class RunActions(QObject):
-    """Start, Pause, Unpause, Stop and Apply changes. (`resume` is the unpause action: a paused run
-    goes on. Continuing a stopped run from its folder is --resume DIR.)"""
+    """Start, Pause, Unpause, Stop, Continue run and Apply changes. (`resume` is the unpause action:
+    a paused run goes on. `cont` continues a stopped run from its folder, the engine's --resume.)"""
 
     def __init__(self, parent: QWidget) -> None:
         super().__init__(parent)
@@ -57,6 +57,9 @@ class RunActions(QObject):
         self.pause = make_action(parent, "Pause", "pause", "pause", "Pause after the current epoch")
         self.resume = make_action(parent, "Unpause", "resume", "resume", "Go on with a paused run")
         self.stop = make_action(parent, "Stop", "stop", "stop", "Stop at the next step and write a checkpoint")
+        self.cont = make_action(parent, "Continue run", "continue", "resume",
+                                "Continue the run shown from its last checkpoint, in its own folder (the engine's "
+                                "--resume), with the form's settings")
         self.apply = make_action(parent, "Apply changes", "apply", "apply",
                                  "Send the edited settings to the run; the engine says when they apply")
 
@@ -65,6 +68,7 @@ class RunActions(QObject):
         self.pause.setEnabled(allowed.pause)
         self.resume.setEnabled(allowed.resume)
         self.stop.setEnabled(allowed.stop)
+        self.cont.setEnabled(allowed.cont)
         self.apply.setEnabled(allowed.apply)
 
 
@@ -82,6 +86,9 @@ class AppActions(QObject):
         self.theme = make_action(parent, "Dark theme", "theme", "theme", "Switch light/dark")
         self.theme.setCheckable(True)
         self.quit = make_action(parent, "Quit", "quit")
+        self.ask_close = make_action(parent, "Ask before closing during a run",
+                                     tip="Closing the window while a run trains asks first: stop it with a checkpoint, "
+                                         "or cancel")
         self.fit = make_action(parent, "Fit all")
         self.torchrun = make_action(parent, "Run on N GPUs...", icon="start")
         self.torchrun.setEnabled(False)
@@ -106,12 +113,12 @@ def install(window: QMainWindow, run: RunActions, app: AppActions, docks: list[Q
     tb.setObjectName("toolbar_run")
     tb.setMovable(False)
     tb.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextBesideIcon)
-    for a in (run.start, run.pause, run.resume, run.stop, None, app.open_run, app.open_task, None, app.csv,
+    for a in (run.start, run.pause, run.resume, run.stop, run.cont, None, app.open_run, app.open_task, None, app.csv,
               app.png, None, app.theme):
         tb.addSeparator() if a is None else tb.addAction(a)
     mb = window.menuBar()
-    _menu(mb.addMenu("&File"), (app.open_run, app.open_task, None, app.csv, app.png, None, app.quit))
-    run_menu = _menu(mb.addMenu("&Run"), (run.start, run.pause, run.resume, run.stop, None, run.apply, None,
+    _menu(mb.addMenu("&File"), (app.open_run, app.open_task, None, app.csv, app.png, None, app.ask_close, app.quit))
+    run_menu = _menu(mb.addMenu("&Run"), (run.start, run.pause, run.resume, run.stop, run.cont, None, run.apply, None,
                                           app.torchrun, app.open_log))
     run_menu.setToolTipsVisible(True)  # the disabled "Run on N GPUs..." says why
     _menu(mb.addMenu("&View"), (app.log_scale, app.fit, app.theme, None, *docks))

@@ -19,16 +19,25 @@ TITLES = {
     "batchnorm_small_batch": "BatchNorm, small batch", "lr_hint": "lr hint", "oom_recovered": "Out of memory",
     "command_refused": "Refused", "scaler_skip": "fp16 overflow", "run_failed": "Run failed",
     "micro_batch_found": "Micro-batch found", "run_damaged": "Run folder damaged", "rolled_back": "Rolled back",
-    "memory_snapshot": "Memory snapshot",
+    "memory_snapshot": "Memory snapshot", "run_ended": "Run ended",
 }
 SEVERITY = {"nonfinite": "error", "run_failed": "error", "oom_recovered": "alert", "vram_low": "alert",
             "clip_saturation": "alert", "command_refused": "alert", "batchnorm_small_batch": "info",
             "lr_hint": "info", "scaler_skip": "info", "micro_batch_found": "info",
-            "run_damaged": "error", "rolled_back": "alert", "memory_snapshot": "alert"}
+            "run_damaged": "error", "rolled_back": "alert", "memory_snapshot": "alert", "run_ended": "info"}
+# A run_ended row as bad news: the run gave up or stopped at a non-finite step.
+ENDED_BADLY = ("gave_up", "nonfinite")
+
+
+def severity(n: Note) -> str:
+    if n.kind == "run_ended" and n.data.get("key") in ENDED_BADLY:
+        return "error"
+    return SEVERITY.get(n.kind, "info")
 
 
 class AlertsPanel(QWidget):
     count_changed = Signal(int)
+    serious_added = Signal()  # an alert or an error came in (not only info rows): worth a look
     step_clicked = Signal(int)
 
     def __init__(self, parent: Optional[QWidget] = None) -> None:
@@ -78,7 +87,7 @@ class AlertsPanel(QWidget):
                 t.insertRow(row)
                 when = time.strftime("%H:%M:%S", time.localtime(n.time or time.time()))
                 items = [QTableWidgetItem(when), QTableWidgetItem(str(n.step)),
-                         QTableWidgetItem(assets.icon(SEVERITY.get(n.kind, "info")), TITLES.get(n.kind, n.kind)),
+                         QTableWidgetItem(assets.icon(severity(n)), TITLES.get(n.kind, n.kind)),
                          QTableWidgetItem(n.message)]
                 items[1].setTextAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
                 items[3].setToolTip(n.message)
@@ -97,6 +106,8 @@ class AlertsPanel(QWidget):
             t.setUpdatesEnabled(True)
         t.scrollToBottom()
         self._update_summary()
+        if any(severity(n) != "info" for n in notes):
+            self.serious_added.emit()
 
     def _snapshot_cell(self, message: str, path: str) -> QWidget:
         """The message, and a button that opens the snapshot's folder (the file itself opens at

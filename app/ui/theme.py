@@ -36,6 +36,7 @@ class Palette:
     mem_kinds: tuple[str, str, str, str]  # params, grads, optimizer state, activations (stacked)
     rollback: str
     discarded: str  # steps a rollback threw away, greyed
+    planned: str = "#94a3b8"  # the lr the schedule plans ahead (not the lr's own colour: it has not happened)
 
 
 LIGHT = Palette(
@@ -48,11 +49,12 @@ LIGHT = Palette(
 )
 DARK = Palette(
     background="#111318", foreground="#cbd5e1", grid_alpha=0.22,
-    loss="#1e40af", ema="#60a5fa", val="#fb923c", norm="#a78bfa", clip="#f87171", clipped="#f87171",
+    loss="#4a6fa8", ema="#93c5fd", val="#fb923c", norm="#a78bfa", clip="#f87171", clipped="#f87171",
     lr="#2dd4bf", throughput="#22d3ee", throughput_raw="#1f5663", mem_used="#60a5fa", mem_reserved="#c084fc", mem_peak="#f472b6",
     mem_total="#f87171", headroom=(74, 222, 128, 40), marker="#fbbf24", nonfinite="#f87171",
     overlay=("#4ade80", "#c084fc", "#facc15", "#2dd4bf", "#fb7185", "#818cf8"), note="#94a3b8",
     mem_kinds=("#60a5fa", "#a78bfa", "#fbbf24", "#34d399"), rollback="#fb7185", discarded="#5b6170",
+    planned="#7b8494",
 )
 
 

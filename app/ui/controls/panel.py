@@ -78,7 +78,7 @@ class ControlsPanel(QWidget):
         buttons = QGridLayout()
         buttons.setSpacing(4)
         for i, b in enumerate((self.start_button, self.pause_button, self.resume_button, self.stop_button)):
-            buttons.addWidget(b, 0, i)
+            buttons.addWidget(b, i // 2, i % 2)  # two rows: the panel fits a narrow window
         self.run_state = QLabel("Ready")
         self.run_state.setObjectName("hint")
         self.run_state.setWordWrap(True)

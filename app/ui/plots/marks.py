@@ -90,7 +90,9 @@ class PlotMarks:
                 label = m.label if p is self.plots.loss else short_label(m.label)
                 line = pg.InfiniteLine(pos=float(x), angle=90, pen=pen, label=label,
                                        labelOpts={"position": position, "color": self.pal.marker,
-                                                  "anchors": [(0, 0.5), (0, 0.5)],
+                                                  # right of the line, or left of it near the right
+                                                  # edge (pyqtgraph turns it toward the view's middle)
+                                                  "anchors": [(0, 0.5), (1, 0.5)],
                                                   "fill": pg.mkBrush(self.pal.background + "d8")})
                 line.setZValue(20)
                 p.addItem(line, ignoreBounds=True)
@@ -111,7 +113,7 @@ class PlotMarks:
                 label = "NaN/Inf" if (p is self.plots.loss and i == len(shown) - 1) else None
                 line = pg.InfiniteLine(pos=float(s), angle=90, pen=pen, label=label,
                                        labelOpts={"position": 0.08, "color": self.pal.nonfinite,
-                                                  "anchors": [(0, 0.5), (0, 0.5)]})
+                                                  "anchors": [(0, 0.5), (1, 0.5)]})
                 line.setZValue(15)
                 p.addItem(line, ignoreBounds=True)
                 self.nonfinite_lines.append((p, line))

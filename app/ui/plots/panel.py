@@ -32,6 +32,7 @@ from PySide6.QtWidgets import QVBoxLayout, QWidget
 
 from app.model.metrics import MetricsBuffer
 from app.model.runmodel import RunModel
+from .fold import PlotFold
 from .marks import PlotMarks
 from .mem_stack import MemoryStack
 from .memory import MemoryPlot
@@ -84,6 +85,9 @@ class PlotPanel(QWidget):
         tb = self.toolbar
         self.log_box, self.fit_button, self.hint, self.x_axis_box = tb.log_box, tb.fit_button, tb.hint, tb.x_axis_box
         self.log_box.toggled.connect(self.set_log_scale)
+        self.outliers_box = tb.outliers_box
+        self.outliers_chosen = False  # the user ticked or cleared it: no longer set by itself
+        self.outliers_box.toggled.connect(self._outliers_toggled)
         self.fit_button.clicked.connect(self.fit)
         self.x_axis_box.currentIndexChanged.connect(lambda _i: self.set_x_axis(self.x_axis_box.currentData()))
         self.canvas = PlotCanvas()
@@ -155,6 +159,8 @@ class PlotPanel(QWidget):
             s.item.setClipToView(True)
         self._set_downsampling()
         self._set_titles()
+        self.fold = PlotFold(c, ps, self.hint)
+        self.fold.update(c.height() if self.isVisible() else 0)
 
         self.loss_note = pg.TextItem("", color=pal.note, anchor=(0.5, 0.5))
         self.loss_note.setZValue(50)
@@ -166,6 +172,10 @@ class PlotPanel(QWidget):
         self.memory.set_mode("none")
         self._show_x_labels()
         self._show_loss_note(IDLE_NOTE)
+
+    def resizeEvent(self, ev) -> None:  # noqa: N802 - Qt name
+        super().resizeEvent(ev)
+        self.fold.update(self.canvas.height())
 
     def _set_titles(self) -> None:
         set_titles(self.plot_set, self.pal, self.model, self.planned, self._overlays, self.rollbacks)
@@ -283,6 +293,31 @@ class PlotPanel(QWidget):
         self.refresh(force=True)
         self.log_scale_changed.emit(on)
 
+    @property
+    def ignore_outliers(self) -> bool:
+        return self.outliers_box.isChecked()
+
+    def set_ignore_outliers(self, on: bool) -> None:
+        """As the user's choice (the box is then no longer set by itself)."""
+        self.outliers_chosen = True
+        if self.outliers_box.isChecked() != on:
+            self.outliers_box.setChecked(on)
+
+    def _outliers_toggled(self, _on: bool) -> None:
+        if not self._updating:
+            self.outliers_chosen = True
+        self.follow = True
+        self.refresh(force=True, refit=True)
+
+    def _outliers_by_itself(self, model: RunModel) -> None:
+        """On by itself once the run has non-finite steps or rollbacks (their neighbours are
+        often spikes), unless the user chose."""
+        want = bool(len(model.metrics.nonfinite_steps) or model.rollbacks)
+        if not self.outliers_chosen and want != self.outliers_box.isChecked():
+            self.outliers_box.blockSignals(True)
+            self.outliers_box.setChecked(want)
+            self.outliers_box.blockSignals(False)
+
     def fit(self) -> None:
         """Show everything and follow new steps again."""
         self.follow = True
@@ -358,9 +393,11 @@ class PlotPanel(QWidget):
                 self._tput_unit = unit
                 self.tput_plot.setLabel("left", unit)
             if self.follow:
+                self._outliers_by_itself(model)
                 follow(self.plot_set, {**self._y_series, id(self.stack_plot): self.stack.series()},
                        self._overlays.series(), self.val_item, self._log,
-                       self.memory.shown, refit or force, {id(self.lr_plot): [self.planned.y_shown]})
+                       self.memory.shown, refit or force, {id(self.lr_plot): [self.planned.y_shown]},
+                       robust=self.ignore_outliers)
             if len(buf) > 0 or self._overlays.entries:
                 self._show_loss_note("")
             else:
@@ -406,6 +443,7 @@ class PlotPanel(QWidget):
 
     def add_overlay(self, name: str, buf: MetricsBuffer) -> None:
         self._overlays.add(name, buf)
+        self.toolbar.show_clear_compare(True)
         self._set_downsampling()
         self._set_titles()
         self.follow = True
@@ -413,6 +451,7 @@ class PlotPanel(QWidget):
 
     def remove_overlay(self, name: str, refresh: bool = True) -> None:
         if self._overlays.remove(name):
+            self.toolbar.show_clear_compare(bool(self._overlays.entries))
             self._set_titles()
             if refresh:
                 self.refresh(force=True, refit=True)

@@ -14,10 +14,12 @@ from PySide6.QtWidgets import QGraphicsItem
 from app.core import compat  # noqa: F401 - before any plotting (PySide6 6.12 + Python 3.11)
 from app.model.metrics import MetricsBuffer
 from .axis_items import XAxisItem
+from .fitting import FittingPlot, YAxisItem
 from app.ui.theme import Palette
 from app.model.x_axis import DEFAULT_AXIS, columns
 
 GIB = float(2 ** 30)
+MIN_DATA_PX = 28  # the least height a plot keeps for its curves
 pg.setConfigOptions(antialias=False, foreground="#334155", background="#ffffff")
 
 
@@ -154,16 +156,23 @@ def layout_plots(canvas: pg.GraphicsLayoutWidget, view_box: Callable[[], pg.View
     memory by kind | throughput beside both. Every bottom axis counts the chosen x axis; only
     the bottom plot of each column shows its values."""
     def plot(row: int, col: int, **span: int) -> pg.PlotItem:
-        return canvas.addPlot(row=row, col=col, axisItems={"bottom": XAxisItem()}, viewBox=view_box(), **span)
+        # A long legend clips, never widens the plots (and the window): app/ui/plots/fitting.py.
+        p = FittingPlot(axisItems={"bottom": XAxisItem(), "left": YAxisItem()}, viewBox=view_box())
+        canvas.addItem(p, row=row, col=col, **span)
+        return p
     loss = plot(0, 0, colspan=2)
     norm, lr = plot(1, 0), plot(1, 1)
     mem, tput, stack = plot(2, 0), plot(2, 1, rowspan=2), plot(3, 0)
     plots = PlotSet(loss, norm, lr, mem, tput, stack)
     for row, stretch in enumerate((5, 3, 3, 2)):
         canvas.ci.layout.setRowStretchFactor(row, stretch)
+    for col, stretch in enumerate((3, 2)):
+        canvas.ci.layout.setColumnStretchFactor(col, stretch)
+    for p in plots.all:  # each keeps some room for its data under its title and axis, and the rest of
+        p.getViewBox().setMinimumHeight(MIN_DATA_PX)  # the height goes by the rows' stretch (not by
+        p.getViewBox().setPreferredHeight(MIN_DATA_PX)  # pyqtgraph's preferred sizes)
     for p, label in zip(plots.all, ("loss", "norm", "lr", "GiB", "samples/s", "GiB")):
         style_plot(p, label, pal)
-    lr.getAxis("left").enableAutoSIPrefix(False)
     for p in (norm, lr, mem):  # same steps as the plot below them
         p.getAxis("bottom").setStyle(showValues=False)
     return plots

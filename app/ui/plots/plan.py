@@ -47,7 +47,7 @@ def plan_of(data: dict) -> Optional[Plan]:
 class PlannedLr:
     def __init__(self, lr_plot: pg.PlotItem, pal: Palette) -> None:
         self.plot = lr_plot
-        pen = pg.mkPen(pal.lr, width=2, style=Qt.PenStyle.CustomDashLine)
+        pen = pg.mkPen(pal.planned, width=2, style=Qt.PenStyle.CustomDashLine)
         pen.setDashPattern([3, 3])
         self.item = lr_plot.plot(pen=pen)
         self.item.setZValue(-1)  # under the trained lr where they meet

@@ -25,6 +25,33 @@ def follow_x(loss_plot: pg.PlotItem, leads: list[Series], refit: bool) -> None:
         loss_plot.setXRange(lo, nice_ceiling(max(last * 1.2, last + 5)), padding=0)
 
 
+OUTLIER_QUANTILES = (5.0, 95.0)  # Tukey's fences around these, 1.5 times their distance out
+OUTLIER_FENCE = 1.5
+
+
+def fences(y: np.ndarray) -> Optional[tuple[float, float]]:
+    """Tukey's fences of a curve's finite values: the 5th and 95th percentiles, 1.5 times the
+    distance between them further out. A spike of 1e+36 among losses near 1 is outside; a
+    loss that falls from 2.3 to 0.1 is all inside. None: too few values to tell."""
+    y = y[np.isfinite(y)]
+    if len(y) < 8:
+        return None
+    q_lo, q_hi = np.percentile(y, OUTLIER_QUANTILES)
+    reach = OUTLIER_FENCE * (q_hi - q_lo)
+    return float(q_lo - reach), float(q_hi + reach)
+
+
+def inside(ys: list[np.ndarray], bounds: Optional[tuple[float, float]]) -> list[np.ndarray]:
+    """The values of each curve within bounds ("Ignore outliers": the outliers stay drawn, past
+    the axis' edge). The bounds come from the plot's raw curve, so its EMA, which a spike
+    drags up for many steps after, is ranged by them too."""
+    if bounds is None:
+        return ys
+    lo, hi = bounds
+    kept = [y[(y >= lo) & (y <= hi)] for y in ys]
+    return kept if any(len(y) for y in kept) else ys
+
+
 def follow_y(p: pg.PlotItem, ys: list[np.ndarray], log: bool, from_zero: bool, refit: bool) -> None:
     """y around what the plot shows, with 8% to spare; kept while the data fits it well."""
     if not ys:
@@ -51,7 +78,8 @@ def follow_y(p: pg.PlotItem, ys: list[np.ndarray], log: bool, from_zero: bool, r
 
 
 def follow(plots: PlotSet, y_series: dict[int, list[Series]], overlays: list[Series], val_item: pg.PlotDataItem,
-           log: bool, memory_shown: bool, refit: bool, extra_y: Optional[dict[int, list[np.ndarray]]] = None) -> None:
+           log: bool, memory_shown: bool, refit: bool, extra_y: Optional[dict[int, list[np.ndarray]]] = None,
+           robust: bool = False) -> None:
     """Every plot's ranges. `y_series`: the curves of each plot, by id(plot); `extra_y`: more
     y values a plot must show (the planned lr), by id(plot)."""
     follow_x(plots.loss, y_series[id(plots.loss)][:1] + overlays, refit)
@@ -67,4 +95,7 @@ def follow(plots: PlotSet, y_series: dict[int, list[Series]], overlays: list[Ser
             _x, vy = val_item.getData()
             if vy is not None and len(vy):
                 ys.append(np.asarray(vy, float))
-        follow_y(p, ys, log=p is plots.loss and log, from_zero=p in (plots.mem, plots.stack), refit=refit)
+        from_zero = p in (plots.mem, plots.stack)
+        if robust and not from_zero and series and len(series[0].y_shown):
+            ys = inside(ys, fences(np.asarray(series[0].y_shown, float)))
+        follow_y(p, ys, log=p is plots.loss and log, from_zero=from_zero, refit=refit)

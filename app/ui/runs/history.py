@@ -19,11 +19,23 @@ from PySide6.QtWidgets import (QAbstractItemView, QHBoxLayout, QHeaderView, QLab
 from app.core import assets
 from app.core.runs import RunSummary, list_runs
 from app.model import lineage
+from app.model.ending import Ending, ending
+from app.model.epoch_progress import fmt_duration
 from app.model.x_axis import BY_KEY, COMPARE_HINT, DEFAULT_AXIS
 
 PATH_ROLE = Qt.ItemDataRole.UserRole
-COLUMNS = ("Compare", "Run", "Fork: what changed", "Task", "Status", "Started")
+COLUMNS = ("Compare", "Run", "Fork: what changed", "Task", "Status", "Steps", "Final loss", "Duration", "Started")
 RUN, CHANGE, STATUS = 1, 2, 4
+
+
+def summary_ending(r: RunSummary) -> Ending:
+    """How a listed run ended, as the status bar and the alerts say it (app/model/ending.py)."""
+    return ending(r.status, r.finish_reason, r.steps or 0, r.nonfinite_mode, r.rollbacks,
+                  error=r.finish_reason or "" if r.status == "failed" else "")
+
+
+def fmt_loss(v: Optional[float]) -> str:
+    return "" if v is None else f"{v:.4g}"
 
 
 class HistoryPanel(QWidget):
@@ -32,6 +44,7 @@ class HistoryPanel(QWidget):
     overlay_toggled = Signal(str, bool)
     fork_requested = Signal(str, object)  # (run folder, lineage.Checkpoint): "Fork from here..."
     family_requested = Signal(str)  # compare this run with its ancestors, siblings and forks
+    compare_cleared = Signal()  # "Clear compare": no run overlaid
 
     def __init__(self, root: str, parent: Optional[QWidget] = None) -> None:
         super().__init__(parent)
@@ -69,11 +82,14 @@ class HistoryPanel(QWidget):
         self.family_button.setToolTip("Show the selected run with its parent runs, the other forks of its parent "
                                       "and its own forks overlaid, each from its fork point")
         self.family_button.clicked.connect(self._family)
+        self.clear_button = QPushButton("Clear compare")
+        self.clear_button.setToolTip("Untick every compared run: only the run shown stays on the plots")
+        self.clear_button.clicked.connect(self.compare_cleared)
         refresh = QPushButton(assets.icon("refresh"), "")
         refresh.setToolTip("Refresh the list")
         refresh.clicked.connect(self.refresh)
         row = QHBoxLayout()
-        for b in (open_b, browse, self.family_button):
+        for b in (open_b, browse, self.family_button, self.clear_button):
             row.addWidget(b)
         row.addStretch(1)
         row.addWidget(refresh)
@@ -162,7 +178,11 @@ class HistoryPanel(QWidget):
             change = lineage.fork_text(p)
             if p.run_dir not in names:
                 change = f"fork of {os.path.basename(os.path.normpath(p.run_dir))} {change}"
-        item = QTreeWidgetItem(["", r.name, change, r.task, r.status, when])
+        end = summary_ending(r)
+        duration = fmt_duration(r.duration) if r.duration is not None else ""
+        item = QTreeWidgetItem(["", r.name, change, r.task, end.word, f"{r.steps:,}" if r.steps else "",
+                                fmt_loss(r.final_loss), duration, when])
+        item.setToolTip(STATUS, end.text)
         item.setFlags(item.flags() | Qt.ItemFlag.ItemIsUserCheckable)
         item.setCheckState(0, Qt.CheckState.Checked if r.path in self.checked else Qt.CheckState.Unchecked)
         item.setData(RUN, PATH_ROLE, r.path)

@@ -44,6 +44,7 @@ class RunTreeViews(QObject):
         history.fork_requested.connect(lambda path, ckpt: self.forks.open(path, ckpt))
         history.overlay_toggled.connect(self.set_overlay)
         history.family_requested.connect(self.compare_family)
+        history.compare_cleared.connect(self.clear_compare)
         s.run_started.connect(lambda info: self.align_shown(str(info.get("run_dir") or "")))
         controller.folder_opened.connect(self.align_shown)
         s.memory_levers.connect(levers.set_levers)
@@ -52,7 +53,9 @@ class RunTreeViews(QObject):
         levers.apply_requested.connect(self.send_levers)
 
     def plots_built(self, panel: Any) -> None:
+        self._panel = panel
         panel.fork_requested.connect(self.fork_at_step)
+        panel.toolbar.clear_compare.clicked.connect(self.clear_compare)
 
     # -- forks -----------------------------------------------------------------------------
     def shown_run_dir(self) -> Optional[str]:
@@ -94,6 +97,24 @@ class RunTreeViews(QObject):
         columns(buf).set_offsets(lineage.axis_offsets(path))
         panel.add_overlay(name, buf)
 
+    def _built(self) -> Any:
+        return getattr(self, "_panel", None)
+
+    def clear_compare(self) -> None:
+        """No run overlaid: every Compare box unticked, every overlay gone (the plots are not
+        built for it: with nothing ticked there is nothing on them to take off)."""
+        if not self.history.checked:
+            panel = self._built()
+            if panel is not None and panel.overlays:
+                panel.clear_overlays()
+            return
+        for path in list(self.history.checked):
+            self.history.set_checked(path, False)
+        self.history.checked.clear()
+        panel = self._plots()
+        if panel is not None and panel.overlays:
+            panel.clear_overlays()
+
     def compare_family(self, path: str) -> list[str]:
         """Show `path` with its ancestors, siblings and forks overlaid (it is opened first when
         this window is not training; otherwise it is overlaid too)."""
@@ -109,6 +130,9 @@ class RunTreeViews(QObject):
 
     # -- what fits -------------------------------------------------------------------------
     def _on_model_replaced(self, model: Any) -> None:
+        """Another run is shown: the runs compared with the last one go (overlays belong to the
+        view they were chosen in)."""
+        self.clear_compare()
         self.levers.clear()
         if model.memory_levers is not None:
             self.levers.set_levers({**model.memory_levers.data, "step": model.memory_levers.step})

@@ -7,14 +7,24 @@ from typing import Any, Callable
 
 from PySide6.QtCore import QObject
 
+from app.model.lineage import checkpoints
 from app.model.runmodel import RunModel
+from app.model.state import RunState
 from app.session.controller import RunController
 from app.session.launch_command import MIN_GPUS
 from app.ui.actions import AppActions, RunActions
 from app.ui.alerts import AlertsPanel
-from app.ui.controls.panel import ControlsPanel, ended_detail
+from app.ui.controls.panel import ControlsPanel
 from app.ui.shell.pacing import PlotPacer
 from app.ui.shell.statusbar import StatusBar, state_text
+
+
+def ended_detail(state: RunState, model: RunModel) -> str:
+    """The line under 'Ready' once a run has ended: how, and why (app/model/ending.py)."""
+    if not state.is_over:
+        return ""
+    end = model.ending()
+    return f"Last run: {end.word.lower()} at step {model.step:,}" + (f": {end.why}." if end.why else ".")
 
 
 class RunViews(QObject):
@@ -38,6 +48,8 @@ class RunViews(QObject):
         s.alerts_added.connect(alerts.add)
         s.data_changed.connect(self.pacer.mark_due)
         c.edits_changed.connect(self.sync_actions)
+        self.shown_dir = ""  # the folder of the run shown (this window's or one opened)
+        controller.run_dir_known.connect(self._shown)
         controller.launcher.gpu_count_known.connect(lambda *_: self.sync_state())
 
     def sync_state(self) -> None:
@@ -53,9 +65,21 @@ class RunViews(QObject):
 
     def sync_actions(self) -> None:
         launcher = self.controller.launcher
-        allowed = self.session.allowed(self.controls.edits_ready(), launcher.gpu_count or 0, MIN_GPUS)
+        allowed = self.session.allowed(self.controls.edits_ready(), launcher.gpu_count or 0, MIN_GPUS,
+                                       bool(self.continuable()))
         self.run_actions.sync(allowed)
         self.app_actions.set_launch_gate(allowed.launch, launcher.tooltip(), launcher.has_log())
+
+    def _shown(self, path: str) -> None:
+        self.shown_dir = path
+        self.sync_actions()
+
+    def continuable(self) -> str:
+        """The folder Continue run continues ('' : none): the run shown, once it is over, if it
+        has a checkpoint."""
+        if not self.shown_dir or self.session.state.is_live or not checkpoints(self.shown_dir):
+            return ""
+        return self.shown_dir
 
     def update_status(self) -> None:
         ses = self.session

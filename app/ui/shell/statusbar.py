@@ -5,25 +5,28 @@ from __future__ import annotations
 
 from typing import Optional
 
-from PySide6.QtWidgets import QLabel, QProgressBar, QStatusBar, QWidget
+from PySide6.QtCore import QTimer
+from PySide6.QtWidgets import QProgressBar, QStatusBar, QWidget
 
 from app.model.runmodel import RunModel
+from app.ui.elided import ElidedLabel
 from app.model.state import RunState
 from app.model.epoch_progress import EpochProgress, ProgressTracker, fmt_duration, fmt_eta
 
-__all__ = ["StatusBar", "fmt_duration", "state_text"]
+__all__ = ["ElidedLabel", "StatusBar", "fmt_duration", "state_text"]
 
 
 def state_text(view_state: str, state: RunState, model: RunModel) -> str:
-    """One or two words for where the run stands, e.g. 'Paused after epoch 2', 'Viewing (finished)'."""
+    """One or two words for where the run stands, e.g. 'Paused after epoch 2', 'Stopped',
+    'Viewing (gave up)': how a run ended is said as app/model/ending.py says it."""
     st = view_state
     if st == "idle" and state.is_over:
         st = state.value
+    over = model.ending().word if state.is_over else ""
     return {"idle": "Ready", "starting": "Starting", "training": "Training", "pausing": "Pausing",
             "paused": f"Paused after epoch {model.epoch}", "stopping": "Stopping",
-            "viewing": f"Viewing ({state.value})" if state is not RunState.IDLE else "Viewing",
-            "finished": f"Finished ({model.finish_reason})", "failed": "Failed",
-            "interrupted": "Interrupted"}.get(st, st)
+            "viewing": f"Viewing ({over.lower()})" if over else "Viewing",
+            "finished": over, "failed": over, "interrupted": over}.get(st, st)
 
 
 def torch_version_quietly() -> str:
@@ -38,29 +41,42 @@ def torch_version_quietly() -> str:
 class StatusBar(QStatusBar):
     def __init__(self, parent: Optional[QWidget] = None) -> None:
         super().__init__(parent)
-        self.device = QLabel("Device: chosen at start")
-        self.backend = QLabel("")
-        self.torch = QLabel(f"torch {torch_version_quietly()}")
-        self.progress = QLabel("step -")
+        # Every label elides rather than widen the window (app/ui/shell/layout.py): the state and
+        # the step come first and keep their text longest.
+        self.device = ElidedLabel("Device: chosen at start")
+        self.backend = ElidedLabel("")
+        self.torch = ElidedLabel(f"torch {torch_version_quietly()}")
+        self.progress = ElidedLabel("step -", keep=150)
         self.epoch_bar = QProgressBar()  # the bar, and its words beside it (easier to read than on it)
         self.epoch_bar.setObjectName("epoch_progress")
         self.epoch_bar.setTextVisible(False)
         self.epoch_bar.setFixedSize(120, 10)
-        self.epoch_text = QLabel("")
+        self.epoch_text = ElidedLabel("", keep=110)
         tip = ("The current epoch: optimizer steps done of those planned (the data set over the samples per step), "
                "and when it ends at the last steps' pace")
         for w in (self.epoch_bar, self.epoch_text):
             w.setToolTip(tip)
             w.setVisible(False)
-        self.elapsed = QLabel("elapsed --")
-        self.eta = QLabel("ETA --")
-        self.state = QLabel("Ready")
+        self.elapsed = ElidedLabel("elapsed --")
+        self.eta = ElidedLabel("ETA --", keep=90)
+        self.state = ElidedLabel("Ready", keep=150)
         self.tracker = ProgressTracker()
+        self.note = ElidedLabel("")  # news of the moment ("Wrote run.png"), in its own place
+        self.note.setObjectName("hint")
+        self._note_timer = QTimer(self)
+        self._note_timer.setSingleShot(True)
+        self._note_timer.timeout.connect(lambda: self.note.setText(""))
         for w in (self.state, self.epoch_bar, self.epoch_text, self.progress, self.elapsed, self.eta):
             self.addWidget(w)
+        self.addWidget(self.note, 1)
         for w in (self.device, self.backend, self.torch):
             self.addPermanentWidget(w)
         self.backend.setVisible(False)
+
+    def say(self, text: str, ms: int = 6000) -> None:
+        """Show news for a while beside the run's progress (showMessage would cover it)."""
+        self.note.setText(text)
+        self._note_timer.start(ms)
 
     def update_from(self, model: Optional[RunModel], state: RunState, text: str) -> None:
         self.state.setText(text)
@@ -85,16 +101,16 @@ class StatusBar(QStatusBar):
         else:
             self.progress.setText("step -")
         self.elapsed.setText(f"elapsed {fmt_duration(model.elapsed())}")
-        self._show_progress(prog, state)
-        if state.is_live:
-            eta = None
-            if state is not RunState.PAUSED:
-                eta = prog.run_eta if prog is not None and prog.run_eta is not None else model.eta()
-            self.eta.setText(f"ETA {fmt_eta(eta)}" if eta is not None else "ETA after epoch 1")
+        self._show_progress(prog, state, model)
+        if state is RunState.PAUSED:
+            self.eta.setText("ETA: paused")  # the clock stops while the run waits
+        elif state.is_live:
+            eta = prog.run_eta if prog is not None and prog.run_eta is not None else model.eta()
+            self.eta.setText(f"ETA {fmt_eta(eta)}" if eta is not None else "ETA after the first steps")
         else:
             self.eta.setText("ETA --")
 
-    def _show_progress(self, prog: Optional[EpochProgress], state: RunState) -> None:
+    def _show_progress(self, prog: Optional[EpochProgress], state: RunState, model: RunModel) -> None:
         bar = self.epoch_bar
         bar.setVisible(prog is not None)
         self.epoch_text.setVisible(prog is not None)
@@ -110,5 +126,7 @@ class StatusBar(QStatusBar):
         text = prog.text(eta_shown=running)
         if state is RunState.PAUSED:
             text += " \u00b7 paused"
+        elif state.is_over and prog.fraction < 1.0:
+            text += f" \u00b7 {model.ending().word.lower()}"  # the rest of the epoch was not trained
         self.epoch_text.setText(text)
         bar.setFormat(text)  # no %p, %v or %m in it: Qt shows it as it is (an accessible name, a tooltip)

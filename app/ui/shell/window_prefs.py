@@ -2,7 +2,7 @@
 layout, the form's last values, the theme and the loss plot's log scale."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 from PySide6.QtCore import QByteArray
 from PySide6.QtGui import QAction
@@ -13,22 +13,22 @@ from app.ui.controls.panel import ControlsPanel
 
 
 def restore(window: QMainWindow, p: Preferences, controls: ControlsPanel, log_scale: QAction,
-            base_config: dict[str, Any]) -> bool:
-    """True if a saved layout was restored. The form takes the last values unless the command
-    line gave run flags."""
+            base_config: dict[str, Any]) -> tuple[bool, Optional[Any]]:
+    """Restores the geometry, the form's last values (unless the command line gave run flags)
+    and the log scale. Returns (geometry restored, the saved dock state or None): the window's
+    DockLayout restores that state and checks it leaves the plots room (app/ui/shell/layout.py)."""
     restored = False
     geo = p.get_bytes("geometry")
     if isinstance(geo, (QByteArray, bytes)):
         restored = bool(window.restoreGeometry(geo))
     st = p.get_bytes("window_state")
-    if isinstance(st, (QByteArray, bytes)):
-        restored = bool(window.restoreState(st)) and restored
+    state = st if isinstance(st, (QByteArray, bytes)) else None
     last = p.get_json("last_config", {})
     if isinstance(last, dict) and not base_config:
         controls.set_values(last)
     if p.get_json("log_scale", False):
         log_scale.setChecked(True)
-    return restored
+    return restored, state
 
 
 def save(window: QMainWindow, p: Preferences, controls: ControlsPanel, theme: str, log_scale: bool) -> None:

@@ -1,0 +1,143 @@
+"""Which run's settings the Controls panel holds, and a line above the form that says so.
+
+- A run folder opened (finished, or followed while another process trains it): the form
+  takes the settings that run started with (its run table's config), and the line says
+  whose they are and that Start trains a new run with them. "My settings" puts the form
+  back as it was before; "Reset to defaults" gives the engine's defaults.
+- This window's own run, once it has ended: the live fields go back to what Start sent, with
+  the changes the user applied on top. A change the engine made by itself (a rollback's
+  lower lr, a smaller micro-batch after an out-of-memory error) belonged to that run, not to
+  the next one.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Optional
+
+from PySide6.QtCore import QObject
+from PySide6.QtWidgets import QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget
+
+from engine.declarations.config import TrainConfig
+
+from app.model.fields import LIVE_FIELDS
+from app.model.pending import ChangeStatus
+from app.session.controller import RunController
+from app.ui.controls.panel import ControlsPanel
+
+NOT_FORM = ("run_dir", "resume", "fork", "max_steps", "seed")  # run flags the form has no field for
+
+
+def defaults() -> dict[str, Any]:
+    """The engine's default settings, as the form's fields."""
+    return {k: v for k, v in TrainConfig().to_dict().items() if k not in NOT_FORM}
+
+
+class FormBanner(QWidget):
+    def __init__(self, parent: Optional[QWidget] = None) -> None:
+        super().__init__(parent)
+        self.setObjectName("form_banner")
+        self.label = QLabel("")
+        self.label.setObjectName("hint")
+        self.label.setWordWrap(True)
+        self.mine = QPushButton("My settings")
+        self.mine.setToolTip("Put back the settings the form held before this run's were shown")
+        self.reset = QPushButton("Reset to defaults")
+        self.reset.setToolTip("Fill the form with the engine's default settings")
+        row = QHBoxLayout()
+        row.setContentsMargins(0, 0, 0, 0)
+        row.addWidget(self.mine)
+        row.addWidget(self.reset)
+        row.addStretch(1)
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(0, 0, 0, 0)
+        lay.setSpacing(2)
+        lay.addWidget(self.label)
+        lay.addLayout(row)
+        self.show_run("")
+
+    def show_run(self, text: str) -> None:
+        self.label.setText(text)
+        self.label.setVisible(bool(text))
+
+
+class FormFollowsRun(QObject):
+    def __init__(self, controller: RunController, controls: ControlsPanel) -> None:
+        super().__init__(controller)
+        self.controller, self.controls = controller, controls
+        self.banner = FormBanner()
+        lay = controls.layout()
+        lay.insertWidget(2, self.banner)  # under the Run buttons and where the run stands
+        self.user_form: Optional[dict[str, Any]] = None  # the form before a run's settings replaced it
+        self.shown_run = ""  # the folder whose settings the form holds ('' : the user's own)
+        self.started: dict[str, Any] = {}  # what this window's Start sent (its live fields)
+        self.user_changes: dict[str, Any] = {}  # live changes the user applied to this window's run
+        self.banner.mine.clicked.connect(self.restore_user_form)
+        self.banner.reset.clicked.connect(self.reset_to_defaults)
+        self._before: Optional[dict[str, Any]] = None  # the form as a new run model came in
+        controller.signals.model_replaced.connect(lambda _m: self._remember_form())
+        controller.folder_opened.connect(self.show_run_settings)
+        controller.run_done.connect(lambda _outcome: self.own_run_ended())
+        self._sync_mine()
+
+    # -- a run folder shown ------------------------------------------------------------------
+    def show_run_settings(self, path: str) -> None:
+        cfg = self.controller.session.model.config
+        if self.controller.session.state.is_live and not self.controller.session.remote:
+            return
+        if not cfg:
+            return
+        if not self.shown_run:
+            self.user_form = self._before
+        self.shown_run = path
+        self.controls.set_values({k: v for k, v in cfg.items() if k not in NOT_FORM})
+        name = os.path.basename(os.path.normpath(path))
+        going = " (training in another process: the live settings follow it)" if self.controller.session.remote \
+            else ""
+        self.banner.show_run(f"The settings {name} started with{going}. Start trains a new run with them; edit "
+                             f"them first to change it.")
+        self._sync_mine()
+
+    def _remember_form(self) -> None:
+        """Before the new run's values reach the live fields: the form as the user left it."""
+        if not self.shown_run:
+            self._before, _err = self.controls.values()
+
+    def restore_user_form(self) -> None:
+        if self.user_form:
+            self.controls.set_values(self.user_form)
+        self._forget_shown()
+
+    def reset_to_defaults(self) -> None:
+        self.controls.set_values(defaults())
+        self._forget_shown()
+
+    def _forget_shown(self) -> None:
+        self.shown_run, self.user_form = "", None
+        self.banner.show_run("")
+        self._sync_mine()
+
+    def _sync_mine(self) -> None:
+        self.banner.mine.setVisible(self.user_form is not None)
+
+    # -- this window's own run ----------------------------------------------------------------
+    def started_run(self, values: dict[str, Any]) -> None:
+        """Start sent these (the form's values)."""
+        self._forget_shown()
+        self.started = {n: values[n] for n in LIVE_FIELDS if n in values}
+        self.user_changes = {}
+
+    def applied_by_user(self, edits: dict[str, Any]) -> None:
+        self.user_changes.update(edits)
+
+    def own_run_ended(self) -> None:
+        if not self.started:
+            return
+        pending = self.controller.session.pending
+        back = dict(self.started)
+        for name, value in self.user_changes.items():
+            change = pending.get(name)
+            if change is not None and change.status is ChangeStatus.APPLIED and not change.by_rule:
+                back[name] = value
+        self.controls.live.set_values(back)
+        self.controls.live.update_effective()
+        self.started, self.user_changes = {}, {}

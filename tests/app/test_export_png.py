@@ -1,0 +1,26 @@
+"""Export plots (PNG): the plots under a line naming the run, without the row of controls above
+them; the message that says where it went has its own place in the status bar."""
+from __future__ import annotations
+
+from PySide6.QtGui import QColor, QImage
+from PySide6.QtWidgets import QFileDialog
+
+from app.ui.export import HEADER_PX, plot_title
+from test_window_layout import synthetic_run
+
+
+def test_exported_plots_name_the_run_and_leave_out_the_toolbar(qtbot, make_window, tmp_path, monkeypatch):
+    w = make_window()
+    assert w.open_run(synthetic_run(tmp_path / "named-run"))
+    out = tmp_path / "plots.png"
+    monkeypatch.setattr(QFileDialog, "getSaveFileName", staticmethod(lambda *a, **k: (str(out), "")))
+    w.app_actions.png.trigger()
+    img = QImage(str(out))
+    canvas = w.plots.canvas
+    assert (img.width(), img.height()) == (canvas.width(), canvas.height() + HEADER_PX)  # no toolbar row
+    assert "named-run" in plot_title(w.model, w.plots.x_axis_box.currentText(), w.views.shown_dir)
+    bg = QColor(w.plots.pal.background).rgb()
+    header = {img.pixel(x, y) for x in range(0, 300) for y in range(4, HEADER_PX - 4)}
+    assert len(header - {bg}) > 0  # the run's name is written there
+    assert "Wrote" in w.status.note.text() and str(out) in w.status.note.text()
+    assert w.status.currentMessage() == ""  # nothing drawn over the progress bar

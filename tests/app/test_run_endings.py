@@ -1,0 +1,66 @@
+"""How a run ended, said the same way in the status bar, the alerts and the run history
+(completed, stopped, gave up, failed), and "Continue run" for a run with a checkpoint."""
+from __future__ import annotations
+
+from app_helpers import run_to_end, start, wait_until
+from test_app_run_tree import DIVERGING
+
+
+def history_row(w, path: str):
+    w.history.refresh()
+    item = w.history.item_for(path)
+    assert item is not None, path
+    return item
+
+
+def ended_alerts(w) -> list[str]:
+    return [text for kind, _step, text in w.alerts.rows() if kind == "run_ended"]
+
+
+def test_a_stopped_run_says_stopped_and_continues_from_the_app(qtbot, make_window, tmp_path):
+    run = str(tmp_path / "stopped")
+    w = make_window()
+    start(w, epochs=2, run_dir=run)  # 32 steps an epoch
+    wait_until(qtbot, lambda: w.model.step >= 5, 90, "a few steps")
+    w.stop_run()
+    run_to_end(qtbot, w)
+    stopped_at = w.model.step
+    assert stopped_at < 64
+    assert w.status.state.text() == "Stopped"
+    assert any("stopped by hand" in t for t in ended_alerts(w))
+    row = history_row(w, run)
+    assert row.text(4) == "Stopped" and "can be continued" in row.toolTip(4)
+    assert row.text(5) == f"{stopped_at:,}"
+    assert "stopped" in w.controls.run_state.text().lower()
+    # Continue run: the same folder, from the checkpoint, to the end.
+    assert w.continue_action.isEnabled()
+    w.continue_action.trigger()
+    assert w.is_running()
+    run_to_end(qtbot, w)
+    steps = list(w.model.metrics.view("step").astype(int))
+    assert steps == list(range(1, 65))  # the first steps kept, the rest trained once, no gap
+    assert w.status.state.text() == "Completed"
+    assert history_row(w, run).text(4) == "Completed"
+    assert not w.continue_action.isEnabled() or w.views.continuable() == run
+
+
+def test_a_run_that_gives_up_says_why_in_the_alerts_status_and_history(qtbot, make_window, tmp_path):
+    task = tmp_path / "diverging.py"
+    task.write_text(DIVERGING)
+    run = str(tmp_path / "gave-up")
+    w = make_window()
+    w.base_config.update(checkpoint_every=2, nonfinite="rollback")
+    start(w, task=str(task), run_dir=run, epochs=1, micro_batch=8, accum=2, lr=0.01,
+          task_args={"bad_from": 7, "bad_until": 10_000})  # never gets past step 7
+    outcome = run_to_end(qtbot, w)
+    assert outcome["reason"] == "nonfinite"
+    assert w.status.state.text() == "Gave up"
+    said = ended_alerts(w)
+    assert said and "gave up after" in said[-1] and "rollbacks in a row" in said[-1]
+    row = history_row(w, run)
+    assert row.text(4) == "Gave up" and "gave up after" in row.toolTip(4)
+    # The same words for the folder opened in another window.
+    w2 = make_window()
+    assert w2.open_run(run)
+    assert w2.status.state.text() == "Viewing (gave up)"
+    assert any("gave up after" in t for t in ended_alerts(w2))
