@@ -3,7 +3,7 @@ writes what each rank saw to OUT_DIR (weights, steps, how each micro-batch ran).
 
 usage: python -m torch.distributed.run --nproc-per-node 2 tests/ddp/worker.py OUT_DIR [key=value ...]
 
-Options: strategy=ddp|fsdp|sum, fsdp_reduce=last|every, micro=, accum=, epochs=, samples= (data
+Options: strategy=ddp|fsdp, fsdp_reduce=last|every, micro=, accum=, epochs=, samples= (data
 set size), momentum=1 (SGD with momentum), count_hook=1 (record how each micro-batch ran), run=, fork=, resume=1, max_steps=,
 checkpoint_every=, nonfinite=, nan_by_call=1, and the negative controls local_count=1,
 no_share=1, no_buffer_sync=1, no_sum_hook=1.
