@@ -1,7 +1,7 @@
 """The torchrun strategies side by side, through the engine (`python -m engine`), on charlm:
 
-1. step time: --strategy ddp and --strategy sum (the engine's own gradient sum after the
-   window, issue 12) on 2 processes against one process doing the same global window
+1. step time: --strategy ddp and the engine's former gradient sum after the window (issue 12,
+   bench/grad_sum.py) on 2 processes against one process doing the same global window
    (micro-batch 16, accumulation 2 x k), for 16 x 4 and 16 x 1 per rank;
 2. memory per rank: mem_params + mem_grads + mem_optimizer of a --strategy fsdp row (rank 0's
    own shards) against one process's, at 2 and 4 ranks (goal <= 0.55 and <= 0.30).
@@ -26,10 +26,11 @@ import tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def run(args: list[str], nproc: int, run_dir: str, device: str) -> list[dict]:
-    base = [sys.executable] + (["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc), "-m"]
-                               if nproc else ["-m"])
-    cmd = base + ["engine", "--task", "charlm", "--epochs", "1", "--device", device, "--run-dir", run_dir,
+def run(args: list[str], nproc: int, run_dir: str, device: str, grad_sum: bool = False) -> list[dict]:
+    base = [sys.executable] + (["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc)]
+                               if nproc else [])
+    base += [os.path.join(ROOT, "bench", "grad_sum.py")] if grad_sum else ["-m", "engine"]
+    cmd = base + ["--task", "charlm", "--epochs", "1", "--device", device, "--run-dir", run_dir,
                   "--clip", "1.0"] + args
     env = {**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1"}
     r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
@@ -49,12 +50,12 @@ def step_times(repeats: int, device: str, tmp: str) -> None:
     for accum, steps in ((4, 7), (1, 14)):
         configs = {"one": (0, ["--micro-batch", "16", "--accum", str(2 * accum)]),
                    "ddp": (2, ["--micro-batch", "16", "--accum", str(accum), "--strategy", "ddp"]),
-                   "sum": (2, ["--micro-batch", "16", "--accum", str(accum), "--strategy", "sum"])}
+                   "sum": (2, ["--micro-batch", "16", "--accum", str(accum)])}
         got: dict[str, list[float]] = {k: [] for k in configs}
         for r in range(repeats):
             for name, (nproc, args) in configs.items():
                 rows = run(args + ["--max-steps", str(steps)], nproc, os.path.join(tmp, f"t-{accum}-{name}-{r}"),
-                           device)
+                           device, grad_sum=name == "sum")
                 got[name].append(statistics.median(x["step_time"] for x in rows[2:]) * 1000)
         one, ddp, gsum = (statistics.median(got[k]) for k in ("one", "ddp", "sum"))
         print(f"| 16 x {accum} | {one:.0f} | {ddp:.0f} | {gsum:.0f} | {ddp / one:.3f} | {gsum / one:.3f} | "

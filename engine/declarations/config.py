@@ -17,7 +17,7 @@ LR_SCALINGS = ("none", "linear", "sqrt")
 NONFINITE_MODES = ("skip", "stop", "rollback")
 LR_SCHEDULES = ("constant", "linear", "cosine")
 MEMORY_SNAPSHOTS = ("off", "on-oom")
-STRATEGIES = ("ddp", "fsdp", "sum")  # under torchrun: DistributedDataParallel, or FSDP2 sharding (engine/distributed)
+STRATEGIES = ("ddp", "fsdp")  # under torchrun: DistributedDataParallel, or FSDP2 sharding (engine/distributed)
 FSDP_REDUCES = ("last", "every")  # fsdp: reduce-scatter the gradients at the window's last micro-batch, or at each
 DEFAULT_TASK = "mlp"
 # The fields that take one of a fixed set of words, and the words (the flags' choices, the app's lists).

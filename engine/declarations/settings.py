@@ -217,7 +217,7 @@ SETTINGS: tuple[Setting, ...] = (
     # Several GPUs (torchrun)
     Setting("strategy", "Several GPUs (torchrun)", "under torchrun: ddp (a replica per rank, PyTorch's "
             "DistributedDataParallel) or fsdp (parameters, gradients and optimizer state sharded over the ranks, "
-            "FSDP2); sum: the engine's own gradient sum after the window (see bench/RESULTS.md)", label="Strategy"),
+            "FSDP2)", label="Strategy"),
     Setting("fsdp_reduce", "Several GPUs (torchrun)", "fsdp: reduce-scatter the gradients once a window, in its "
             "last micro-batch (parameters and gradients stay whole during the window), or in every micro-batch "
             "(less memory, more traffic)", label="FSDP gradient reduction"),

@@ -1,10 +1,9 @@
 """torchrun support: who am I, and the few collectives the step needs.
 
-Under torchrun (WORLD_SIZE > 1) every rank trains its own copy of the model, made
-equal to rank 0's at the start (`share_rank0_model`, as DistributedDataParallel's
-constructor does), and the gradients are summed once a window (grad_sync.py); this
-module reads the environment, starts the process group (NCCL on GPUs, gloo on CPU)
-and offers small helpers.
+Under torchrun (WORLD_SIZE > 1) every rank starts from rank 0's model (`share_rank0_model`)
+and the run's strategy shares the windows' work (strategy.py: DistributedDataParallel or
+FSDP2, ddp.py and fsdp.py); this module reads the environment, starts the process group
+(NCCL on GPUs, gloo on CPU) and offers small helpers.
 """
 from __future__ import annotations
 
@@ -84,9 +83,10 @@ def broadcast_object(obj: Any, ctx: DistContext) -> Any:
 
 
 def share_rank0_model(model: torch.nn.Module, ctx: DistContext, device: torch.device) -> None:
-    """What DistributedDataParallel's constructor does, without its gradient buckets (a second
-    copy of every gradient that the engine's own sum, grad_sync.py, never uses): check that
-    every rank built the same parameters and buffers, then give every rank rank 0's values."""
+    """What DistributedDataParallel's constructor does, once for every strategy (FSDP2 shards
+    each rank's own values, so they must be rank 0's first): check that every rank built the
+    same parameters and buffers (one line if not, not DDP's multi-line shape dump), then give
+    every rank rank 0's values."""
     if not ctx.enabled:
         return
     named = list(model.named_parameters()) + list(model.named_buffers())

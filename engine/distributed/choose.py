@@ -8,7 +8,6 @@ import torch
 from engine import distributed as D
 from .ddp import Ddp
 from .fsdp import Fsdp
-from .grad_sync import GradSum
 from .strategy import Local
 
 
@@ -23,6 +22,4 @@ def build(name: str, model: torch.nn.Module, ctx: D.DistContext, device: torch.d
     if name == "fsdp":
         return Fsdp(model, ctx, device, blocks=blocks, precision=precision, reduce=fsdp_reduce,
                     cpu_offload=cpu_offload)
-    if name == "sum":
-        return GradSum(model, ctx, device)
     return Ddp(model, ctx, device, find_unused=bool(unused))

@@ -94,7 +94,7 @@ def train_window(w: WindowContext, batches: Iterable[Any], window_samples: int, 
     tensor_count = False
     n_real = n_micro
     if n_micro is not None:  # how many micro-batches this rank runs: stand-ins (weight 0) beyond its own
-        n_micro = _guarded(w, lambda: strategy.begin_window(n_real or 0), True, 0, n_micro, micro_batch)
+        n_micro = _guarded(w, lambda: strategy.begin_window(n_real or 0), True, 0, None, micro_batch)
         if n_micro > (n_real or 0):
             assert w.stand_in is not None
             batches = itertools.chain(batches, (w.stand_in() for _ in range(n_micro - (n_real or 0))))

@@ -1,30 +1,31 @@
-"""Under torchrun: the window's gradients summed over ranks, once, after every rank finished
-its micro-batches.
+"""The engine's former gradient sum (issue 12, engine/distributed/grad_sync.py until issue 20),
+kept here so the benchmarks can hold --strategy ddp against it side by side.
 
-Every micro-batch's backward is local, the last one too (the model is not wrapped in
-DistributedDataParallel, whose reducer would all-reduce buckets during the last backward),
-so no collective is ever in flight while a backward runs. An out-of-memory error anywhere in
-a window is then this rank's alone: it redoes the window with a smaller micro-batch while
-the others wait at the window's first collective, and every rank takes the same decision
-afterwards (accumulate.py). Without the wrapper there is no second, bucketed copy of every
-gradient either: the sum needs its buckets of at most BUCKET_BYTES per dtype, no more.
+No wrapper: every micro-batch's backward is local, the last one too, and the window's
+gradients are summed over ranks once every rank has finished its share, in buckets of at
+most BUCKET_BYTES per dtype (allocated before the first collective), with the buffers
+broadcast from rank 0. No collective is ever in flight in a micro-batch, so an
+out-of-memory error anywhere is the rank's alone; the price: the all-reduce does not
+overlap the last backward. bench/RESULTS.md has the measurement that retired it
+(bench/torchrun_strategies.py): it did not win a case by more than the noise.
 
-The price: the gradient all-reduce does not overlap the last backward. With k micro-batches
-a window it is paid once per k backwards, as DDP under accumulation pays it anyway.
+As a launcher, the engine's CLI with this sum in place of --strategy's:
 
-Nothing here allocates once the window's collectives begin: the bucket buffers are made in
-`prepare()`, which runs before the first one, so an out-of-memory error cannot strike one
-rank between two collectives.
+    torchrun --nproc-per-node 2 bench/grad_sum.py --task charlm ...   (the engine's flags)
 """
 from __future__ import annotations
 
-from typing import Optional
+import os
+import sys
+from typing import Any, Optional
 
-import torch
-import torch.distributed as dist
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from engine import distributed as D
-from .strategy import Replicated
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+from engine import distributed as D  # noqa: E402
+from engine.distributed.strategy import Replicated  # noqa: E402
 
 BUCKET_BYTES = 25 * 1024 * 1024  # DDP's default bucket_cap_mb
 
@@ -96,7 +97,7 @@ class GradSync:
 
 
 class GradSum(Replicated):
-    """`--strategy sum`: no wrapper; every micro-batch local, the last one too, and the
+    """The strategy: no wrapper; every micro-batch local, the last one too, and the
     gradients summed after the window (GradSync), so no collective is ever in flight in a
     micro-batch: an out-of-memory error anywhere in the window is this rank's alone."""
     name = "sum"
@@ -111,3 +112,21 @@ class GradSum(Replicated):
 
     def after_window(self) -> None:
         self.sync.reduce()  # the buffers from rank 0 too
+
+
+def main() -> int:
+    import engine.loop.setup as setup
+    setup.build_strategy = lambda name, model, ctx, device, **kw: (  # type: ignore[assignment]
+        (D.share_rank0_model(model, ctx, device), GradSum(model, ctx, device))[1] if ctx.enabled
+        else _local(model, ctx))
+    from engine.cli import main as engine_main
+    return engine_main(sys.argv[1:])
+
+
+def _local(model: torch.nn.Module, ctx: D.DistContext) -> Any:
+    from engine.distributed.strategy import Local
+    return Local(model, ctx)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
