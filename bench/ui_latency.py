@@ -197,7 +197,6 @@ def bench_headless_rate(seconds: float) -> float:
     cfg = TrainConfig(task="mlp", micro_batch=16, accum=4, epochs=1000, device="cpu",
                       run_dir=os.path.join(_TMP, "runs", "headless"))
     trainer = Trainer(cfg, sink=buf.put)
-    trainer.prepare()
     th = threading.Thread(target=trainer.run)
     th.start()
     while trainer.step < 5:

@@ -341,8 +341,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         ns = build_parser().parse_args(argv)
         config = config_from_args(ns)
         from .loop.trainer import Trainer, TrainingError  # torch loads here, after the flags are checked
-        trainer = Trainer(config, sink=ConsoleSink(ns.json, config.epochs))
-        trainer.prepare()
+        trainer = Trainer(config, sink=ConsoleSink(ns.json, config.epochs))  # builds the run: bad input raises here
     except ConfigError as e:
         _say_error(e)
         return EXIT_BAD_INPUT

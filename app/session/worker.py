@@ -120,7 +120,6 @@ class EngineWorker(QObject):
             threads = leave_a_core_for_the_gui()
             log.info("torch intra-op threads: %d", threads)
             trainer = Trainer(self.config, sink=self.buffer.put, commands=self.commands)
-            trainer.prepare()
         except ConfigError as e:  # TaskError too: a bad task file, an unknown task, a value out of range
             log.info("run refused: %s", e)
             self.bad_input.emit(str(e))

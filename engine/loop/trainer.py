@@ -94,11 +94,6 @@ class Trainer(TrainerViews):
         """Thread-safe and signal-safe: stop after the current micro-batch, with a checkpoint."""
         self._stop.set()
 
-    def prepare(self) -> RunParts:
-        """The run's parts. They are built when the Trainer is made; callers that built them
-        before run() with this call keep working."""
-        return self.parts
-
     def _open(self, parts: RunParts) -> None:
         """Open the run folder (rank 0) and continue from the checkpoint, if any (opening.py)."""
         if self.ctx.is_main:

@@ -27,7 +27,7 @@ def test_the_run_is_built_when_the_trainer_is_made_and_only_then(tmp_path, monke
     assert model is task.model and trainer.run_dir == str(tmp_path / "r") and trainer.step == 0
     assert not os.path.exists(tmp_path / "r" / "run.db")  # built, nothing written yet
     result = trainer.run()
-    assert len(builds) == 1 and trainer.parts is parts and trainer.prepare() is parts
+    assert len(builds) == 1 and trainer.parts is parts
     assert trainer.model is model and trainer.optimizer is optimizer and result.steps == trainer.step == 2
 
 
