@@ -19,7 +19,7 @@ from PySide6.QtWidgets import QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWi
 
 from engine.declarations.config import TrainConfig
 
-from app.model.fields import LIVE_FIELDS
+from engine.declarations.settings import LIVE_NAMES
 from app.model.pending import ChangeStatus
 from app.session.controller import RunController
 from app.ui.controls.panel import ControlsPanel
@@ -123,7 +123,7 @@ class FormFollowsRun(QObject):
     def started_run(self, values: dict[str, Any]) -> None:
         """Start sent these (the form's values)."""
         self._forget_shown()
-        self.started = {n: values[n] for n in LIVE_FIELDS if n in values}
+        self.started = {n: values[n] for n in LIVE_NAMES if n in values}
         self.user_changes = {}
 
     def applied_by_user(self, edits: dict[str, Any]) -> None:

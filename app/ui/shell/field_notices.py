@@ -16,7 +16,7 @@ from PySide6.QtWidgets import QAbstractSpinBox, QFormLayout, QLabel, QLineEdit, 
 
 from engine.declarations.limits import RANGES
 
-from app.model.fields import SETTING_LABELS
+from app.model.fields import words
 
 LR_ZERO = "Learning rate 0: the weights will not change (the run trains nothing)"
 
@@ -40,7 +40,7 @@ def form_label(field: QWidget) -> str:
 
 def refusal_text(field: QWidget, typed: str) -> str:
     name = str(getattr(field, "name", "") or "")
-    label = form_label(field) or (SETTING_LABELS.get(name, name.replace("_", " ")) if name else "This field")
+    label = form_label(field) or (words(name) if name else "This field")
     rule = RANGES[name].describe() if name in RANGES else "a valid value"
     shown = repr(typed) if typed.strip() else "that key"
     return f"{label[:1].upper()}{label[1:]}: {shown} not taken. It takes {rule}."
