@@ -1,5 +1,7 @@
-"""A task whose loss reads `model.config`, as a Hugging Face loss does: under torchrun it must
-work unchanged (the loss sees the user's model's attributes, not the DDP wrapper's)."""
+"""A task whose loss reads `model.config`, as a Hugging Face loss does, and calls a method of the
+model that runs its forward (not through `model(...)`): under torchrun both must work unchanged
+(the loss sees the user's model, not a wrapper, and its whole call runs inside the wrapper's
+forward, so DDP and FSDP see the computation)."""
 from __future__ import annotations
 
 import os
@@ -18,10 +20,13 @@ class ConfiguredLM(TinyLM):
         super().__init__()
         self.config = SimpleNamespace(vocab_size=VOCAB)
 
+    def next_token_logits(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward(x)  # no __call__: no hook of this module runs
+
 
 def loss(model, batch):
     x, y = batch
-    logits = model(x)
+    logits = model.next_token_logits(x)
     time.sleep(float(os.environ.get("HEADROOM_TEST_SLOW", "0")))
     flat = logits.reshape(-1, model.config.vocab_size)  # the attribute DDP itself does not have
     count = (y != IGNORE).sum()

@@ -41,14 +41,14 @@ def torchrun_worker(out, timeout=180, extra_env=None, nproc=2, **opts):
     return logs, weights
 
 
-def single_process(run_dir, micro=8, accum=1, epochs=1, samples=64, momentum=False, **extra):
+def single_process(run_dir, micro=8, accum=1, epochs=1, samples=64, momentum=False, clip=0.0, **extra):
     """The reference: one process, no torchrun, on the same data."""
     old = {k: os.environ.get(k) for k in ("HEADROOM_TEST_SAMPLES", "HEADROOM_TEST_MOMENTUM")}
     os.environ["HEADROOM_TEST_SAMPLES"] = str(samples)
     if momentum:
         os.environ["HEADROOM_TEST_MOMENTUM"] = "1"
     try:
-        cfg = TrainConfig(task="varlen", micro_batch=micro, accum=accum, epochs=epochs, lr=0.05, clip=0.0,
+        cfg = TrainConfig(task="varlen", micro_batch=micro, accum=accum, epochs=epochs, lr=0.05, clip=clip,
                           device="cpu", seed=3, run_dir=str(run_dir), **extra)
         t = Trainer(cfg, task=varlen_task.build_task(cfg.seed))
         t.run()

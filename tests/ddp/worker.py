@@ -4,9 +4,9 @@ writes what each rank saw to OUT_DIR (weights, steps, how each micro-batch ran).
 usage: python -m torch.distributed.run --nproc-per-node 2 tests/ddp/worker.py OUT_DIR [key=value ...]
 
 Options: strategy=ddp|fsdp, fsdp_reduce=last|every, micro=, accum=, epochs=, samples= (data
-set size), momentum=1 (SGD with momentum), count_hook=1 (record how each micro-batch ran), run=, fork=, resume=1, max_steps=,
+set size), momentum=1 (SGD with momentum), clip=C, count_hook=1 (record how each micro-batch ran), run=, fork=, resume=1, max_steps=,
 checkpoint_every=, nonfinite=, nan_by_call=1, and the negative controls local_count=1,
-no_share=1, no_buffer_sync=1, no_sum_hook=1.
+no_share=1, no_buffer_sync=1, no_sum_hook=1, local_norm=1 (fsdp).
 """
 from __future__ import annotations
 
@@ -98,8 +98,13 @@ def main() -> None:
         os.environ["HEADROOM_TEST_SAMPLES"] = opts["samples"]
     if opts.get("momentum") == "1":
         os.environ["HEADROOM_TEST_MOMENTUM"] = "1"
+    if opts.get("local_norm") == "1":
+        # Negative control: fsdp's norm of this rank's shards alone, not over all ranks.
+        import engine.distributed.fsdp as FS
+        FS.Fsdp.global_norms = lambda self, per_param: per_param
     cfg = TrainConfig(task="tests/ddp/varlen_task.py", micro_batch=int(opts.get("micro", 2)),
-                      accum=int(opts.get("accum", 2)), epochs=int(opts.get("epochs", 1)), lr=0.05, clip=0.0,
+                      accum=int(opts.get("accum", 2)), epochs=int(opts.get("epochs", 1)), lr=0.05,
+                      clip=float(opts.get("clip", 0.0)),
                       run_dir=run_dir, device="cpu", seed=3, **extra)
     trainer = Trainer(cfg, task=varlen_task.build_task(cfg.seed))
     signal.signal(signal.SIGTERM, lambda *_: trainer.request_stop())
