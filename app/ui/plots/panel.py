@@ -27,28 +27,21 @@ from typing import Callable, Optional
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import Signal
 from PySide6.QtWidgets import QVBoxLayout, QWidget
 
 from app.model.metrics import MetricsBuffer
 from app.model.runmodel import RunModel
-from .fold import PlotFold
-from .marks import PlotMarks
-from .mem_stack import MemoryStack
-from .memory import MemoryPlot
-from .overlays import Overlays
-from .parts import PlotCanvas, Series, layout_plots
-from .plan import PlannedLr
-from .point_menu import PointMenu, PointViewBox
+from .build import IDLE_NOTE, build
+from .parts import PlotCanvas, Series
+from .point_menu import PointMenu
 from .ranges import follow
 from .readback import curve_data
 from .titles import set_titles
 from .toolbar import PlotToolbar
-from .rollbacks import RollbackMarks
 from app.ui.theme import palette
 from app.model.x_axis import BY_KEY, DEFAULT_AXIS, axis_or_default, columns
 
-IDLE_NOTE = "Press Start (F5) to train, or open a run folder (Ctrl+O)"
 STARTING_NOTE = "Starting: loading torch and the task..."
 
 
@@ -100,78 +93,7 @@ class PlotPanel(QWidget):
 
     # -- construction --------------------------------------------------------------------
     def _build(self) -> None:
-        pal = self.pal
-        c = self.canvas
-        c.setBackground(pal.background)
-        c.ci.setContentsMargins(4, 4, 10, 4)
-        c.ci.setSpacing(8)
-        self.point_menu.actions = []
-
-        self.plot_set = layout_plots(c, lambda: PointViewBox(self.point_menu), pal)
-        ps = self.plot_set
-        self.loss_plot, self.norm_plot, self.lr_plot = ps.loss, ps.norm, ps.lr
-        self.mem_plot, self.tput_plot, self.stack_plot = ps.mem, ps.tput, ps.stack
-        self.plots = ps.all
-        for p in self.plots:
-            # Not setXLink: pyqtgraph links plots of different widths by screen position, so the
-            # half-width plots would show half the steps. Same step range on every plot instead.
-            p.getViewBox().sigXRangeChanged.connect(self._sync_x)
-            p.getViewBox().sigRangeChangedManually.connect(self._user_moved)
-
-        self.loss_raw = self.loss_plot.plot(pen=pg.mkPen(pal.loss, width=1))
-        self.loss_ema = self.loss_plot.plot(pen=pg.mkPen(pal.ema, width=2))
-        self.val_item = self.loss_plot.plot(pen=pg.mkPen(pal.val, width=1.5, style=Qt.PenStyle.DashLine),
-                                            symbol="o", symbolSize=7, symbolBrush=pal.val, symbolPen=pal.val)
-        self.norm_item = self.norm_plot.plot(pen=pg.mkPen(pal.norm, width=1))
-        self.clip_item = self.norm_plot.plot(pen=pg.mkPen(pal.clip, width=1.5, style=Qt.PenStyle.DashLine))
-        # Clipped steps as dots: tiny segments with a wide round pen, one path for all of
-        # them (a ScatterPlotItem costs ~5 ms a frame per thousand points in Python).
-        dot = pg.mkPen(pal.clipped, width=5)
-        dot.setCapStyle(Qt.PenCapStyle.RoundCap)
-        self.clipped_item = self.norm_plot.plot(pen=dot)
-        self.lr_item = self.lr_plot.plot(pen=pg.mkPen(pal.lr, width=1.5))
-        self.tput_item = self.tput_plot.plot(pen=pg.mkPen(pal.throughput_raw, width=1))
-        self.tput_ema = self.tput_plot.plot(pen=pg.mkPen(pal.throughput, width=2))
-        self.memory = MemoryPlot(self.plot_set, pal)
-        self.mem_total, self.mem_used, self.headroom_fill = self.memory.total, self.memory.used, self.memory.fill
-        self.mem_note = self.memory.note
-        self.stack = MemoryStack(self.plot_set, pal)
-        self.marks = PlotMarks(self.plot_set, pal)
-        self.marks.to_x = self.steps_to_x
-        self.rollbacks = RollbackMarks(self.plot_set, pal)
-        self.rollbacks.to_x = self.steps_to_x
-        self.planned = PlannedLr(self.lr_plot, pal)
-        self._overlays = Overlays(self.loss_plot, pal)
-
-        self.series = [
-            Series(self.loss_raw, "loss"), Series(self.loss_ema, "loss_ema"),
-            Series(self.norm_item, "grad_norm"), Series(self.clip_item, "clip_line"),
-            Series(self.clipped_item, "clipped_y"), Series(self.lr_item, "lr"),
-            Series(self.tput_item, "throughput"), Series(self.tput_ema, "throughput_ema"),
-        ]
-        self.mem_series = self.memory.series
-        self._every_frame = self.series[0:2]
-        self._turns = (self.series[2:6], self.series[6:8])  # norm/clip/clipped/lr, then throughput (+ memory)
-        self._y_series = {id(self.loss_plot): self.series[0:2], id(self.norm_plot): self.series[2:5],
-                          id(self.lr_plot): self.series[5:6], id(self.tput_plot): self.series[6:8],
-                          id(self.mem_plot): self.mem_series}
-        for s in self.series + self.mem_series + self.stack.device:
-            s.item.setClipToView(True)
-        self._set_downsampling()
-        self._set_titles()
-        self.fold = PlotFold(c, ps, self.hint)
-        self.fold.update(c.height() if self.isVisible() else 0)
-
-        self.loss_note = pg.TextItem("", color=pal.note, anchor=(0.5, 0.5))
-        self.loss_note.setZValue(50)
-        self.loss_plot.addItem(self.loss_note, ignoreBounds=True)
-        self.loss_plot.getViewBox().sigRangeChanged.connect(lambda *_: self._place_notes())
-        self.loss_plot.setRange(xRange=(0, 100), yRange=(0, 1), padding=0)
-        for p in (self.norm_plot, self.lr_plot, self.tput_plot):
-            p.setYRange(0, 1, padding=0)
-        self.memory.set_mode("none")
-        self._show_x_labels()
-        self._show_loss_note(IDLE_NOTE)
+        build(self)
 
     def resizeEvent(self, ev) -> None:  # noqa: N802 - Qt name
         super().resizeEvent(ev)
