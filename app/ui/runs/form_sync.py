@@ -77,6 +77,7 @@ class FormFollowsRun(QObject):
         controller.signals.model_replaced.connect(lambda _m: self._remember_form())
         controller.folder_opened.connect(self.show_run_settings)
         controller.run_done.connect(lambda _outcome: self.own_run_ended())
+        controller.signals.micro_batch_found.connect(self.finder_chose)
         self._sync_mine()
 
     # -- a run folder shown ------------------------------------------------------------------
@@ -125,6 +126,11 @@ class FormFollowsRun(QObject):
         self._forget_shown()
         self.started = {n: values[n] for n in LIVE_NAMES if n in values}
         self.user_changes = {}
+
+    def finder_chose(self, micro_batch: int, accum: int, _probes: int = 0, _peak: int = 0) -> None:
+        """--find-micro-batch: the run started with what the finder chose, not what Start sent."""
+        if self.started:
+            self.started.update(micro_batch=micro_batch, accum=accum)
 
     def applied_by_user(self, edits: dict[str, Any]) -> None:
         self.user_changes.update(edits)
