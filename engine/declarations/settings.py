@@ -217,12 +217,12 @@ SETTINGS: tuple[Setting, ...] = (
     # Several GPUs (torchrun)
     Setting("strategy", "Several GPUs (torchrun)", "under torchrun: ddp (a replica per rank, PyTorch's "
             "DistributedDataParallel) or fsdp (parameters, gradients and optimizer state sharded over the ranks, "
-            "FSDP2)", label="Strategy"),
+            "FSDP2)"),
     Setting("fsdp_reduce", "Several GPUs (torchrun)", "fsdp: reduce-scatter the gradients once a window, in its "
             "last micro-batch (parameters and gradients stay whole during the window), or in every micro-batch "
-            "(less memory, more traffic)", label="FSDP gradient reduction"),
+            "(less memory, more traffic)"),
     Setting("cpu_offload", "Several GPUs (torchrun)", "fsdp on CUDA: keep the parameter shards and the optimizer "
-            "step on the CPU", label="CPU offload", metavar="on|off"),
+            "step on the CPU", metavar="on|off"),
     # Checkpoints and forks
     Setting("resume", "Checkpoints and forks", "continue the run in DIR from its last checkpoint", metavar="DIR"),
     Setting("fork", "Checkpoints and forks", "a new run from DIR's checkpoint (last, epoch-N or step-S; default last) "
