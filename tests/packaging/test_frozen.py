@@ -234,7 +234,7 @@ def test_frozen_folder_contents_and_size(dist: Path) -> None:
     internal = dist / "_internal"
     files = _files(internal)
     for needed in ("resources/headroom.svg", "resources/dark.qss", "resources/example_task.py",
-                   "resources/headroom.desktop", "engine/tasks/data/charlm.txt", "torch/lib/libtorch_cpu.so"):
+                   "resources/headroom.desktop", "engine/tasks/builtin/data/charlm.txt", "torch/lib/libtorch_cpu.so"):
         assert (internal / needed).is_file(), needed
     unwanted = [f for f in files if f.startswith(("torch/include/", "torch/test/", "torch/share/cmake/",
                                                   "PySide6/Qt/translations/", "PySide6/Qt/qml/", "tkinter/",

@@ -317,8 +317,9 @@ class PlotPanel(QWidget):
             if self.follow:
                 self._outliers_by_itself(model)
                 follow(self.plot_set, {**self._y_series, id(self.stack_plot): self.stack.series()},
-                       self._overlays.series(), self.val_item, self._log,
-                       self.memory.shown, refit or force, {id(self.lr_plot): [self.planned.y_shown]},
+                       self._overlays.series(), self.val_item, log=self._log,
+                       memory_shown=self.memory.shown, refit=refit or force,
+                       extra_y={id(self.lr_plot): [self.planned.y_shown]},
                        robust=self.ignore_outliers)
             if len(buf) > 0 or self._overlays.entries:
                 self._show_loss_note("")

@@ -78,7 +78,7 @@ def follow_y(p: pg.PlotItem, ys: list[np.ndarray], log: bool, from_zero: bool, r
 
 
 def follow(plots: PlotSet, y_series: dict[int, list[Series]], overlays: list[Series], val_item: pg.PlotDataItem,
-           log: bool, memory_shown: bool, refit: bool, extra_y: Optional[dict[int, list[np.ndarray]]] = None,
+           *, log: bool, memory_shown: bool, refit: bool, extra_y: Optional[dict[int, list[np.ndarray]]] = None,
            robust: bool = False) -> None:
     """Every plot's ranges. `y_series`: the curves of each plot, by id(plot); `extra_y`: more
     y values a plot must show (the planned lr), by id(plot)."""
