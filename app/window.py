@@ -113,9 +113,9 @@ class MainWindow(QMainWindow):
         self.tabifyDockWidget(self.history_dock, self.levers_dock)
         self.alerts_dock.raise_()
         self.dock_layout = layout.DockLayout(self, self.controls_dock, self.alerts_dock)
-        self.run_menu = actions.install(self, self.run_actions, self.app_actions,
-                                        [d.toggleViewAction() for d in (self.controls_dock, self.alerts_dock,
-                                                                        self.history_dock, self.levers_dock)])
+        docks = (self.controls_dock, self.alerts_dock, self.history_dock, self.levers_dock)
+        self.run_toolbar, self.run_menu = actions.install(self, self.run_actions, self.app_actions,
+                                                          [d.toggleViewAction() for d in docks])
         ra, aa = self.run_actions, self.app_actions
         self.start_action, self.pause_action, self.resume_action = ra.start, ra.pause, ra.resume
         self.stop_action, self.apply_action, self.continue_action = ra.stop, ra.apply, ra.cont

@@ -8,7 +8,7 @@ from typing import Optional
 
 from PySide6.QtCore import QObject, Qt
 from PySide6.QtGui import QAction, QKeySequence
-from PySide6.QtWidgets import QMainWindow, QMenu, QPushButton, QWidget
+from PySide6.QtWidgets import QMainWindow, QMenu, QPushButton, QToolBar, QToolButton, QWidget
 
 from app.core import assets
 from app.core.shortcuts import SHORTCUTS
@@ -107,8 +107,9 @@ class AppActions(QObject):
         self.open_log.setEnabled(has_log)
 
 
-def install(window: QMainWindow, run: RunActions, app: AppActions, docks: list[QAction]) -> QMenu:
-    """The toolbar and the menu bar. Returns the Run menu (it checks the GPUs when it opens)."""
+def install(window: QMainWindow, run: RunActions, app: AppActions, docks: list[QAction]) -> tuple[QToolBar, QMenu]:
+    """The toolbar and the menu bar. Returns the toolbar and the Run menu (it checks the GPUs
+    when it opens)."""
     tb = window.addToolBar("Run")
     tb.setObjectName("toolbar_run")
     tb.setMovable(False)
@@ -123,7 +124,14 @@ def install(window: QMainWindow, run: RunActions, app: AppActions, docks: list[Q
     run_menu.setToolTipsVisible(True)  # the disabled "Run on N GPUs..." says why
     _menu(mb.addMenu("&View"), (app.log_scale, app.fit, app.theme, None, *docks))
     _menu(mb.addMenu("&Help"), (app.about,))
-    return run_menu
+    return tb, run_menu
+
+
+def toolbar_button(toolbar: QToolBar, action: QAction) -> QToolButton:
+    """The button the toolbar shows for an action (what a person clicks)."""
+    button = toolbar.widgetForAction(action)
+    assert isinstance(button, QToolButton), action.text()
+    return button
 
 
 def _menu(menu: QMenu, actions: tuple[Optional[QAction], ...]) -> QMenu:

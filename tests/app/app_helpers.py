@@ -29,6 +29,13 @@ def run_to_end(qtbot: Any, window: Any, timeout: float = 120.0) -> dict:
     return window.run_outcome
 
 
+def run_button(window: Any, name: str) -> Any:
+    """The toolbar button of a Run action ("start", "pause", "resume", "stop"): the one place the
+    window shows it as a button."""
+    from app.ui.actions import toolbar_button
+    return toolbar_button(window.run_toolbar, getattr(window.run_actions, name))
+
+
 def start(window: Any, **config: Any) -> None:
     """Fill the form (and the flags the form has no widget for) and press Start."""
     cfg = {**FAST, **config}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from app_helpers import run_to_end, start
+from app_helpers import run_button, run_to_end, start
 from app_tasks import broken_task, tiny_task
 
 
@@ -18,7 +18,7 @@ def test_bad_task_file_shows_an_error_and_the_app_stays_usable(qtbot, make_windo
     assert "broken.py" in message and "syntax error" in message and "line 3" in message
     assert "Traceback" not in message
     assert len(w.dialogs) == 1 and w.dialogs[0].isVisible()
-    assert w.controls.start_button.isEnabled() and w.controls.state == "idle"
+    assert run_button(w, "start").isEnabled() and w.controls.state == "idle"
     assert not os.path.exists(tmp_path / "runs") or not os.listdir(tmp_path / "runs")  # nothing written
     w.dialogs[0].accept()
     qtbot.wait(50)
@@ -43,4 +43,4 @@ def test_error_in_the_engine_thread_is_a_dialog_with_the_message(qtbot, make_win
     assert "Traceback" in log and "boom in the task's loss" in log
     assert w.model.state == "failed" and "run_failed" in w.alerts.kinds()
     assert w.model.step == 2
-    assert w.controls.start_button.isEnabled()
+    assert run_button(w, "start").isEnabled()

@@ -9,6 +9,7 @@ from engine.declarations.events import StepMetrics
 
 from app.core.shortcuts import SHORTCUTS
 from app.ui.controls.validators import DeviceValidator, FloatValidator
+from app_helpers import run_button
 
 A, I, X = QValidator.State.Acceptable, QValidator.State.Intermediate, QValidator.State.Invalid
 
@@ -42,13 +43,27 @@ def test_effective_batch_and_buttons(qtbot, make_window):
     c.micro_batch.setValue(16)
     c.accum.setValue(8)
     assert c.effective.text().startswith("128 ")
-    assert c.start_button.isEnabled()
-    assert not (c.stop_button.isEnabled() or c.pause_button.isEnabled() or c.resume_button.isEnabled()
-                or c.apply_button.isEnabled())
+    assert run_button(w, "start").isEnabled()
+    assert not (run_button(w, "stop").isEnabled() or run_button(w, "pause").isEnabled()
+                or run_button(w, "resume").isEnabled() or c.apply_button.isEnabled())
     assert w.start_action.shortcut().toString() == SHORTCUTS["start"] == "F5"
     assert w.stop_action.shortcut().toString() == SHORTCUTS["stop"]
     assert w.pause_action.shortcut().toString() == SHORTCUTS["pause"]
     assert w.resume_action.shortcut().toString() == SHORTCUTS["resume"]
+
+
+def test_each_run_action_is_one_button_in_the_window(qtbot, make_window):
+    """Start, Pause, Unpause and Stop are shown once as buttons (the toolbar), not again in the
+    Controls panel; the Run menu has them too, as menus do."""
+    from PySide6.QtWidgets import QAbstractButton, QToolButton
+    w = make_window()
+    w.show()
+    qtbot.waitExposed(w)
+    for name in ("start", "pause", "resume", "stop"):
+        action = getattr(w.run_actions, name)
+        shown = [b for b in w.findChildren(QAbstractButton) if b.isVisibleTo(w) and b.text() == action.text()]
+        assert shown == [run_button(w, name)], (name, [type(b).__name__ for b in shown])
+        assert isinstance(shown[0], QToolButton) and action in w.run_menu.actions()
 
 
 @pytest.mark.slow

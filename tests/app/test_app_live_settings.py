@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from engine.store import RunReader
 
-from app_helpers import run_to_end, start, wait_until
+from app_helpers import run_button, run_to_end, start, wait_until
 
 pytestmark = pytest.mark.slow  # real runs changed while they train
 
@@ -83,7 +83,7 @@ def test_pause_then_change_then_unpause(qtbot, make_window, tmp_path):
     wait_until(qtbot, lambda: w.model.step >= 3, 90, "a few steps")
     w.pause_run()
     assert w.ui_state() == "pausing"
-    assert w.controls.resume_button.isEnabled() and not w.controls.pause_button.isEnabled()
+    assert run_button(w, "resume").isEnabled() and not run_button(w, "pause").isEnabled()
     wait_until(qtbot, lambda: w.model.state == "paused", 90, "the pause")
     paused_after = next(n.epoch for n in w.model.notes if n.kind == "paused")  # the epoch it finished
     paused_step = w.model.step

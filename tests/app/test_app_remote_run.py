@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from app_helpers import ROOT, wait_until
+from app_helpers import ROOT, run_button, wait_until
 
 pytestmark = pytest.mark.slow  # an engine in a subprocess, followed live
 
@@ -29,7 +29,7 @@ def test_open_a_running_run_and_control_it(qtbot, make_window, tmp_path):
         assert w.open_run(str(run_dir))
         assert w.session.remote and w.controls.remote
         wait_until(qtbot, lambda: w.model.step >= 2 and w.controls.engine.get("accum") == 2, 60, "remote steps")
-        assert w.ui_state() == "training" and w.controls.stop_button.isEnabled()
+        assert w.ui_state() == "training" and run_button(w, "stop").isEnabled()
         w.controls.accum.setValue(4)
         w.apply_changes()
         assert "pending" in w.controls.status_text("accum")

@@ -14,7 +14,7 @@ import torch
 from engine.store import RunReader
 
 import testkit
-from app_helpers import ROOT, run_to_end, start, wait_until
+from app_helpers import ROOT, run_button, run_to_end, start, wait_until
 from app_tasks import loading_mark, slow_task
 
 pytestmark = pytest.mark.slow  # real runs, signals and subprocesses
@@ -30,8 +30,8 @@ def test_stop_button_ends_the_run_with_a_checkpoint(qtbot, make_window, tmp_path
     run_dir = tmp_path / "run"
     start(w, epochs=50, run_dir=str(run_dir))
     wait_until(qtbot, lambda: w.model.step >= 3, 90, "a few steps")
-    assert w.controls.stop_button.isEnabled()
-    w.controls.stop_button.click()
+    assert run_button(w, "stop").isEnabled()
+    run_button(w, "stop").click()
     assert w.ui_state() == "stopping"
     outcome = run_to_end(qtbot, w, 30)
     assert outcome == {**outcome, "status": "finished", "reason": "stopped"}
@@ -42,7 +42,7 @@ def test_stop_button_ends_the_run_with_a_checkpoint(qtbot, make_window, tmp_path
     assert finished and finished[-1]["data"]["reason"] == "stopped"
     assert _checkpoint_step(run_dir) == last_step == w.model.step
     assert w.model.step < 50 * 32
-    assert w.controls.start_button.isEnabled() and not w.controls.stop_button.isEnabled()
+    assert run_button(w, "start").isEnabled() and not run_button(w, "stop").isEnabled()
 
 
 def test_closing_the_window_during_a_run_joins_within_2s(qtbot, make_window, tmp_path, qtlog):

@@ -1,4 +1,4 @@
-"""The Controls panel: the Run actions as buttons, where the run stands, the run settings,
+"""The Controls panel: where the run stands, the run settings,
 the lr schedule, and the live settings with what became of each change.
 
 A change is sent as a command, to apply at the next epoch or the next step (the "Apply at"
@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from PySide6.QtCore import Signal
-from PySide6.QtWidgets import QGridLayout, QLabel, QSizePolicy, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QLabel, QSizePolicy, QVBoxLayout, QWidget
 
 from engine.declarations.config import upgrade_keys
 from engine.declarations.settings import BY_NAME as SETTINGS_BY_NAME
@@ -24,7 +24,7 @@ from app.model.fields import fmt_value
 from app.model.pending import ChangeStatus, PendingChanges
 from app.model.runmodel import RunModel
 from app.model.state import RunState
-from app.ui.actions import ActionButton, RunActions
+from app.ui.actions import RunActions
 from .live_fields import APPLY_AT_TEXT, LiveFields
 from .readouts import FITS_IDLE, finder_text, fits_at_start, fits_text, fits_tooltip
 from .run_fields import RunFields
@@ -70,15 +70,8 @@ class ControlsPanel(QWidget):
         self.find_micro_batch, self.finder_status = lf.find_micro_batch, lf.finder_status
         self.apply_button, self.apply_hint = lf.apply_button, lf.apply_hint
 
-        self.start_button = ActionButton(actions.start)
-        self.start_button.setObjectName("start")
-        self.pause_button = ActionButton(actions.pause)
-        self.resume_button = ActionButton(actions.resume)
-        self.stop_button = ActionButton(actions.stop)
-        buttons = QGridLayout()
-        buttons.setSpacing(4)
-        for i, b in enumerate((self.start_button, self.pause_button, self.resume_button, self.stop_button)):
-            buttons.addWidget(b, i // 2, i % 2)  # two rows: the panel fits a narrow window
+        # Start, Pause, Unpause and Stop are the toolbar's (and the Run menu's): shown once, where
+        # they stay visible however the panel is scrolled, folded or closed.
         self.run_state = QLabel("Ready")
         self.run_state.setObjectName("hint")
         self.run_state.setWordWrap(True)
@@ -86,7 +79,6 @@ class ControlsPanel(QWidget):
         lay = QVBoxLayout(self)
         lay.setContentsMargins(6, 6, 6, 6)
         lay.setSpacing(6)
-        lay.addLayout(buttons)
         lay.addWidget(self.run_state)
         lay.addWidget(rf)
         lay.addWidget(sf)

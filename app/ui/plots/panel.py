@@ -320,7 +320,7 @@ class PlotPanel(QWidget):
                        self._overlays.series(), self.val_item, log=self._log,
                        memory_shown=self.memory.shown, refit=refit or force,
                        extra_y={id(self.lr_plot): [self.planned.y_shown]},
-                       robust=self.ignore_outliers)
+                       robust=self.ignore_outliers, live=self.live)
             if len(buf) > 0 or self._overlays.entries:
                 self._show_loss_note("")
             else:

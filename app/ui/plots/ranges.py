@@ -11,8 +11,14 @@ import pyqtgraph as pg
 from .parts import PlotSet, Series, nice_ceiling
 
 
-def follow_x(loss_plot: pg.PlotItem, leads: list[Series], refit: bool) -> None:
-    """x from the first step (or 0) to a round number a fifth past the last step."""
+ENDED_MARGIN = 0.015  # of the x span, past the last point of an ended run: its last marker stays inside
+
+
+def follow_x(loss_plot: pg.PlotItem, leads: list[Series], refit: bool, live: bool = True) -> None:
+    """x from the first step (or 0) to a round number a fifth past the last step while a run
+    goes on (room to grow into, so the axis is not redrawn every frame); for a run that has
+    ended, to its last point: nothing more will come, and the room past it would read as steps
+    still to happen (or that vanished when accumulation was raised)."""
     lasts = [s.x_last for s in leads if s.x_last is not None]
     firsts = [s.x_first for s in leads if s.x_first is not None]
     if not lasts:
@@ -21,6 +27,11 @@ def follow_x(loss_plot: pg.PlotItem, leads: list[Series], refit: bool) -> None:
     lo = min(0.0, min(firsts))
     last = max(lasts)
     (cx0, cx1), _ = loss_plot.getViewBox().viewRange()
+    if not live:
+        hi = last + ENDED_MARGIN * max(last - lo, 1.0)
+        if refit or abs(cx1 - hi) > 1e-9 * max(abs(hi), 1.0) or cx0 != lo:
+            loss_plot.setXRange(lo, hi, padding=0)
+        return
     if refit or last > cx1 or cx1 > 2.5 * max(last, 20) or cx0 != lo:
         loss_plot.setXRange(lo, nice_ceiling(max(last * 1.2, last + 5)), padding=0)
 
@@ -79,10 +90,10 @@ def follow_y(p: pg.PlotItem, ys: list[np.ndarray], log: bool, from_zero: bool, r
 
 def follow(plots: PlotSet, y_series: dict[int, list[Series]], overlays: list[Series], val_item: pg.PlotDataItem,
            *, log: bool, memory_shown: bool, refit: bool, extra_y: Optional[dict[int, list[np.ndarray]]] = None,
-           robust: bool = False) -> None:
+           robust: bool = False, live: bool = True) -> None:
     """Every plot's ranges. `y_series`: the curves of each plot, by id(plot); `extra_y`: more
     y values a plot must show (the planned lr), by id(plot)."""
-    follow_x(plots.loss, y_series[id(plots.loss)][:1] + overlays, refit)
+    follow_x(plots.loss, y_series[id(plots.loss)][:1] + overlays, refit, live)
     for p in plots.all:
         if p is plots.mem and not memory_shown:
             continue
