@@ -19,7 +19,7 @@ Derived columns: `loss_ema`, `clip_line`, `throughput_ema` always; `samples_seen
 `tokens_seen` (running sums of the per-step samples and tokens, a missing value counted
 as 0) and `wall` (seconds since the first step's `time`, never going back, a missing time
 holding the last) on first use of `view(name)` or `pyramid(name)`, then kept up
-to date (x axes other than the step).
+to date (x axes other than the step); likewise `loss_ema_inliers` ("Ignore outliers").
 """
 from __future__ import annotations
 
@@ -34,6 +34,7 @@ from engine.store import METRIC_COLUMNS
 
 from .decimate import PeakPyramid
 from .growable import GrowableArray
+from .inlier_ema import InlierEma
 
 # Columns kept per optimizer step: run.db's metrics columns, which are the StepMetrics fields
 # (engine/declarations/events.py) and `time`. None (no GPU, say) is stored as NaN.
@@ -43,6 +44,7 @@ COLUMN_DTYPES: dict[str, np.dtype] = {c: _F32 for c in STEP_COLUMNS}
 COLUMN_DTYPES.update(step=np.dtype(np.int64), time=_F64, loss=_F64, lr=_F64, clip=_F64, samples=_F64, tokens=_F64,
                      throughput=_F64)
 DERIVED_COLUMNS = {"loss_ema": _F32, "clip_line": _F32, "throughput_ema": _F32}
+INLIER_EMA = "loss_ema_inliers"  # the loss EMA without outliers (app/model/inlier_ema.py), built on first use
 CUMULATIVE_COLUMNS = ("samples_seen", "tokens_seen", "wall")  # built on first use, float64
 EMA_BETA = 0.9
 
@@ -200,6 +202,7 @@ class MetricsBuffer:
         self.nonfinite_steps: list[int] = []
         self._loss_ema = Ema()
         self._tput_ema = Ema()
+        self._inlier_ema = InlierEma(Ema)
         self._pyramids: dict[str, PeakPyramid] = {}
         self._gpu = False  # some step has GPU memory figures
         self._tokens = False  # some step counted items other than samples
@@ -213,13 +216,17 @@ class MetricsBuffer:
     @property
     def columns(self) -> tuple[str, ...]:
         """Every column name view() takes."""
-        return (*STEP_COLUMNS, *DERIVED_COLUMNS, *CUMULATIVE_COLUMNS)
+        return (*STEP_COLUMNS, *DERIVED_COLUMNS, INLIER_EMA, *CUMULATIVE_COLUMNS)
 
     def _col(self, name: str) -> GrowableArray:
         arr = self.cols.get(name)
         if arr is None:
             if name in self._lazy:
                 return self._load(name)
+            if name == INLIER_EMA:
+                arr = self.cols[name] = GrowableArray(max(16, len(self)), _F32)
+                self._extend_inlier_ema()
+                return arr
             if name not in CUMULATIVE_COLUMNS:
                 raise KeyError(name)
             arr = self.cols[name] = GrowableArray(max(16, len(self)), _F64)
@@ -362,8 +369,17 @@ class MetricsBuffer:
         for c in CUMULATIVE_COLUMNS:
             if c in self.cols:
                 self._extend_cumulative(c, n_before)
+        self._extend_inlier_ema()
         self.version += 1
         return len(self) - n_before
+
+    def _extend_inlier_ema(self) -> None:
+        """Keep `loss_ema_inliers` up to the loss column, once it is asked for."""
+        arr = self.cols.get(INLIER_EMA)
+        if arr is not None and self._inlier_ema.rebuild(arr, self.cols["loss"].view()):
+            pyramid = self._pyramids.get(INLIER_EMA)
+            if pyramid is not None:
+                pyramid.reset()  # its earlier values changed
 
     def _extend_cumulative(self, name: str, start: int) -> None:
         """Bring a cumulative column up to the other columns from row `start` on."""
@@ -403,6 +419,7 @@ class MetricsBuffer:
             ema.reset()
             self.cols[dst].set_tail(0, [])
             self.cols[dst].extend(ema.run(self.view(src)))
+        self._extend_inlier_ema()
         for p in self._pyramids.values():
             p.reset()
         self.version += 1
@@ -418,6 +435,7 @@ class MetricsBuffer:
         self.nonfinite_steps = []
         self._loss_ema.reset()
         self._tput_ema.reset()
+        self._inlier_ema.reset()
         for p in self._pyramids.values():
             p.reset()
         self.version += 1

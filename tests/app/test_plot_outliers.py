@@ -49,3 +49,22 @@ def test_a_spike_neither_flattens_the_curve_nor_mislabels_the_axis(qtbot, make_w
     assert max(values) > SPIKE and all(math.isfinite(v) for v in values)  # the true values, as they are
     p.set_ignore_outliers(True)  # the user's choice is kept (not set by itself again)
     assert p.outliers_chosen and p.ignore_outliers
+
+
+def test_ignoring_outliers_keeps_the_ema_on_the_curve(qtbot, make_window, tmp_path):
+    """The EMA drawn with "Ignore outliers" leaves the spike out, as the y range does: the
+    plain EMA, with 2e36 folded in, stays above every real loss for the rest of the run."""
+    from app.ui.plots.readback import curve_data as curve
+    w = make_window()
+    assert w.open_run(diverged_run(tmp_path / "diverged"))
+    p = w.plots
+    assert p.ignore_outliers
+    (_x0, _x1), (lo, hi) = p.loss_plot.getViewBox().viewRange()
+    x, ema = curve(p, "loss_ema")
+    after = ema[x > 64]
+    assert len(after) and lo <= after.min() and after.max() <= hi  # on the plot, every step after the spike
+    x_raw, raw = curve(p, "loss")
+    assert abs(after[-1] - raw[x_raw == x[-1]][0]) < 0.2  # and it follows the loss there
+    p.set_ignore_outliers(False)  # negative control: the plain EMA, dragged up by the spike
+    x, ema = curve(p, "loss_ema")
+    assert ema[x > 64].min() > 1e30

@@ -30,7 +30,7 @@ import pyqtgraph as pg
 from PySide6.QtCore import Signal
 from PySide6.QtWidgets import QVBoxLayout, QWidget
 
-from app.model.metrics import MetricsBuffer
+from app.model.metrics import INLIER_EMA, MetricsBuffer
 from app.model.runmodel import RunModel
 from .build import IDLE_NOTE, build
 from .parts import PlotCanvas, Series
@@ -295,6 +295,11 @@ class PlotPanel(QWidget):
             self._turn = (self._turn + 1) % 2
             self._version, self._range_key = buf.version, range_key
             axis = self.axis
+            if self.follow:
+                self._outliers_by_itself(model)
+            # "Ignore outliers" also draws the EMA without them: a spike folded into it keeps it
+            # off the plot for hundreds of steps (app/model/inlier_ema.py).
+            self.series[1].show_column(INLIER_EMA if self.ignore_outliers else "loss_ema")
             for s in self.series:
                 if all_plots or s in self._every_frame or s in self._turns[self._turn]:
                     s.update(buf, x0, x1, width, axis)
@@ -315,7 +320,6 @@ class PlotPanel(QWidget):
                 self._tput_unit = unit
                 self.tput_plot.setLabel("left", unit)
             if self.follow:
-                self._outliers_by_itself(model)
                 follow(self.plot_set, {**self._y_series, id(self.stack_plot): self.stack.series()},
                        self._overlays.series(), self.val_item, log=self._log,
                        memory_shown=self.memory.shown, refit=refit or force,

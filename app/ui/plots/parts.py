@@ -58,6 +58,11 @@ class Series:
         self.x_last: Optional[float] = None
         self.x_first: Optional[float] = None
 
+    def show_column(self, column: str) -> None:
+        """Draw another column of the buffer from the next update on."""
+        if column != self.column:
+            self.column, self.key = column, ()
+
     def update(self, buf: MetricsBuffer, x0: Optional[float], x1: Optional[float], width_px: int,
                axis: str = DEFAULT_AXIS) -> None:
         """x0, x1: the visible span in the axis' units (None: all of it)."""

@@ -8,6 +8,8 @@ from typing import Optional
 import numpy as np
 import pyqtgraph as pg
 
+from app.model.outliers import fences
+
 from .parts import PlotSet, Series, nice_ceiling
 
 
@@ -34,22 +36,6 @@ def follow_x(loss_plot: pg.PlotItem, leads: list[Series], refit: bool, live: boo
         return
     if refit or last > cx1 or cx1 > 2.5 * max(last, 20) or cx0 != lo:
         loss_plot.setXRange(lo, nice_ceiling(max(last * 1.2, last + 5)), padding=0)
-
-
-OUTLIER_QUANTILES = (5.0, 95.0)  # Tukey's fences around these, 1.5 times their distance out
-OUTLIER_FENCE = 1.5
-
-
-def fences(y: np.ndarray) -> Optional[tuple[float, float]]:
-    """Tukey's fences of a curve's finite values: the 5th and 95th percentiles, 1.5 times the
-    distance between them further out. A spike of 1e+36 among losses near 1 is outside; a
-    loss that falls from 2.3 to 0.1 is all inside. None: too few values to tell."""
-    y = y[np.isfinite(y)]
-    if len(y) < 8:
-        return None
-    q_lo, q_hi = np.percentile(y, OUTLIER_QUANTILES)
-    reach = OUTLIER_FENCE * (q_hi - q_lo)
-    return float(q_lo - reach), float(q_hi + reach)
 
 
 def inside(ys: list[np.ndarray], bounds: Optional[tuple[float, float]]) -> list[np.ndarray]:
