@@ -7,7 +7,6 @@ import importlib.util
 import math
 import os
 import sqlite3
-import time
 
 import numpy as np
 import pytest
@@ -42,10 +41,8 @@ def test_a_long_run_opens_quickly_into_a_compact_model(qtbot, make_window, tmp_p
     w.plots.refresh(force=True)
     qtbot.wait(50)
     before = rss_bytes()
-    t0 = time.perf_counter()
     assert w.open_run(run_dir)
     w.plots.refresh(force=True)
-    took = time.perf_counter() - t0
     grown = rss_bytes() - before
     m = w.model.metrics
     assert len(m) == n and w.model.step == n
@@ -54,7 +51,7 @@ def test_a_long_run_opens_quickly_into_a_compact_model(qtbot, make_window, tmp_p
     # one dict per row and float64 for every column took ~1100; the columns under 150 (were 184).
     assert grown < 260 * n, f"{grown / n:.0f} bytes per step"
     assert m.nbytes() < 150 * n, f"{m.nbytes() / n:.0f} bytes per step in the columns"
-    assert took < 5.0, took  # bench/long_run.py: a million steps in under 5 s
+    # How long it takes is bench/long_run.py's to measure (a ratio, side by side), not a test's.
     # The view draws a few thousand points of the million, and every extreme among them.
     x, y = w.plots.curve_data("loss")
     assert len(x) < 10_000 and np.nanmax(y) == np.nanmax(m.view("loss")) and np.nanmin(y) == np.nanmin(m.view("loss"))
