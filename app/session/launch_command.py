@@ -41,6 +41,9 @@ def engine_flags(config: Union[TrainConfig, dict[str, Any]]) -> list[str]:
     if cfg.find_micro_batch:
         out.append("--find-micro-batch")
     out += ["--oom-recovery", "on" if cfg.oom_recovery else "off"]
+    out += ["--strategy", cfg.strategy]
+    if cfg.strategy == "fsdp":  # fsdp's own flags only with it (validate refuses them under ddp)
+        out += ["--fsdp-reduce", cfg.fsdp_reduce, "--cpu-offload", "on" if cfg.cpu_offload else "off"]
     return out
 
 

@@ -1,0 +1,121 @@
+"""The Run on N GPUs dialog (issue 20): processes, --strategy, FSDP's gradient reduction and CPU
+offload, labelled and explained by the settings' declarations; the command it shows is the one
+the launch runs and the engine reads it back as those settings; the window's title says how a
+distributed run shares the model. The launch itself on CPU (2 gloo processes, fsdp): the run
+folder's sharded checkpoints are listed by the app as a single process's files are."""
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from engine.declarations.events import RunStarted
+from engine.declarations.settings import LAUNCH_GROUP, SETTINGS
+from engine.store import RunStore
+
+from app.ui.controls.run_fields import setting_tip
+
+from app_helpers import FAST, wait_until
+
+
+def _dialog(w, gpus: int = 4):
+    """The real dialog, as the Run menu opens it, with `gpus` GPUs said to be here."""
+    w.launcher.gpu_count_known.emit(gpus, "")  # the count the GPU check reports (a plain signal)
+    d = w.run_on_gpus_dialog()
+    assert d is not None and d.isVisible()
+    return d
+
+
+def _flag(cmd: list[str], flag: str):
+    return cmd[cmd.index(flag) + 1] if flag in cmd else None
+
+
+def test_the_dialog_offers_the_launch_settings_with_their_declared_labels_and_help(qtbot, make_window):
+    w = make_window()
+    w.controls.set_values(FAST)
+    d = _dialog(w)
+    form = d.layout().itemAt(0).layout()
+    launch = [s for s in SETTINGS if s.group == LAUNCH_GROUP]
+    assert [s.name for s in launch] == ["strategy", "fsdp_reduce", "cpu_offload"]
+    for s in launch:
+        widget = getattr(d, s.name)
+        label = widget.text() if s.name == "cpu_offload" else form.labelForField(widget).text()
+        assert label == s.label and s.label  # the declaration's, not written again
+        assert widget.toolTip() == setting_tip(s) and s.help[1:] in widget.toolTip()  # the --help line
+        if s.choices:
+            assert [widget.itemText(i) for i in range(widget.count())] == list(s.choices)
+    assert (d.processes.minimum(), d.processes.maximum(), d.processes.value()) == (2, 4, 4)
+    # ddp: FSDP's settings cannot be chosen, and the command has none of them
+    assert d.strategy.currentText() == "ddp" and not d.fsdp_reduce.isEnabled() and not d.cpu_offload.isEnabled()
+    assert d.choices() == {"strategy": "ddp"}
+    cmd = d.command()
+    assert _flag(cmd, "--strategy") == "ddp" and "--fsdp-reduce" not in cmd and "--cpu-offload" not in cmd
+    d.strategy.setCurrentText("fsdp")
+    assert d.fsdp_reduce.isEnabled() and d.cpu_offload.isEnabled()
+    d.reject()
+
+
+def test_the_command_carries_the_choices_and_the_engine_reads_them_back(qtbot, make_window):
+    from engine.cli import build_parser, config_from_args
+    w = make_window(base_config={"max_steps": 3})
+    w.controls.set_values(FAST)
+    d = _dialog(w)
+    d.processes.setValue(3)
+    d.strategy.setCurrentText("fsdp")
+    d.fsdp_reduce.setCurrentText("every")
+    d.cpu_offload.setChecked(True)
+    cmd = d.command()
+    assert cmd[:6] == [cmd[0], "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "3"]
+    assert (_flag(cmd, "--strategy"), _flag(cmd, "--fsdp-reduce"), _flag(cmd, "--cpu-offload")) == \
+        ("fsdp", "every", "on")
+    assert cmd[-2:] == ["--run-dir", d.run_dir] and d.run_dir.endswith("-3proc")
+    assert "--cpu-offload on" in d.command_text.text() and d.buttons.isEnabled()
+    cfg = config_from_args(build_parser().parse_args(cmd[cmd.index("engine") + 1:]))
+    assert (cfg.strategy, cfg.fsdp_reduce, cfg.cpu_offload, cfg.max_steps, cfg.micro_batch) == \
+        ("fsdp", "every", True, 3, FAST["micro_batch"])
+    d.strategy.setCurrentText("ddp")  # back to ddp: FSDP's choices are not sent (the engine refuses them)
+    cfg = config_from_args(build_parser().parse_args(d.command()[d.command().index("engine") + 1:]))
+    assert (cfg.strategy, cfg.fsdp_reduce, cfg.cpu_offload) == ("ddp", "last", False)
+    # a form that cannot start: the dialog says why and Start is off
+    w.controls.warmup_samples.setText("100")
+    w.controls.warmup_fraction.setText("0.1")
+    d.processes.setValue(2)
+    assert d.command() == [] and d.command_text.text().startswith("Cannot start") and not d.buttons.button(
+        d.buttons.StandardButton.Ok).isEnabled()
+    d.reject()
+
+
+def test_the_dialog_starts_from_the_windows_strategy_flags(qtbot, make_window):
+    w = make_window(base_config={"strategy": "fsdp", "fsdp_reduce": "every"})
+    w.controls.set_values(FAST)
+    d = _dialog(w, gpus=2)
+    assert (d.strategy.currentText(), d.fsdp_reduce.currentText(), d.cpu_offload.isChecked()) == \
+        ("fsdp", "every", False)
+    assert d.processes.value() == 2
+    d.reject()
+    w.launcher.gpu_count_known.emit(1, "")
+    assert w.run_on_gpus_dialog() is None  # one GPU: no dialog
+
+
+def _run_folder(path, world: int, strategy: str, device: str = "cuda:0") -> str:
+    """A run folder as the engine writes one under torchrun (the run table and run_started)."""
+    os.makedirs(path / "checkpoints")
+    store = RunStore(str(path))
+    cfg = {**FAST, "epochs": 1, "strategy": strategy, "device": device.split(":")[0]}
+    store.set_info(config=cfg, task="mlp", device=device, device_name="NVIDIA H200", world_size=world,
+                   strategy=strategy, status="finished", pid=1, started=time.time() - 60)
+    store.record(RunStarted(0, 1, run_dir=str(path), task="mlp", device=device, device_name="NVIDIA H200",
+                            torch_version="-", world_size=world, resumed=False, config=cfg))
+    store.close()
+    return str(path)
+
+
+def test_the_title_of_a_distributed_run_names_its_gpus_and_strategy(qtbot, make_window, tmp_path):
+    w = make_window()
+    assert w.open_run(_run_folder(tmp_path / "sharded", 2, "fsdp"))
+    assert w.windowTitle() == "Headroom - sharded - 2 GPUs, fsdp"
+    assert w.open_run(_run_folder(tmp_path / "single", 1, "ddp"))
+    assert w.windowTitle() == "Headroom - single"  # one process: nothing about sharing
+    assert w.open_run(_run_folder(tmp_path / "cpu", 4, "ddp", device="cpu"))
+    assert w.windowTitle() == "Headroom - cpu - 4 processes, ddp"
