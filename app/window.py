@@ -21,6 +21,7 @@ from engine.declarations.paths import default_runs_root
 from .core import assets, logs
 from .core.preferences import Preferences
 from .model.runmodel import RunModel
+from .model.title import window_title
 from .session.controller import RunController
 from .session.launcher import Launch
 from .ui import actions, export
@@ -187,6 +188,7 @@ class MainWindow(QMainWindow):
         ctl.signals.state_changed.connect(lambda *_: self._sync_live())
         ctl.signals.model_replaced.connect(lambda *_: self._sync_live())
         ctl.run_dir_known.connect(self._on_run_dir)
+        ctl.signals.run_started.connect(lambda *_: self.update_title())  # world size and strategy known
         ctl.folder_opened.connect(self._on_folder_opened)
         ctl.view_restored.connect(self._on_folder_opened)
         ctl.run_done.connect(self._on_run_done)
@@ -295,8 +297,9 @@ class MainWindow(QMainWindow):
         """When the Run menu first opens: enables "Run on N GPUs..." (2 or more) or says why not."""
         self.launcher.check_gpus()
 
-    def run_on_gpus_dialog(self) -> None:
-        self.starter.launch_dialog()
+    def run_on_gpus_dialog(self) -> Any:
+        """The Run on N GPUs dialog, opened (None with fewer than 2 GPUs)."""
+        return self.starter.launch_dialog()
 
     def pause_run(self) -> None:
         self.controller.pause()
@@ -349,7 +352,11 @@ class MainWindow(QMainWindow):
     def _on_run_dir(self, path: str) -> None:
         self.history.add_extra(path)
         self.preferences.add_recent("recent_runs", path)
-        self.setWindowTitle(f"Headroom - {os.path.basename(os.path.normpath(path))}")
+        self.update_title()
+
+    def update_title(self) -> None:
+        """The run shown's folder, and for a distributed run its processes and strategy."""
+        self.setWindowTitle(window_title(self.views.shown_dir, self.session.model.info))
 
     def _on_folder_opened(self, _path: str) -> None:
         self.plots.fit()

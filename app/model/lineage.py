@@ -9,20 +9,18 @@ from __future__ import annotations
 
 import math
 import os
-import re
 import sqlite3
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional
 from urllib.parse import quote
 
+from engine.checkpoints import names as ckpt_names
 from engine.declarations.config import overlay
 from engine.declarations.settings import LIVE_NAMES
 from engine.store import DB_NAME, RunReader, StoreError
 
 from .fields import fmt_value, words
 
-CKPT_DIR = "checkpoints"  # engine/checkpoints/files.py's names (that module loads torch)
-_NUMBERED = re.compile(r"(epoch|step)-(\d{1,18})\.pt")
 # Config keys that say where a run is, not how it trains (engine/checkpoints/run_tree.py NOT_SETTINGS,
 # with what the CLI drops from a saved config for --fork).
 NOT_SETTINGS = ("run_dir", "resume", "fork", "find_micro_batch", "effective_batch", "memory_margin")
@@ -173,29 +171,25 @@ def _steps_of(run_dir: str) -> tuple[dict[int, int], Optional[int]]:
 
 
 def checkpoints(run_dir: str) -> list[Checkpoint]:
-    """The checkpoints in a run folder, oldest first: step-S.pt, epoch-N.pt, last.pt."""
-    folder = os.path.join(run_dir, CKPT_DIR)
-    try:
-        names = os.listdir(folder)
-    except OSError:
+    """The checkpoints in a run folder, oldest first: step-S, epoch-N, last; each a file or a
+    sharded run's folder, as the engine lists them (engine/checkpoints/names.py)."""
+    found = ckpt_names.candidates(run_dir)
+    if not found:
         return []
     ends, last = _steps_of(run_dir)
     out = []
-    for n in names:
-        m = _NUMBERED.fullmatch(n)
-        if m:
-            k = int(m.group(2))
-            step = k if m.group(1) == "step" else ends.get(k)
-            out.append(Checkpoint(n[:-3], step, os.path.join(folder, n)))
-        elif n == "last.pt":
-            out.append(Checkpoint("last", last, os.path.join(folder, n)))
-    # By step; at one step a numbered file (it never changes) before last.pt (it moves on).
+    for path in found:
+        name = ckpt_names.name_of(path)
+        kind, _, n = name.partition("-")
+        step = last if name == "last" else int(n) if kind == "step" else ends.get(int(n))
+        out.append(Checkpoint(name, step, path))
+    # By step; at one step a numbered one (it never changes) before last (it moves on).
     out.sort(key=lambda c: (c.step if c.step is not None else math.inf, c.name == "last", c.name))
     return out
 
 
 def nearest(cps: list[Checkpoint], step: int) -> Optional[Checkpoint]:
-    """The newest checkpoint at or before `step` (a numbered one before last.pt at one step)."""
+    """The newest checkpoint at or before `step` (a numbered one before last at one step)."""
     best: Optional[Checkpoint] = None
     for c in cps:
         if c.step is not None and c.step <= step:

@@ -6,42 +6,52 @@ run.db, like any run training in another process (Stop goes through run.db's com
 """
 from __future__ import annotations
 
+import json
 import os
 import sys
 from typing import Any, Optional, Union
 
 from engine.declarations.config import TrainConfig
+from engine.declarations.settings import BY_NAME, SETTINGS, Setting
 
 LOG_NAME = "torchrun.log"
 MIN_GPUS = 2
 
-# TrainConfig field -> flag, in the order they are written. run_dir is the function's argument;
-# resume and vram_low_fraction have no place in a new multi-process run launched from the form.
-_FLAGS = (("task", "--task"), ("micro_batch", "--micro-batch"), ("accum", "--accum"), ("lr", "--lr"),
-          ("clip", "--clip"), ("lr_scaling", "--lr-scaling"), ("precision", "--precision"), ("epochs", "--epochs"),
-          ("max_steps", "--max-steps"), ("optimizer", "--optimizer"), ("device", "--device"), ("seed", "--seed"),
-          ("nonfinite", "--nonfinite"), ("token_budget", "--token-budget"), ("effective_batch", "--effective-batch"),
-          ("memory_margin", "--memory-margin"), ("vram_limit", "--vram-limit"))
+# Settings written on every command line (so the log and the dialog show them), in this order;
+# every other declared setting is written when it is not its default (engine/declarations/settings.py).
+# run_dir is the function's argument; resume and fork have no place in a new multi-process run.
+ALWAYS = ("task", "micro_batch", "accum", "lr", "clip", "lr_scaling", "precision", "epochs", "max_steps",
+          "optimizer", "device", "seed", "nonfinite", "token_budget", "effective_batch", "memory_margin",
+          "vram_limit", "find_micro_batch", "oom_recovery", "strategy")
+NOT_LAUNCHED = ("run_dir", "resume", "fork")
 
 
 def _flag_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "on" if v else "off"
     return repr(v) if isinstance(v, float) else str(v)
 
 
+def _setting_flags(s: Setting, v: Any) -> list[str]:
+    """One setting's flags as the engine's command line reads them back."""
+    if v is None:
+        return []
+    if s.switch:
+        return [s.option] if v else []
+    if s.repeat:  # --task-arg KEY=VALUE, the value as JSON (the engine reads it back as JSON)
+        return [part for key, val in dict(v).items() for part in (s.option, f"{key}={json.dumps(val)}")]
+    return [s.option, _flag_value(v)]
+
+
 def engine_flags(config: Union[TrainConfig, dict[str, Any]]) -> list[str]:
-    """The `python -m engine` flags for these settings (validated; raises ConfigError)."""
+    """The `python -m engine` flags for these settings (validated; raises ConfigError): every
+    declared setting, so a launch trains with what the form and the flags say."""
     cfg = config if isinstance(config, TrainConfig) else TrainConfig.from_dict(dict(config))
     cfg.validate()
-    out: list[str] = []
-    for name, flag in _FLAGS:
-        v = getattr(cfg, name)
-        if v is None:
-            continue
-        out += [flag, _flag_value(v)]
-    if cfg.find_micro_batch:
-        out.append("--find-micro-batch")
-    out += ["--oom-recovery", "on" if cfg.oom_recovery else "off"]
-    return out
+    always = ALWAYS + (("fsdp_reduce", "cpu_offload") if cfg.strategy == "fsdp" else ())
+    chosen = [BY_NAME[n] for n in always] + [s for s in SETTINGS if s.name not in always + NOT_LAUNCHED
+                                             and getattr(cfg, s.name) != s.default]
+    return [part for s in chosen for part in _setting_flags(s, getattr(cfg, s.name))]
 
 
 def torchrun_command(config: Union[TrainConfig, dict[str, Any]], n: int, run_dir: str,

@@ -15,6 +15,7 @@ from typing import Any, Callable, Optional, Protocol
 
 import numpy as np
 
+from engine.checkpoints import names as ckpt_names
 from engine.declarations.commands import Command, Stop
 from engine.declarations.events import EventBuffer, StepMetrics
 from engine.store import RunReader, StoreError, send_command
@@ -187,9 +188,10 @@ class FolderSource:
     def problems(self) -> list[Note]:
         """What this folder lacks or could not be read, as alert rows (shown once, on opening)."""
         notes = [Note("run_damaged", 0, 0, p) for p in self.reader.problems]
-        if not os.path.exists(os.path.join(self.run_dir, "checkpoints", "last.pt")) and not self.running:
+        has_last = any(ckpt_names.name_of(p) == "last" for p in ckpt_names.candidates(self.run_dir))
+        if not has_last and not self.running:  # a file, or a sharded run's folder
             notes.append(Note("run_damaged", self._last_step if self._last_step > 0 else 0, 0,
-                              "no checkpoint (checkpoints/last.pt is missing): the plots are all there is; "
+                              "no checkpoint (checkpoints/last is missing): the plots are all there is; "
                               "this run cannot be resumed"))
         return notes
 

@@ -17,12 +17,12 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 import torch
 
 from engine.declarations.config import ConfigError
+# What a run folder holds, by name (torch-free, shared with the app): re-exported from here.
+from .names import CKPT_DIR, LAST, candidates, name_of  # noqa: F401
 
 if TYPE_CHECKING:
     from engine.store.runlock import RunLock
 
-CKPT_DIR = "checkpoints"
-LAST = "last.pt"
 TMP_PREFIX = ".tmp-"  # save_atomic's temporary files (and sharded.save's temporary folders)
 OLD_PREFIX = ".old-"  # sharded.swap_in: the folder being replaced, for a moment
 META = "meta.pt"  # a sharded checkpoint's state besides model and optimizer
@@ -117,12 +117,6 @@ def existing(path: str) -> str:
     return path
 
 
-def name_of(path: str) -> str:
-    """'.../checkpoints/step-40.pt' or '.../checkpoints/step-40' -> 'step-40'."""
-    base = os.path.basename(path.rstrip(os.sep))
-    return base[:-3] if base.endswith(".pt") else base
-
-
 def last_path(run_dir: str) -> str:
     return os.path.join(run_dir, CKPT_DIR, LAST)
 
@@ -133,32 +127,6 @@ def epoch_path(run_dir: str, epoch: int) -> str:
 
 def step_path(run_dir: str, step: int) -> str:
     return os.path.join(run_dir, CKPT_DIR, f"step-{step}.pt")
-
-
-_NUMBERED = re.compile(r"(epoch|step)-(\d{1,18})(\.pt)?")
-
-
-def candidates(run_dir: str) -> list[str]:
-    """The run's checkpoints, newest first: last, then epoch-N by N descending, then step-S by
-    S descending, each a file (name.pt) or a sharded folder (name/). (A step-S file is written
-    between epoch ends, so which of an epoch-N and a step-S file is newer is known only from
-    the step inside; callers that care load and compare.) Only what exists; temporary and
-    other files are ignored."""
-    folder = os.path.join(run_dir, CKPT_DIR)
-    try:
-        names = os.listdir(folder)
-    except OSError:
-        return []
-    numbered: dict[str, list[tuple[int, str]]] = {"epoch": [], "step": []}
-    for name in names:
-        m = _NUMBERED.fullmatch(name)
-        path = os.path.join(folder, name)
-        if m and (os.path.isfile(path) if m.group(3) else os.path.isdir(path)):
-            numbered[m.group(1)].append((int(m.group(2)), name))
-    out = [os.path.join(folder, n) for n in (LAST, LAST[:-3]) if os.path.exists(os.path.join(folder, n))]
-    for kind in ("epoch", "step"):
-        out += [os.path.join(folder, n) for _, n in sorted(numbered[kind], reverse=True)]
-    return out
 
 
 def load_newest(run_dir: str, matches: Optional[Callable[[dict[str, Any]], Optional[str]]] = None,

@@ -265,11 +265,16 @@ class MemoryLevers(Event):
     rows: tuple[tuple[int, str, bool, Optional[int], Optional[bool], int, str, bool, bool], ...]
     # (micro_batch, precision, checkpointing, predicted_peak, fits, accum, source, current, available)
     notes: tuple[str, ...] = ()
+    # The sharding levers this machine allows, estimates (engine/memory/sharding.py ShardingRow.to_row):
+    # (world, fsdp_reduce, cpu_offload, micro_batch, accum, predicted_peak, fits, largest, host_bytes,
+    #  current, basis). Absent from runs before them.
+    sharding: tuple[tuple, ...] = ()
     kind: ClassVar[str] = "memory_levers"
 
     def message(self) -> str:
         fits = sum(1 for r in self.rows if r[4])
-        return f"what fits: {fits} of {len(self.rows)} micro-batch x precision x checkpointing cells"
+        more = f"; {len(self.sharding)} sharding estimates" if self.sharding else ""
+        return f"what fits: {fits} of {len(self.rows)} micro-batch x precision x checkpointing cells{more}"
 
 
 @dataclass(frozen=True)

@@ -86,6 +86,8 @@ def _value_type(name: str) -> type:
 # -- the declaration ---------------------------------------------------------------------------
 GROUPS = ("Task and data", "Batch and accumulation", "Optimizer and schedule", "Precision and device", "Memory",
           "Several GPUs (torchrun)", "Checkpoints and forks", "Non-finite steps", "Output")
+# The settings of this group are chosen in the app's "Run on N GPUs" dialog, not in its form.
+LAUNCH_GROUP = "Several GPUs (torchrun)"
 
 
 @dataclass(frozen=True)
@@ -93,7 +95,7 @@ class Setting:
     name: str  # the TrainConfig field (and LiveSettings field, checkpoint key, metrics column, command field)
     group: str  # its option group in --help (GROUPS)
     help: str  # one line for --help and the app's tooltip; "(default X)" is added from TrainConfig
-    label: str = ""  # the app form's label; "" = a flag only (the app takes it from its command line)
+    label: str = ""  # the app's label (its form; LAUNCH_GROUP: its Run on N GPUs dialog); "" = a flag only
     live: bool = False  # changes while a run trains: a LiveSettings field and a set_<name> command
     per_step: bool = False  # every metrics row records the value its step used (a StepMetrics field)
     short: str = ""  # how alerts, plot markers and hints name it ("accum 4->8"); "" = the name, spaced
@@ -217,12 +219,12 @@ SETTINGS: tuple[Setting, ...] = (
     # Several GPUs (torchrun)
     Setting("strategy", "Several GPUs (torchrun)", "under torchrun: ddp (a replica per rank, PyTorch's "
             "DistributedDataParallel) or fsdp (parameters, gradients and optimizer state sharded over the ranks, "
-            "FSDP2)"),
+            "FSDP2)", label="Strategy"),
     Setting("fsdp_reduce", "Several GPUs (torchrun)", "fsdp: reduce-scatter the gradients once a window, in its "
             "last micro-batch (parameters and gradients stay whole during the window), or in every micro-batch "
-            "(less memory, more traffic)"),
+            "(less memory, more traffic)", label="FSDP gradient reduction"),
     Setting("cpu_offload", "Several GPUs (torchrun)", "fsdp on CUDA: keep the parameter shards and the optimizer "
-            "step on the CPU", metavar="on|off"),
+            "step on the CPU", label="CPU offload", metavar="on|off"),
     # Checkpoints and forks
     Setting("resume", "Checkpoints and forks", "continue the run in DIR from its last checkpoint", metavar="DIR"),
     Setting("fork", "Checkpoints and forks", "a new run from DIR's checkpoint (last, epoch-N or step-S; default last) "

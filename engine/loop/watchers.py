@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Optional, Protocol
 
 import torch
 
-from engine.memory import levers
+from engine.memory import levers, sharding
 from engine.declarations.events import (BatchNormSmallBatch, ClipSaturation, Event, MemoryForecast,
     MemoryLevers, StepMetrics, VramLow)
 from engine.memory.forecast import MemoryModel
@@ -133,9 +133,12 @@ class LeversWatcher(_Quiet):
     starts its own line instead of bending the old one."""
 
     def __init__(self, precision: str, world: int, vram_limit: Optional[int], margin: float,
-                 effective_batch: Optional[int], layers: Optional[int], can_checkpoint: bool) -> None:
+                 effective_batch: Optional[int], layers: Optional[int], can_checkpoint: bool, *,
+                 layout: Optional[sharding.Layout] = None, gpus: int = 0) -> None:
+        """layout: how the ranks hold the model; gpus: this machine's, for the sharding levers."""
         self.precision, self.world, self.vram_limit, self.margin = precision, world, vram_limit, margin
         self.effective_batch, self.layers, self.can_checkpoint = effective_batch, layers, can_checkpoint
+        self.layout, self.gpus = layout or sharding.Layout(world=world), gpus
         self.models: dict[tuple[str, bool], MemoryModel] = {}
 
     def on_step(self, m: StepMetrics, settings: LiveSettings) -> list[Event]:
@@ -156,11 +159,11 @@ class LeversWatcher(_Quiet):
                                  effective_batch=self.effective_batch)
         table = levers.build_table(self.models, current, capacity=capacity, margin=self.margin,
                                    persistent=persistent, checkpoint=levers.CheckpointModel(layers=self.layers),
-                                   can_checkpoint=self.can_checkpoint)
+                                   can_checkpoint=self.can_checkpoint, layout=self.layout, gpus=self.gpus)
         rows = tuple((c.micro_batch, c.precision, c.checkpointing, c.predicted_peak, c.fits, c.accum, c.source,
                       c.current, c.available) for c in table.cells)
         return [MemoryLevers(m.step, m.epoch, capacity=table.capacity, usable=table.usable, rows=rows,
-                             notes=tuple(table.notes))]
+                             notes=tuple(table.notes), sharding=tuple(r.to_row() for r in table.sharding))]
 
 
 def run_watchers(parts: "RunParts", memory_model: MemoryModel) -> list[Watcher]:
@@ -171,4 +174,6 @@ def run_watchers(parts: "RunParts", memory_model: MemoryModel) -> list[Watcher]:
             MemoryForecastWatcher(memory_model, cfg.vram_limit, cfg.memory_margin, world, cfg.precision),
             BatchNormWatcher(parts.model),
             LeversWatcher(cfg.precision, world, cfg.vram_limit, cfg.memory_margin, cfg.effective_batch,
-                          parts.switch.layers if parts.switch else None, parts.switch is not None)]
+                          parts.switch.layers if parts.switch else None, parts.switch is not None,
+                          layout=sharding.Layout(world, parts.window.strategy.name, cfg.fsdp_reduce, cfg.cpu_offload),
+                          gpus=torch.cuda.device_count() if parts.device.type == "cuda" else 0)]

@@ -73,6 +73,7 @@ from engine.declarations.commands import Command, SetAccum, SetMicroBatch
 from engine.declarations.config import PRECISIONS
 from engine.declarations.commands import SetCheckpointing, SetPrecision
 from .forecast import MemoryModel
+from . import sharding
 AUTOCAST_DTYPE = {"bf16": "bfloat16", "fp16": "float16"}
 AUTOCAST_BYTES = 2
 # Bytes per element by dtype name (engine.memory.breakdown.dtype_name spells them so).
@@ -199,6 +200,7 @@ class LeverTable:
     usable: Optional[int]                     # capacity x (1 - margin)
     largest: Mapping[State, Optional[int]]    # largest micro-batch predicted to fit, per state
     notes: tuple[str, ...] = ()
+    sharding: tuple[sharding.ShardingRow, ...] = ()  # FSDP over N GPUs, reduction, offload: estimates
 
     def cell(self, micro_batch: int, precision: str, checkpointing: bool) -> Optional[Cell]:
         for c in self.cells:
@@ -325,9 +327,12 @@ def build_table(models: Mapping[State, MemoryModel], current: Current, *, capaci
                 margin: float = 0.0, persistent: Optional[Persistent] = None,
                 checkpoint: CheckpointModel = CheckpointModel(), can_checkpoint: bool = True,
                 micro_batches: Optional[Sequence[int]] = None,
-                precisions: Sequence[str] = PRECISIONS) -> LeverTable:
+                precisions: Sequence[str] = PRECISIONS, layout: Optional[sharding.Layout] = None,
+                gpus: int = 0) -> LeverTable:
     """The table for the current run. `models`: one MemoryModel per measured state
-    ((precision, checkpointing) -> MemoryModel of window peaks by micro-batch)."""
+    ((precision, checkpointing) -> MemoryModel of window peaks by micro-batch). `layout`: how
+    the run's ranks hold the model (default: a replica on each of current.world); `gpus`: this
+    machine's GPUs, for the sharding levers (engine/memory/sharding.py)."""
     if current.micro_batch < 1 or current.accum < 1 or current.world < 1:
         raise ValueError(f"micro-batch, accum and world must be >= 1, got {current}")
     usable = None if capacity is None else capacity * (1.0 - margin)
@@ -364,8 +369,18 @@ def build_table(models: Mapping[State, MemoryModel], current: Current, *, capaci
         notes.append("persistent bytes unknown: no one-size fit, no weight-copy term in precision changes")
     if checkpoint.layers is None:
         notes.append(f"checkpointed layers unknown: assumed {DEFAULT_LAYERS}")
+    shard_rows: tuple[sharding.ShardingRow, ...] = ()
+    now = next((c for c in cells if c.current), None)
+    if persistent is not None and now is not None:
+        lay = layout or sharding.Layout(world=current.world)
+        line = lines.get(current.state)
+        shard_rows = sharding.rows(sharding.Whole.from_rank(persistent.params, persistent.grads, persistent.optimizer,
+                                                            lay),
+                                   lay, gpus=gpus, micro_batch=current.micro_batch, effective=eff,
+                                   peak=now.predicted_peak, usable=usable,
+                                   line=None if line is None else (line.fixed, line.per_sample))
     return LeverTable(cells=tuple(cells), current=current, capacity=capacity, usable=None if usable is None
-                      else int(usable), largest=largest, notes=tuple(notes))
+                      else int(usable), largest=largest, notes=tuple(notes), sharding=shard_rows)
 
 
 def commands_for(cell: Cell, current: Current) -> list[Command]:

@@ -5,11 +5,15 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional
 
-from PySide6.QtWidgets import QInputDialog, QWidget
+from PySide6.QtWidgets import QWidget
+
+from engine.declarations.config import ConfigError
 
 from app.core.preferences import Preferences
+from app.session.configs import launch_config, launch_dir
 from app.session.controller import RunController
-from app.session.launch_command import MIN_GPUS
+from app.session.launch_command import MIN_GPUS, torchrun_command
+from .gpu_dialog import GpuLaunchDialog
 from .panel import ControlsPanel
 
 
@@ -19,6 +23,7 @@ class RunStarter:
         """base_config: the window's command-line flags (the same dict, so later changes count)."""
         self.parent, self.controller, self.controls = parent, controller, controls
         self.preferences, self.base_config, self.error = preferences, base_config, error
+        self.dialog: Optional[GpuLaunchDialog] = None  # the last Run on N GPUs dialog opened
 
     def form(self) -> Optional[dict[str, Any]]:
         """The form's run settings, or None (with a dialog if they are invalid) when no run can start."""
@@ -49,19 +54,34 @@ class RunStarter:
         self.controls.set_values(config)  # the form shows what the fork trains with
         return True
 
-    def launch(self, n: int, run_dir: Optional[str] = None) -> bool:
-        """The form's settings under torchrun with n processes."""
+    def launch(self, n: int, run_dir: Optional[str] = None, choices: Optional[dict[str, Any]] = None) -> bool:
+        """The form's settings under torchrun with n processes; choices: the Run on N GPUs
+        dialog's (--strategy, --fsdp-reduce, --cpu-offload), over the form's and the flags'."""
         values = self.form()
-        if values is None or self.controller.launch(self.base_config, values, n, run_dir or "") is None:
+        if values is None or self.controller.launch(self.base_config, {**values, **(choices or {})}, n,
+                                                    run_dir or "") is None:
             return False
         self.preferences.set_json("last_config", values)
         return True
 
-    def launch_dialog(self) -> None:
+    def launch_preview(self, n: int, choices: dict[str, Any]) -> tuple[list[str], str]:
+        """(the command a launch with these choices runs, its new run folder), as launch() builds
+        them. Raises ConfigError when the form's settings cannot start."""
+        values, err = self.controls.values()
+        if values is None:
+            raise ConfigError(err)
+        config = launch_config(self.base_config, {**values, **choices})
+        folder = launch_dir(config, n)
+        return torchrun_command(config, n, folder), folder
+
+    def launch_dialog(self) -> Optional[GpuLaunchDialog]:
+        """The Run on N GPUs dialog (window-modal; Start launches). None with fewer than 2 GPUs."""
         count = self.controller.launcher.gpu_count or 0
         if count < MIN_GPUS:
-            return
-        n, ok = QInputDialog.getInt(self.parent, "Run on N GPUs", f"Processes (one per GPU, {count} here):", count,
-                                    MIN_GPUS, count)
-        if ok:
-            self.launch(n)
+            return None
+        d = GpuLaunchDialog(self.parent, count, self.launch_preview, initial=self.base_config)
+        d.accepted.connect(lambda: self.launch(d.processes.value(), d.run_dir, d.choices()))
+        d.finished.connect(d.deleteLater)
+        self.dialog = d
+        d.open()
+        return d

@@ -5,6 +5,11 @@ Where a number comes from shows on the cell: measured or fit from this state's o
 plainly, extrapolated from another state in italics with "≈" on a hatched background,
 unknown as a dash. The run's own cell is bold ("● now").
 
+Below it, where the machine has 2 or more GPUs or the run is distributed, the sharding levers
+(engine/memory/sharding.py): FSDP over N GPUs, its reduction, CPU offload, each row an
+estimate from the measured breakdown (said in its text and tooltip). They need a new launch
+(Run on N GPUs...), so they are shown, not applied.
+
 Choosing a cell and pressing "Apply at next step" or "Apply at next epoch" asks for the
 commands that move the run there (engine.memory.levers.commands_for); the window sends them along
 the session's command path, so each change and any refusal shows as for any setting."""
@@ -19,6 +24,7 @@ from PySide6.QtWidgets import (QAbstractItemView, QHBoxLayout, QHeaderView, QLab
                                QTableWidgetItem, QVBoxLayout, QWidget)
 
 from engine.memory import levers
+from engine.memory.sharding import ShardingRow
 from engine.declarations.commands import Command, setting_of
 
 
@@ -45,6 +51,30 @@ def cells_of(data: dict[str, Any]) -> list[levers.Cell]:
         except (TypeError, ValueError):
             continue  # a damaged row: left out
     return out
+
+
+def sharding_of(data: dict[str, Any]) -> list[ShardingRow]:
+    """A memory_levers event's sharding rows (none in runs from before them; damaged ones left out)."""
+    out = []
+    for row in data.get("sharding") or ():
+        try:
+            out.append(ShardingRow.from_row(row))
+        except (TypeError, ValueError):
+            continue
+    return out
+
+
+SHARDING_COLUMNS = ("Layout (estimate)", "Peak per GPU", "Largest micro-batch", "Micro-batch \u00d7 accum",
+                    "Host memory per rank")
+
+
+def sharding_texts(r: ShardingRow) -> tuple[str, ...]:
+    """One sharding row's cells: every figure marked as the estimate it is."""
+    mark = {True: " \u2713", False: " \u2717", None: ""}[r.fits]
+    peak = "\u2014" if r.predicted_peak is None else f"\u2248 {_gib(r.predicted_peak)}{mark} (estimate)"
+    largest = "\u2014" if r.largest is None else f"\u2248 {r.largest}"
+    return (r.label + ("  \u25cf now" if r.current else ""), peak, largest, f"{r.micro_batch} \u00d7 {r.accum}",
+            _gib(r.host_bytes) if r.host_bytes else "\u2014")
 
 
 def split_commands(cmds: list[Command]) -> tuple[dict[str, Any], list[Command]]:
@@ -91,6 +121,17 @@ class LeversPanel(QWidget):
         self.notes = QLabel("")
         self.notes.setObjectName("hint")
         self.notes.setWordWrap(True)
+        self.sharding: list[ShardingRow] = []
+        self.sharding_label = QLabel("Sharding over this machine's GPUs: estimates from the measured parameters, "
+                                     "gradients and optimizer state (a new launch: Run on N GPUs...)")
+        self.sharding_label.setObjectName("hint")
+        self.sharding_label.setWordWrap(True)
+        self.sharding_table = QTableWidget(0, len(SHARDING_COLUMNS))
+        self.sharding_table.setObjectName("what_fits_sharding")
+        self.sharding_table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+        self.sharding_table.setSelectionMode(QAbstractItemView.SelectionMode.NoSelection)
+        self.sharding_table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+        self.sharding_table.verticalHeader().setVisible(False)
         self.step_button = QPushButton("Apply at next step")
         self.epoch_button = QPushButton("Apply at next epoch")
         for b, at in ((self.step_button, "step"), (self.epoch_button, "epoch")):
@@ -108,8 +149,11 @@ class LeversPanel(QWidget):
         lay.setContentsMargins(4, 4, 4, 4)
         lay.addWidget(self.summary)
         lay.addWidget(self.table, 1)
+        lay.addWidget(self.sharding_label)
+        lay.addWidget(self.sharding_table, 1)
         lay.addWidget(self.notes)
         lay.addLayout(row)
+        self._set_sharding([])
         self._sync_buttons()
 
     # -- the table -------------------------------------------------------------------------
@@ -120,6 +164,7 @@ class LeversPanel(QWidget):
         self.table.setColumnCount(0)
         self.summary.setText(IDLE)
         self.notes.setText("")
+        self._set_sharding([])
         self._sync_buttons()
 
     def set_levers(self, data: dict[str, Any]) -> None:
@@ -145,6 +190,7 @@ class LeversPanel(QWidget):
                              f"{data.get('step', '?')} (measured and fit: this state's own steps)."
                              if cap is not None else "What fits: no capacity known (not a GPU run)")
         self.notes.setText("; ".join(str(n) for n in data.get("notes") or ()))
+        self._set_sharding(sharding_of(data))
         if chosen is not None:
             self.select(chosen.micro_batch, chosen.precision, chosen.checkpointing)
         self._sync_buttons()
@@ -167,6 +213,26 @@ class LeversPanel(QWidget):
             tip = "activation checkpointing has no switch for this model"
         item.setToolTip(tip)
         return item
+
+    def _set_sharding(self, rows: list[ShardingRow]) -> None:
+        self.sharding = rows
+        t = self.sharding_table
+        t.clearContents()
+        t.setRowCount(len(rows))
+        t.setHorizontalHeaderLabels(list(SHARDING_COLUMNS))
+        for i, r in enumerate(rows):
+            for j, text in enumerate(sharding_texts(r)):
+                item = QTableWidgetItem(text)
+                item.setToolTip(r.basis)  # "estimate: ... measured at micro-batch B ..."
+                font = QFont()
+                font.setItalic(True)  # as the extrapolated cells: not a measurement
+                font.setBold(r.current)
+                item.setFont(font)
+                if j == 1:
+                    item.setBackground(QBrush(UNKNOWN_BG if r.fits is None else FIT_BG if r.fits else NOFIT_BG))
+                t.setItem(i, j, item)
+        self.sharding_label.setVisible(bool(rows))
+        t.setVisible(bool(rows))
 
     def cell_at(self, row: int, col: int) -> Optional[levers.Cell]:
         item = self.table.item(row, col)
