@@ -33,12 +33,17 @@ run: $(STAMP)
 demo-headless: $(STAMP)
 	$(PY) -m engine --task mlp --epochs 2
 
+# Tests run in parallel, a file per worker (its module fixtures built once): as many workers as
+# cores, at most 4 (each holds torch and Qt; many tests start engines of their own).
+TEST_WORKERS ?= auto
+PARALLEL := -n $(TEST_WORKERS) --maxprocesses=4 --dist loadfile
+
 test: $(STAMP)
-	QT_QPA_PLATFORM=offscreen $(PY) -m pytest -q tests
+	QT_QPA_PLATFORM=offscreen $(PY) -m pytest -q $(PARALLEL) tests
 
 # The quick loop: every test but the slow, multi-process, packaging and CUDA ones (under 3 min on 2 cores).
 test-fast: $(STAMP)
-	QT_QPA_PLATFORM=offscreen $(PY) -m pytest -q -m "$(FAST_MARKERS)" tests
+	QT_QPA_PLATFORM=offscreen $(PY) -m pytest -q $(PARALLEL) -m "$(FAST_MARKERS)" tests
 
 # Re-resolve constraints.txt from pyproject.toml in a throwaway venv (pip --dry-run: nothing is
 # installed), every extra included, then drop torch and CUDA wheels (see CONSTRAINTS above).

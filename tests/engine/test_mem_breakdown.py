@@ -162,17 +162,15 @@ def test_activations_is_peak_minus_the_parts_on_that_device():
     assert activations(3000, b, device="cuda:0") == 0  # never negative
 
 
-def test_cost_per_step_is_small():
-    """Counted once per optimizer step: well under a millisecond per 100 tensors here."""
-    import time
+def test_many_tensors_are_counted_once_each():
+    """100 parameter tensors and their AdamW state, counted on repeated calls without drift
+    (what a step costs is bench/overhead.py's to measure, not a timed test's)."""
     layers = nn.Sequential(*[nn.Linear(8, 8) for _ in range(50)])  # 100 parameter tensors
     opt = torch.optim.AdamW(layers.parameters(), lr=1e-3)
     layers(torch.randn(2, 8)).sum().backward()
     opt.step()
-    count(layers, opt)
-    t0 = time.perf_counter()
-    for _ in range(20):
+    first = count(layers, opt)
+    for _ in range(3):
         b = count(layers, opt)
-    per = (time.perf_counter() - t0) / 20
+    assert b == first
     assert b.optimizer == 2 * 50 * (64 + 8) * 4 + 100 * 4
-    assert per < 0.010, f"{per * 1e3:.2f} ms for 400 tensors"  # generous: the CI machine is shared
