@@ -7,9 +7,9 @@ from __future__ import annotations
 import shlex
 from typing import Any, Callable, Optional
 
-from PySide6.QtCore import Qt
-from PySide6.QtWidgets import (QCheckBox, QComboBox, QDialog, QDialogButtonBox, QFormLayout, QLabel, QSpinBox,
-                               QVBoxLayout, QWidget)
+from PySide6.QtGui import QFontDatabase
+from PySide6.QtWidgets import (QCheckBox, QComboBox, QDialog, QDialogButtonBox, QFormLayout, QPlainTextEdit,
+                               QSpinBox, QVBoxLayout, QWidget)
 
 from engine.declarations.config import ConfigError
 from engine.declarations.settings import BY_NAME
@@ -22,6 +22,29 @@ from .run_fields import setting_row
 Preview = Callable[[int, dict[str, Any]], tuple[list[str], str]]
 
 
+MIN_WIDTH = 560
+
+
+class CommandView(QPlainTextEdit):
+    """A read-only command line in a fixed box of a few lines; text() as a QLabel's."""
+
+    LINES = 5
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.setReadOnly(True)
+        self.setObjectName("command")
+        self.setFont(QFontDatabase.systemFont(QFontDatabase.SystemFont.FixedFont))
+        margins = 2 * (self.frameWidth() + int(self.document().documentMargin())) + 4
+        self.setFixedHeight(int(self.fontMetrics().lineSpacing() * (self.LINES + 0.4)) + margins)
+
+    def setText(self, text: str) -> None:  # noqa: N802 - as QLabel's
+        self.setPlainText(text)
+
+    def text(self) -> str:
+        return self.toPlainText()
+
+
 class GpuLaunchDialog(QDialog):
     def __init__(self, parent: Optional[QWidget], count: int, preview: Preview,
                  initial: Optional[dict[str, Any]] = None) -> None:
@@ -29,6 +52,7 @@ class GpuLaunchDialog(QDialog):
         super().__init__(parent)
         self.setWindowTitle("Run on N GPUs")
         self.setObjectName("gpu_launch_dialog")
+        self.setMinimumWidth(MIN_WIDTH)
         self._preview = preview
         self.run_dir = ""
         self._command: list[str] = []
@@ -50,10 +74,9 @@ class GpuLaunchDialog(QDialog):
         form.addRow(f"Processes ({count} GPUs here)", self.processes)
         for name in ("strategy", "fsdp_reduce", "cpu_offload"):
             setting_row(form, name, getattr(self, name))
-        self.command_text = QLabel("")
-        self.command_text.setObjectName("hint")
-        self.command_text.setWordWrap(True)
-        self.command_text.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        # The whole command, selectable and scrolled within a few lines (a wrapped label was cut
+        # off at the dialog's bottom edge: its height is not asked again when the text grows).
+        self.command_text = CommandView()
         self.buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
         self.buttons.button(QDialogButtonBox.StandardButton.Ok).setText("Start")
         self.buttons.accepted.connect(self.accept)
