@@ -80,22 +80,47 @@ def read_info(run_dir: str) -> dict[str, Any]:
 @dataclass
 class RunNode:
     path: str
-    parent: Optional[Parent]
+    parent: Optional[Parent]  # the run's own record of its parent, as stored
     children: list[str] = field(default_factory=list)
+    up: Optional[str] = None  # the parent in the tree: a run among these, never making a loop
+    loops: bool = False  # its parent link closes a loop of parent links (a damaged record): a root here
 
 
 def build_tree(paths: Iterable[str], infos: Optional[dict[str, dict[str, Any]]] = None) -> dict[str, RunNode]:
     """Every run by absolute path, each with its parent link and its children (in the order
-    given) among these runs. infos: run table contents already read, by path."""
+    given) among these runs: always a forest. Parent records are input: a loop of them (fork,
+    delete the parent, fork back into its folder) is cut where the walk closes it, so nothing
+    that walks the tree (the history's items, Qt's own item tree) can go round for ever.
+    infos: run table contents already read, by path."""
     nodes: dict[str, RunNode] = {}
     for p in paths:
         a = os.path.abspath(p)
         info = (infos or {}).get(p)
         nodes[a] = RunNode(a, Parent.from_info(info if info is not None else read_info(a)))
     for n in nodes.values():
-        if n.parent is not None and n.parent.run_dir in nodes and n.parent.run_dir != n.path:
-            nodes[n.parent.run_dir].children.append(n.path)
+        up = n.parent.run_dir if n.parent is not None else None
+        n.up = up if up in nodes and up != n.path else None
+    _cut_loops(nodes)
+    for n in nodes.values():
+        if n.up is not None:
+            nodes[n.up].children.append(n.path)
     return nodes
+
+
+def _cut_loops(nodes: dict[str, RunNode]) -> None:
+    """Walk up from every run; a run met again on the same walk closes a loop: it becomes a root."""
+    done: set[str] = set()
+    for start in nodes:
+        walk: list[str] = []
+        on_walk: set[str] = set()
+        cur: Optional[str] = start
+        while cur is not None and cur not in done and cur not in on_walk:
+            walk.append(cur)
+            on_walk.add(cur)
+            cur = nodes[cur].up
+        if cur is not None and cur in on_walk:
+            nodes[cur].up, nodes[cur].loops = None, True
+        done.update(walk)
 
 
 def ancestors(path: str, nodes: dict[str, RunNode]) -> list[str]:

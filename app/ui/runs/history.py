@@ -158,8 +158,8 @@ class HistoryPanel(QWidget):
                 items[r.path] = self._item(r, self.nodes.get(r.path), names)
             for r in self.runs:
                 node = self.nodes.get(r.path)
-                up = node.parent.run_dir if node is not None and node.parent is not None else None
-                if up in items and up != r.path:
+                up = node.up if node is not None else None  # a forest: parent loops are cut (lineage.build_tree)
+                if up in items:
                     items[up].addChild(items[r.path])
                 else:
                     self.tree.addTopLevelItem(items[r.path])
@@ -178,6 +178,8 @@ class HistoryPanel(QWidget):
             change = lineage.fork_text(p)
             if p.run_dir not in names:
                 change = f"fork of {os.path.basename(os.path.normpath(p.run_dir))} {change}"
+            if node.loops:
+                change = f"{change} (parent record loops back: shown as a top-level run)"
         end = summary_ending(r)
         duration = fmt_duration(r.duration) if r.duration is not None else ""
         item = QTreeWidgetItem(["", r.name, change, r.task, end.word, f"{r.steps:,}" if r.steps else "",
