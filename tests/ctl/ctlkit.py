@@ -150,3 +150,13 @@ def written_run(run_dir: str, steps: int, status: str = "finished") -> str:
     store.record(CheckpointSaved(steps, 1, path=os.path.join(run_dir, "checkpoints", "last.pt")))
     store.close()
     return run_dir
+
+
+def hold_lock(run_dir: str) -> subprocess.Popen:
+    """A process that holds run_dir's writer lock and writes nothing: a live run with no new rows
+    (paused, or stalled in a slow data loader)."""
+    proc = subprocess.Popen([PY, "-c", "import sys, time\nfrom engine.store import runlock\n"
+                             "lock = runlock.acquire(sys.argv[1])\nprint('locked', flush=True)\ntime.sleep(300)\n",
+                             run_dir], cwd=ROOT, env=subprocess_env(), stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "locked"
+    return proc
