@@ -23,6 +23,7 @@ from engine.store import DB_NAME, RunReader, StoreError, runlock, send_command
 from .protocol import EXIT_NOT_LIVE, CtlError, finite_or_none
 
 WAIT_POLL_S = 0.1
+OPENING_S = 10.0  # how long a run.db whose engine is still making it is waited for
 ANSWERED = ("applied", "refused", "expired")
 # Settings `set` takes: the live ones, and precision (which the engine refuses, saying why).
 SETTABLE = tuple(s.name for s in LIVE_SETTINGS) + ("precision",)
@@ -39,10 +40,16 @@ def open_run(path: str) -> RunReader:
     run_dir = run_path(path)
     if not os.path.isdir(run_dir):
         raise CtlError(f"{path}: no such run folder")
-    try:
-        return RunReader(run_dir)
-    except ConfigError as e:  # StoreError: no run.db, or one that cannot be read
-        raise CtlError(limits.one_line(e)) from None
+    deadline = time.monotonic() + OPENING_S
+    while True:
+        try:
+            return RunReader(run_dir)
+        except ConfigError as e:  # StoreError: no run.db, or one that cannot be read
+            # An engine that holds the folder and has not made its tables yet: a moment.
+            if "no such table" in str(e) and runlock.holder(run_dir) is not None and time.monotonic() < deadline:
+                time.sleep(WAIT_POLL_S)
+                continue
+            raise CtlError(limits.one_line(e)) from None
 
 
 def live_writer(reader: RunReader) -> Optional[dict[str, Any]]:

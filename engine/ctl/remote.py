@@ -69,8 +69,17 @@ def remote_line(remote_python: str, ctl_args: list[str]) -> str:
         raise CtlError(f"--remote-python: {e}") from None
     if not python:
         raise CtlError("--remote-python: empty")
-    words = [*python, "-m", "engine.ctl", *ctl_args]
-    return "exec " + " ".join(shlex.quote(w) for w in words)
+    return "exec " + " ".join([*map(_home_word, python), *(shlex.quote(w) for w in ["-m", "engine.ctl", *ctl_args])])
+
+
+def _home_word(word: str) -> str:
+    """A word of --remote-python, quoted; a leading ~/ stays the remote home ("$HOME", which the
+    remote shell expands inside double quotes and nothing else does)."""
+    if word == "~":
+        return '"$HOME"'
+    if word.startswith("~/"):
+        return '"$HOME"/' + shlex.quote(word[2:])
+    return shlex.quote(word)
 
 
 def ssh_argv(host: str, remote_python: str, ctl_args: list[str]) -> list[str]:

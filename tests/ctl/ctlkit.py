@@ -10,7 +10,7 @@ import sys
 import threading
 from typing import Any, Optional
 
-from engine.store import RunReader, runlock
+from engine.store import RunReader, StoreError, runlock
 
 from testkit import ROOT, run_cli, subprocess_env, wait_until
 
@@ -51,7 +51,10 @@ class LiveRun:
             assert self.proc.poll() is None, f"the engine ended: {open(self.run_dir + '.log').read()[-2000:]}"
             if runlock.holder(self.run_dir) is None or not os.path.exists(os.path.join(self.run_dir, "run.db")):
                 return False
-            return len(db_rows(self.run_dir)) >= rows
+            try:
+                return len(db_rows(self.run_dir)) >= rows
+            except StoreError:  # run.db made, its tables not yet
+                return False
         wait_until(ready, timeout=180, what=f"{rows} rows of a live run", interval=0.1)
 
     def end(self) -> None:
