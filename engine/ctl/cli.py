@@ -150,8 +150,8 @@ def _run(args: argparse.Namespace, out: Output) -> int:
             kind = record.get("kind")
             if kind == "command":
                 answers[record.get("id")] = record.get("status") or ""
-            elif kind == "row":
-                cursor[0] = record["row"].get("step", cursor[0])
+            elif kind == "rows" and record.get("rows") and "step" in record.get("columns", ()):
+                cursor[0] = record["rows"][-1][record["columns"].index("step")]
             elif kind == "event":
                 cursor[1] = record["event"].get("id", cursor[1])
             elif kind == "rewind":

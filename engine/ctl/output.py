@@ -10,7 +10,7 @@ import sys
 import time
 from typing import Any, Optional, TextIO
 
-from .protocol import encode, hello
+from .protocol import encode, hello, rows_of
 
 
 class ClientGone(Exception):
@@ -35,7 +35,7 @@ class Output:
             return
         try:
             self.stream.write(text + "\n")
-            if not self.as_json and record.get("kind") not in ("row", "event"):
+            if not self.as_json and record.get("kind") not in ("rows", "event"):
                 self.stream.flush()
         except (BrokenPipeError, ConnectionResetError):
             raise ClientGone() from None
@@ -140,8 +140,8 @@ def render(record: dict[str, Any]) -> Optional[str]:
         return _status(record)
     if kind == "command":
         return _command(record)
-    if kind == "row":
-        return _row(record.get("row") or {})
+    if kind == "rows":
+        return "\n".join(_row(r) for r in rows_of(record)) or None
     if kind == "event":
         return _event(record.get("event") or {})
     if kind == "rewind":

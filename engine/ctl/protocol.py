@@ -5,7 +5,8 @@ The first line is always the hello, {"kind": "hello", "protocol": N, "engine": V
 client that speaks another protocol says so and stops before it reads anything else. Every
 other line is a record with a "kind":
 
-  row        {"row": {metrics column: value, ...}}       one optimizer step, as run.db holds it
+  rows       {"columns": [name, ...], "rows": [[value, ...], ...]}   optimizer steps in step order,
+             each as run.db holds it (the values in the order of "columns")
   event      {"event": {id, time, step, epoch, kind, message, data}}
   info       {"info": {run table}, "live": bool, "writer": {pid, host, started} | null}
   rewind     {"to_step": S}       rows past S were superseded (a rollback): drop them, rows follow
@@ -103,3 +104,9 @@ def finite_or_none(value: Any) -> Optional[float]:
     if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
         return float(value)
     return None
+
+
+def rows_of(record: dict[str, Any]) -> list[dict[str, Any]]:
+    """The metrics rows a `rows` record carries, each as {column: value}."""
+    columns = record.get("columns") or []
+    return [dict(zip(columns, values)) for values in record.get("rows") or ()]

@@ -125,10 +125,14 @@ class RunReader:
     def metrics(self, after_step: int = -1, limit: Optional[int] = None) -> list[dict[str, Any]]:
         """Rows past `after_step`, in step order; at most `limit` of them (a reader that pages
         through a long run instead of holding it all at once)."""
+        return [dict(zip(METRIC_COLUMNS, r)) for r in self.metric_values(after_step, limit)]
+
+    def metric_values(self, after_step: int = -1, limit: Optional[int] = None) -> list[tuple]:
+        """metrics(), as tuples in METRIC_COLUMNS order: for a reader that passes a long run on
+        (headroom-ctl's follow) without building a dict per row."""
         page = "" if limit is None else f" LIMIT {max(0, int(limit))}"
-        rows = self._query(f"SELECT {self._select('metrics', METRIC_COLUMNS)} FROM metrics "
+        return self._query(f"SELECT {self._select('metrics', METRIC_COLUMNS)} FROM metrics "
                            f"WHERE step > ? ORDER BY step{page}", (after_step,))
-        return [dict(zip(METRIC_COLUMNS, r)) for r in rows]
 
     def last_metrics(self, count: int = 1) -> list[dict[str, Any]]:
         """The last `count` rows, in step order (a status line, an estimate of the step time),

@@ -10,6 +10,7 @@ import sys
 import threading
 from typing import Any, Optional
 
+from engine.ctl.protocol import rows_of
 from engine.store import RunReader, StoreError, runlock
 
 from testkit import ROOT, run_cli, subprocess_env, wait_until
@@ -114,8 +115,8 @@ def replay(recs: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[
     rows: list[dict[str, Any]] = []
     events: list[dict[str, Any]] = []
     for r in recs:
-        if r["kind"] == "row":
-            rows.append(r["row"])
+        if r["kind"] == "rows":
+            rows += rows_of(r)
         elif r["kind"] == "event":
             events.append(r["event"])
         elif r["kind"] == "rewind":
