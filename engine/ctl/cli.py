@@ -23,7 +23,7 @@ from .follow import follow
 from .output import ClientGone, Output
 from .protocol import (EXIT_BAD_INPUT, EXIT_FAILED, EXIT_NOT_LIVE, EXIT_OK, EXIT_REFUSED, EXIT_REMOTE, PROTOCOL,
                        CtlError, error)
-from .remote import DEFAULT_PYTHON, SSH_ENV, RemoteRun, parse_target, records as remote_records
+from .remote import PYTHON_ENV, SSH_ENV, RemoteRun, default_python, parse_target, records as remote_records
 
 EPILOG = (f"RUN is a run folder, or [user@]host:path on a machine reached with ssh (set {SSH_ENV} to change "
           "the ssh command, e.g. 'ssh -F ~/work/ssh_config'). Exit codes: 0 done, 2 bad input, 3 a change "
@@ -68,8 +68,8 @@ def parser() -> argparse.ArgumentParser:
         if run:
             c.add_argument("run", metavar="RUN", help="a run folder, or [user@]host:path")
         c.add_argument("--json", action="store_true", help="one JSON record per line (the protocol in README)")
-        c.add_argument("--remote-python", default=DEFAULT_PYTHON, metavar="CMD",
-                       help=f"the python with Headroom on the remote machine (default {DEFAULT_PYTHON})")
+        c.add_argument("--remote-python", default=default_python(), metavar="CMD",
+                       help=f"the python with Headroom on the remote machine (default ${PYTHON_ENV}, else python3)")
         c.add_argument("--protocol", type=int, default=None, help=argparse.SUPPRESS)  # set by a client program
         return c
 

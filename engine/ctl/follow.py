@@ -70,6 +70,7 @@ class _Follow:
                 heartbeat_s: float) -> Iterator[dict[str, Any]]:
         parent = os.getppid()
         quiet_since = time.monotonic()
+        caught_up = False
         while True:
             if watch_parent and os.getppid() != parent:
                 return  # the ssh session that started us is gone: nobody reads this stream
@@ -84,6 +85,9 @@ class _Follow:
             for record in self._new():
                 sent += 1
                 yield record
+            if writer is not None and not caught_up:
+                caught_up = True  # what the run held when the follow began has all been sent
+                yield {"kind": "caught_up", "step": self.last_step if self.last_step >= 0 else None}
             if writer is None:
                 yield {"kind": "end", "status": self._final_status(), "step": self.last_step if self.last_step >= 0
                        else None, "last_event": self.last_event}

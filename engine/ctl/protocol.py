@@ -10,6 +10,7 @@ other line is a record with a "kind":
   event      {"event": {id, time, step, epoch, kind, message, data}}
   info       {"info": {run table}, "live": bool, "writer": {pid, host, started} | null}
   rewind     {"to_step": S}       rows past S were superseded (a rollback): drop them, rows follow
+  caught_up  {"step": N}          follow of a live run: everything it held at the start was sent
   heartbeat  {"time": T}          follow writes one a second while nothing else comes
   end        {"status": S, "step": N, "last_event": ID}   the run ended; the stream ends here
   status     {run_dir, live, writer, status, step, epoch, loss, settings, eta_s, ...}

@@ -26,7 +26,13 @@ from typing import Any, Iterator, Optional
 from .protocol import PROTOCOL, EXIT_REMOTE, CtlError, ProtocolError, check_hello, decode
 
 SSH_ENV = "HEADROOM_SSH_COMMAND"
-DEFAULT_PYTHON = "python3"
+PYTHON_ENV = "HEADROOM_REMOTE_PYTHON"  # the default of --remote-python, for the CLI and the app
+
+
+def default_python() -> str:
+    return os.environ.get(PYTHON_ENV, "").strip() or "python3"
+
+
 # A host as ssh takes it: [user@]name, no option (a leading '-'), no space or control character.
 _HOST = re.compile(r"[^\s\x00-\x1f\x7f-][^\s\x00-\x1f\x7f]*")
 
@@ -49,6 +55,14 @@ def parse_target(text: str) -> Optional[RemoteRun]:
     if not _HOST.fullmatch(head):
         raise CtlError(f"{text!r}: {head!r} is not a host name for ssh")
     return RemoteRun(head, path)
+
+
+def is_remote(text: str) -> bool:
+    """Whether RUN names a run on another machine (a malformed host too: opening it says why)."""
+    try:
+        return parse_target(text) is not None
+    except CtlError:
+        return True
 
 
 def ssh_command() -> list[str]:
