@@ -17,11 +17,14 @@ import time
 from collections import deque
 from typing import Any, Optional
 
-from engine.ctl.protocol import EXIT_REMOTE, PROTOCOL, CtlError, ProtocolError, rows_of
+import numpy as np
+
+from engine.ctl.protocol import EXIT_REMOTE, PROTOCOL, CtlError, ProtocolError
 from engine.ctl.remote import RemoteCommand, default_python, is_remote, parse_target
 from engine.declarations.commands import Command, Pause, SetPrecision, Stop, Unpause, setting_change
 from engine.store import StoreError
 
+from app.model.metrics import COLUMN_DTYPES, STEP_COLUMNS, StepColumns
 from app.model.notes import Note
 from .sources import FolderSource
 
@@ -101,10 +104,10 @@ class RemoteSource(FolderSource):
     def _take(self, record: dict[str, Any]) -> None:
         kind = record.get("kind")
         if kind == "rows":
-            rows = rows_of(record)
-            if rows:
-                self._items.extend(rows)
-                self._cursor = (int(rows[-1]["step"]) + 1, self._cursor[1])
+            steps = step_columns(record)
+            if steps is not None:
+                self._items.append(steps)
+                self._cursor = (int(steps.view("step")[-1]) + 1, self._cursor[1])
         elif kind == "event":
             event = record.get("event") or {}
             self._items.append(Note.from_row(event))
@@ -186,3 +189,33 @@ def _ctl_args(command: Command, path: str) -> list[str]:
     text = ("on" if value else "off") if isinstance(value, bool) else repr(value) if isinstance(value, float) \
         else str(value)
     return ["set", *head, "--at", getattr(command, "at", "epoch"), "--", path, f"{name}={text}"]
+
+
+def step_columns(record: dict[str, Any]) -> Optional[StepColumns]:
+    """A `rows` record as the model's column arrays (what a run.db read gives it), without a
+    dict per row: a long run opens in the time a local one takes plus the transfer. A column
+    the server does not send (an older engine) is NaN; None is NaN too."""
+    names = list(record.get("columns") or ())
+    rows = record.get("rows") or []
+    if not rows or "step" not in names:
+        return None
+    values = list(zip(*rows))
+    columns: dict[str, np.ndarray] = {}
+    for c in STEP_COLUMNS:
+        if c not in names:
+            columns[c] = np.full(len(rows), np.nan, dtype=COLUMN_DTYPES.get(c, np.float64))
+            continue
+        col = values[names.index(c)]
+        try:
+            a = np.array(col, dtype=np.float64)  # None -> NaN
+        except (TypeError, ValueError):  # text where a number belongs (a damaged run.db): NaN, like a local read
+            a = np.array([_number(v) for v in col], dtype=np.float64)
+        columns[c] = a.astype(COLUMN_DTYPES.get(c, np.float64))
+    return StepColumns(columns)
+
+
+def _number(v: Any) -> float:
+    try:
+        return float(v) if v is not None else float("nan")
+    except (TypeError, ValueError, OverflowError):
+        return float("nan")

@@ -79,6 +79,7 @@ def test_a_live_remote_run_steered_through_a_dropped_connection(qtbot, make_wind
         before = len(shown_steps(w))
         os.kill(src._command.proc.pid, signal.SIGKILL)  # the ssh client dies: Wi-Fi gone
         qtbot.waitUntil(lambda: src.connection == "reconnecting", timeout=10_000)
+        assert "reconnecting" in w.session.live_text()
         qtbot.waitUntil(lambda: src.connection == "connected" and len(shown_steps(w)) > before + 3, timeout=60_000)
         w.stop_run()
         assert run.proc.wait(timeout=90) == 0
