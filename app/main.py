@@ -27,6 +27,7 @@ import time
 from typing import Any, Optional, Sequence
 
 from engine.cli import add_run_flags, config_from_args
+from engine.ctl.remote import is_remote
 from engine.declarations.config import ConfigError, TrainConfig
 
 log = logging.getLogger("headroom.main")
@@ -48,7 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--autostart", action="store_true", help="start the run at once")
     g.add_argument("--screenshot", metavar="PATH", help="save a PNG of the window when the run ends")
     g.add_argument("--quit-when-done", action="store_true", help="quit when the run ends (exit 0, 1 failed, 2 bad input)")
-    g.add_argument("--open", metavar="RUN_DIR", help="show a run folder (finished, or training elsewhere)")
+    g.add_argument("--open", metavar="RUN_DIR", help="show a run folder (finished, or training elsewhere), or "
+                   "[user@]host:path on another machine (through ssh)")
     g.add_argument("--theme", choices=("light", "dark"), help="colour theme (default: the last one used)")
     from .ui.shell import scripted  # --x-axis, --apply-at, --change, --screenshot-step (no Qt)
     scripted.add_flags(g)
@@ -105,7 +107,7 @@ def parse_args(argv: Optional[Sequence[str]]) -> tuple[argparse.Namespace, dict[
         problem = screenshot_problem(ns.screenshot)
         if problem:
             raise ConfigError(f"--screenshot {ns.screenshot}: {problem}")
-    if ns.open and not os.path.isfile(os.path.join(ns.open, "run.db")):
+    if ns.open and not is_remote(ns.open) and not os.path.isfile(os.path.join(ns.open, "run.db")):
         raise ConfigError(f"--open {ns.open}: not a run folder (no run.db)")
     if ns.quit_when_done and not (ns.autostart or ns.open):
         raise ConfigError("--quit-when-done needs --autostart or --open")

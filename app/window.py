@@ -165,6 +165,7 @@ class MainWindow(QMainWindow):
         for action, slot in ((ra.start, self.start_run), (ra.pause, self.pause_run), (ra.resume, self.resume_run),
                              (ra.stop, self.stop_run), (ra.apply, self.apply_changes), (ra.cont, self.continue_run),
                              (aa.open_run, self.choose_run_folder), (aa.open_task, self.choose_task_file),
+                             (aa.open_remote, lambda: self.open_run(dialogs.ask_remote_run(self) or "")),
                              (aa.csv, lambda: export.csv_dialog(self, self.model, self.show_error)),
                              (aa.png, lambda: export.png_dialog(self, self.model, self.plots, self.show_error,
                                                                 self.views.shown_dir)),
@@ -316,8 +317,9 @@ class MainWindow(QMainWindow):
         self.controller.apply(edits, self.controls.apply_when())
 
     def open_run(self, path: str) -> bool:
-        """Show a run folder's plots (finished, or training in another process)."""
-        return self.controller.open(path)
+        """Show a run folder's plots (finished, or training in another process), here or on
+        another machine ([user@]host:path, with the python remembered for that host)."""
+        return bool(path) and self.controller.open(path, remote_python=dialogs.remote_python_for(path))
 
     def set_overlay(self, path: str, on: bool) -> None:
         self.tree.set_overlay(path, on)

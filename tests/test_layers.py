@@ -38,6 +38,8 @@ def copy_tree(dst) -> str:
 @pytest.mark.parametrize("module,line,contract", [
     ("engine/store/_run_store.py", "import torch", "torch-free"),
     ("engine/memory/levers.py", "import numpy", "torch-free"),
+    ("engine/ctl/follow.py", "import torch", "headroom-ctl is torch-free"),
+    ("engine/ctl/remote.py", "import engine.loop.trainer", "headroom-ctl is torch-free"),
     ("engine/declarations/config.py", "import PySide6", "never imports the app"),
     ("engine/checkpoints/files.py", "import engine.loop.trainer", "engine's packages"),
     ("engine/window/step.py", "import engine.window.accumulate", "no import cycles"),

@@ -65,6 +65,14 @@ def test_every_engine_command_line_parses():
         parser.parse_args(args)  # raises (ConfigError) on an unknown or malformed flag
 
 
+def test_every_headroom_ctl_line_parses():
+    from engine.ctl.cli import parser
+    lines = [l for l in shell_lines() if l.startswith("headroom-ctl ")]
+    assert len(lines) >= 5
+    for line in lines:
+        parser().parse_args(shlex.split(line)[1:])  # raises CtlError on an unknown command or flag
+
+
 def test_flag_table_matches_the_cli():
     """The table names every flag of the parser (but the old spellings, said below it) and no other."""
     table = re.search(r"```\n(python -m engine \[flags\].*?)```", README, flags=re.S).group(1)

@@ -17,40 +17,10 @@ def is_run_dir(path: str) -> bool:
     return os.path.isfile(os.path.join(path, DB_NAME))
 
 
-def pid_alive(pid: Any) -> bool:
-    """Whether a process with this id exists (a run.db's writer, say)."""
-    try:
-        pid = int(pid)
-    except (TypeError, ValueError):
-        return False
-    if pid <= 0:
-        return False
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OSError):
-        return True  # exists, not ours
-    return True
-
-
-def writer_of(path: str, info: Optional[dict[str, Any]] = None) -> Optional[dict[str, Any]]:
-    """{pid, host, ...} of the live writer of a run folder, or None. The writer lock decides
-    (engine/store/runlock.py: the kernel's, so it goes with the process, on any host of a shared
-    mount); a folder no locking engine wrote falls back to run.db's status and pid (`info`)."""
-    held = runlock.holder(path)
-    if held is not None:
-        return dict(held)
-    try:
-        if os.path.getsize(runlock.lock_path(path)) > 0:
-            return None  # a locking engine wrote here, and nobody holds the lock now
-    except OSError:
-        pass
-    if info is not None and info.get("status") == "running" and pid_alive(info.get("pid")):
-        return {"pid": info.get("pid"), "host": None}
-    return None
+# Whether a process is alive, and who writes a run folder: the store's answer (the control CLI
+# asks the same question without the app).
+pid_alive = runlock.pid_alive
+writer_of = runlock.writer
 
 
 def is_live(path: str, info: Optional[dict[str, Any]] = None) -> bool:

@@ -23,6 +23,7 @@ from .configs import launch_config, launch_dir, start_config
 from .launcher import Launch, LaunchManager
 from .session import RunSession, Update
 from .signals import SessionSignals
+from .remote_source import RemoteSource, is_remote
 from .sources import FolderSource, LiveSource
 from app.model.state import RunState
 from .worker import EngineRunner
@@ -174,7 +175,7 @@ class RunController(QObject):
         self.run_dir_known.emit(ln.run_dir)
         return ln
 
-    def open(self, path: str, restore: bool = False) -> bool:
+    def open(self, path: str, restore: bool = False, remote_python: str = "") -> bool:
         """Show a run folder's data (finished, or training in another process). restore: the run
         shown before a Start that failed, shown again (view_restored, not folder_opened: the
         form keeps what the user was starting)."""
@@ -183,7 +184,8 @@ class RunController(QObject):
                                               "'Compare' in the run history to overlay the other run's loss.")
             return False
         try:
-            src = FolderSource(path)
+            # [user@]host:path: followed through headroom-ctl over ssh (app/session/remote_source.py)
+            src = RemoteSource(path, remote_python) if is_remote(path) else FolderSource(path)
         except (StoreError, ConfigError) as e:
             holder = runlock.holder(path)
             if holder is not None:  # a writer still setting the run up: run.db comes with its first write

@@ -140,7 +140,10 @@ class RunSession:
     def live_text(self) -> str:
         """'live: pid N on HOST' while the run shown is going, '' otherwise."""
         w = self.writer
-        return live_label(w) if w is not None and self.state.is_live else ""
+        text = live_label(w) if w is not None and self.state.is_live else ""
+        if text and getattr(self.source, "connection", "") == "reconnecting":  # a run on another machine
+            text += " (connection lost: reconnecting...)"
+        return text
 
     def view_state(self) -> str:
         """The run state as the controls show it: a live state, 'viewing' or 'idle'."""

@@ -78,6 +78,8 @@ class AppActions(QObject):
     def __init__(self, parent: QWidget) -> None:
         super().__init__(parent)
         self.open_run = make_action(parent, "Open run folder...", "open_run", "open")
+        self.open_remote = make_action(parent, "Open remote run...", icon="open",
+                                       tip="Follow and steer a run on another machine, through ssh")
         self.open_task = make_action(parent, "Open task file...", "open_task", "open")
         self.csv = make_action(parent, "Export metrics (CSV)...", "export_csv", "export-csv")
         self.png = make_action(parent, "Export plots (PNG)...", "export_png", "export-png")
@@ -118,7 +120,7 @@ def install(window: QMainWindow, run: RunActions, app: AppActions, docks: list[Q
               app.png, None, app.theme):
         tb.addSeparator() if a is None else tb.addAction(a)
     mb = window.menuBar()
-    _menu(mb.addMenu("&File"), (app.open_run, app.open_task, None, app.csv, app.png, None, app.ask_close, app.quit))
+    _menu(mb.addMenu("&File"), (app.open_run, app.open_remote, app.open_task, None, app.csv, app.png, None, app.ask_close, app.quit))
     run_menu = _menu(mb.addMenu("&Run"), (run.start, run.pause, run.resume, run.stop, run.cont, None, run.apply, None,
                                           app.torchrun, app.open_log))
     run_menu.setToolTipsVisible(True)  # the disabled "Run on N GPUs..." says why

@@ -122,10 +122,24 @@ class RunReader:
                 out[k] = v
         return out
 
-    def metrics(self, after_step: int = -1) -> list[dict[str, Any]]:
+    def metrics(self, after_step: int = -1, limit: Optional[int] = None) -> list[dict[str, Any]]:
+        """Rows past `after_step`, in step order; at most `limit` of them (a reader that pages
+        through a long run instead of holding it all at once)."""
+        return [dict(zip(METRIC_COLUMNS, r)) for r in self.metric_values(after_step, limit)]
+
+    def metric_values(self, after_step: int = -1, limit: Optional[int] = None) -> list[tuple]:
+        """metrics(), as tuples in METRIC_COLUMNS order: for a reader that passes a long run on
+        (headroom-ctl's follow) without building a dict per row."""
+        page = "" if limit is None else f" LIMIT {max(0, int(limit))}"
+        return self._query(f"SELECT {self._select('metrics', METRIC_COLUMNS)} FROM metrics "
+                           f"WHERE step > ? ORDER BY step{page}", (after_step,))
+
+    def last_metrics(self, count: int = 1) -> list[dict[str, Any]]:
+        """The last `count` rows, in step order (a status line, an estimate of the step time),
+        without reading the rest of a long run."""
         rows = self._query(f"SELECT {self._select('metrics', METRIC_COLUMNS)} FROM metrics "
-                           "WHERE step > ? ORDER BY step", (after_step,))
-        return [dict(zip(METRIC_COLUMNS, r)) for r in rows]
+                           "ORDER BY step DESC LIMIT ?", (max(0, int(count)),))
+        return [dict(zip(METRIC_COLUMNS, r)) for r in reversed(rows)]
 
     def discarded(self) -> list[dict[str, Any]]:
         """Metrics rows a resume or a rerun of a step superseded, in the order they were moved,
@@ -155,9 +169,17 @@ class RunReader:
             out.append(dict(id=r[0], time=r[1], step=r[2], epoch=r[3], kind=r[4], message=r[5], data=data))
         return out
 
+    _COMMAND_COLUMNS = ("id", "time", "kind", "payload", "status", "applied_step", "note")
+
     def commands(self) -> list[dict[str, Any]]:
-        cols = ("id", "time", "kind", "payload", "status", "applied_step", "note")
+        cols = self._COMMAND_COLUMNS
         return [dict(zip(cols, r)) for r in self._query(f"SELECT {','.join(cols)} FROM commands ORDER BY id")]
+
+    def command(self, row_id: int) -> Optional[dict[str, Any]]:
+        """One row of the commands table (what became of a command sent with send_command), or None."""
+        cols = self._COMMAND_COLUMNS
+        rows = self._query(f"SELECT {','.join(cols)} FROM commands WHERE id = ?", (int(row_id),))
+        return dict(zip(cols, rows[0])) if rows else None
 
     def _query(self, sql: str, args: tuple = ()) -> list[tuple]:
         rows: list[tuple] = []

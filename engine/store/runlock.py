@@ -186,3 +186,39 @@ def holder(run_dir: str) -> Optional[dict[str, Any]]:
         return None
     finally:
         os.close(fd)
+
+
+def pid_alive(pid: Any) -> bool:
+    """Whether a process with this id exists on this host (a run.db's writer, say)."""
+    try:
+        pid = int(pid)
+    except (TypeError, ValueError):
+        return False
+    if pid <= 0:
+        return False
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # exists, not ours
+    return True
+
+
+def writer(run_dir: str, info: Optional[dict[str, Any]] = None) -> Optional[dict[str, Any]]:
+    """{pid, host, ...} of the live writer of a run folder, or None. The lock decides (the
+    kernel's, so it goes with the process); a folder no locking engine wrote (an older run, a
+    file system without flock) falls back to run.db's status and pid (`info`, RunReader.info())."""
+    held = holder(run_dir)
+    if held is not None:
+        return dict(held)
+    try:
+        if os.path.getsize(lock_path(run_dir)) > 0:
+            return None  # a locking engine wrote here, and nobody holds the lock now
+    except OSError:
+        pass
+    if info is not None and info.get("status") == "running" and pid_alive(info.get("pid")):
+        return {"pid": info.get("pid"), "host": None}
+    return None

@@ -7,7 +7,7 @@ import os
 from typing import Any, Optional
 
 from PySide6.QtCore import Qt
-from PySide6.QtWidgets import QApplication, QFileDialog, QMessageBox, QWidget
+from PySide6.QtWidgets import QApplication, QFileDialog, QInputDialog, QMessageBox, QWidget
 
 from app.core import assets
 from app.core.preferences import Preferences
@@ -64,3 +64,37 @@ def ask_task_file(parent: QWidget, preferences: Preferences) -> str:
 
 def ask_run_folder(parent: QWidget, start: str) -> str:
     return QFileDialog.getExistingDirectory(parent, "Open a run folder", start)
+
+
+# A remote run: the last one opened, and each host's python (the app remembers it per host).
+REMOTE_LAST, REMOTE_PYTHONS = "remote_last", "remote_python"
+
+
+def remote_python_for(target: str) -> str:
+    """The python remembered for target's host ('' if none: headroom-ctl's default)."""
+    saved = Preferences().get_json(REMOTE_PYTHONS, {})
+    return str(saved.get(target.partition(":")[0]) or "") if isinstance(saved, dict) else ""
+
+
+def ask_remote_run(parent: QWidget) -> str:
+    """[user@]host:path of a run on another machine, and (remembered for that host) the python
+    that has Headroom there. '' if cancelled."""
+    from engine.ctl.remote import SSH_ENV, default_python
+    prefs = Preferences()
+    target, ok = QInputDialog.getText(parent, "Open remote run", "A run on another machine, as [user@]host:path\n"
+                                      f"(reached with your ssh and its config; {SSH_ENV} changes the command):",
+                                      text=str(prefs.get_json(REMOTE_LAST, "") or ""))
+    target = target.strip()
+    if not ok or not target:
+        return ""
+    host = target.partition(":")[0]
+    saved = prefs.get_json(REMOTE_PYTHONS, {})
+    saved = saved if isinstance(saved, dict) else {}
+    python, ok = QInputDialog.getText(parent, "Open remote run", f"The python with Headroom on {host}:",
+                                      text=str(saved.get(host) or default_python()))
+    if not ok or not python.strip():
+        return ""
+    saved[host] = python.strip()
+    prefs.set_json(REMOTE_PYTHONS, saved)
+    prefs.set_json(REMOTE_LAST, target)
+    return target

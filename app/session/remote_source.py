@@ -1,0 +1,221 @@
+"""A run on another machine, `[user@]host:path`, followed through headroom-ctl over ssh
+(engine/ctl): the same view as a run folder here, fed by `follow`'s records instead of run.db.
+
+A thread reads the follow's records (rows, events, the run's info) into a queue the session
+drains on its timer, as it drains a folder's reads. When the connection drops (the laptop
+asleep, Wi-Fi gone) the thread says "reconnecting" and follows again from where the stream
+broke (the step after the last row, the last event id): no row is lost or shown twice, and the
+training never notices. Commands go through `headroom-ctl set/pause/unpause/stop` over ssh, off
+the GUI thread; the engine's answers come back through the follow as they do for any run.
+Qt-free.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from typing import Any, Optional
+
+import numpy as np
+
+from engine.ctl.protocol import EXIT_REMOTE, PROTOCOL, CtlError, ProtocolError
+from engine.ctl.remote import RemoteCommand, default_python, is_remote, parse_target
+from engine.declarations.commands import Command, Pause, SetPrecision, Stop, Unpause, setting_change
+from engine.store import StoreError
+
+from app.model.metrics import COLUMN_DTYPES, STEP_COLUMNS, StepColumns
+from app.model.notes import Note
+from .sources import FolderSource
+
+log = logging.getLogger(__name__)
+__all__ = ["RemoteSource", "is_remote"]
+
+OPEN_TIMEOUT_S = 120.0  # the first read of a long run over a slow link
+RECONNECT_S = (1.0, 2.0, 5.0, 10.0)  # waits between tries; the last repeats
+
+
+class RemoteSource(FolderSource):
+    """A FolderSource whose folder is on another machine (the session treats both alike)."""
+
+    def __init__(self, target: str, remote_python: str = "", timeout: float = OPEN_TIMEOUT_S) -> None:
+        try:
+            remote = parse_target(target)
+        except CtlError as e:
+            raise StoreError(str(e)) from None
+        if remote is None or not remote.path:
+            raise StoreError(f"{target}: not [user@]host:path")
+        self.remote = remote
+        self.run_dir = target
+        self.remote_python = remote_python or default_python()
+        self.lazy = True
+        self.reader = None  # no local run.db: discarded rows are not shown for a remote run
+        self.info: dict[str, Any] = {}
+        self.writer: Optional[dict[str, Any]] = None
+        self.running = False
+        self.connection = "connecting"  # connected, reconnecting, ended
+        self._items: "deque[Any]" = deque()
+        self._cursor: tuple[int, Optional[int]] = (0, None)  # the next step, the last event id
+        self._ready = threading.Event()  # caught up (or ended, or failed)
+        self._closing = threading.Event()
+        self._error: Optional[BaseException] = None
+        self._command: Optional[RemoteCommand] = None
+        self._thread = threading.Thread(target=self._follow, name="remote-follow", daemon=True)
+        self._thread.start()
+        if not self._ready.wait(timeout):
+            self.close()
+            raise StoreError(f"{target}: no answer within {timeout:g} s")
+        if self._error is not None:
+            self.close()
+            raise StoreError(str(self._error))
+
+    # -- the follow thread -------------------------------------------------------------------------
+    def _follow(self) -> None:
+        tries = 0
+        while not self._closing.is_set():
+            step, event = self._cursor
+            args = ["follow", "--json", "--protocol", str(PROTOCOL), "--from-step", str(step)]
+            args += (["--after-event", str(event)] if event is not None else []) + ["--", self.remote.path]
+            self._command = RemoteCommand(self.remote.host, self.remote_python, args)
+            try:
+                for record in self._command.records():
+                    tries = 0
+                    self._take(record)
+                if not self._closing.is_set() and self.connection != "ended":  # cut without an error
+                    raise CtlError(f"the follow of {self.run_dir} ended early", EXIT_REMOTE)
+                return
+            except (ProtocolError, CtlError) as e:
+                if self._closing.is_set():
+                    return
+                if isinstance(e, ProtocolError) or e.code != EXIT_REMOTE or not self._ready.is_set():
+                    self._error = e  # nothing to retry: a wrong path, an old engine, no way in at all
+                    self._ready.set()
+                    return
+                self.connection = "reconnecting"
+                log.warning("%s: %s; reconnecting", self.run_dir, e)
+                self._closing.wait(RECONNECT_S[min(tries, len(RECONNECT_S) - 1)])
+                tries += 1
+            except Exception as e:  # a bug: said once, as an error at open or in the log
+                log.exception("following %s failed", self.run_dir)
+                self._error = e
+                self._ready.set()
+                return
+
+    def _take(self, record: dict[str, Any]) -> None:
+        kind = record.get("kind")
+        if kind == "rows":
+            steps = step_columns(record)
+            if steps is not None:
+                self._items.append(steps)
+                self._cursor = (int(steps.view("step")[-1]) + 1, self._cursor[1])
+        elif kind == "event":
+            event = record.get("event") or {}
+            self._items.append(Note.from_row(event))
+            self._cursor = (self._cursor[0], int(event.get("id") or 0))
+        elif kind == "rewind":
+            self._cursor = (int(record.get("to_step", 0)) + 1, self._cursor[1])
+        elif kind == "info":
+            self.info = dict(record.get("info") or {})
+            self.writer = _named(record.get("writer"), self.remote.host)
+            self.running = bool(record.get("live"))
+        elif kind == "caught_up":
+            self.connection = "connected"
+            self._ready.set()
+        elif kind == "heartbeat":
+            self.connection = "connected"
+        elif kind == "end":
+            self.connection = "ended"
+            self.running = False
+            self.writer = None
+            self._ready.set()
+
+    # -- what the session asks ------------------------------------------------------------------
+    def poll(self, force: bool = False) -> list[Any]:
+        """What the follow brought since the last poll, in order."""
+        out = []
+        while self._items:
+            out.append(self._items.popleft())
+        return out
+
+    def problems(self) -> list[Note]:
+        return []  # the server's folder is not ours to inspect; the follow said what it could
+
+    def send(self, command: Command) -> None:
+        """The command through headroom-ctl on the server, off the GUI thread; a failure comes
+        back as a refusal in the alerts."""
+        args = _ctl_args(command, self.remote.path)
+        threading.Thread(target=self._send, args=(command, args), name="remote-send", daemon=True).start()
+
+    def stop(self) -> None:
+        self.send(Stop())
+
+    def _send(self, command: Command, args: list[str]) -> None:
+        try:
+            for _ in RemoteCommand(self.remote.host, self.remote_python, args).records():
+                pass
+        except CtlError as e:
+            log.warning("%s: %s: %s", self.run_dir, command.kind, e)
+            self._items.append(Note("command_refused", max(0, self._cursor[0] - 1), int(self.info.get("epoch") or 0),
+                                    f"{command.kind} refused: {e}", {"command": command.kind, "reason": str(e)},
+                                    time.time()))
+
+    def close(self) -> None:
+        self._closing.set()
+        cmd = self._command
+        if cmd is not None:
+            cmd.close()
+
+
+def _named(writer: Any, host: str) -> Optional[dict[str, Any]]:
+    """The writer as the lock file says, its host named as the user reaches it if it has none."""
+    if not isinstance(writer, dict):
+        return None
+    return dict(writer, host=writer.get("host") or host)
+
+
+def _ctl_args(command: Command, path: str) -> list[str]:
+    """headroom-ctl's words for a command the app sends."""
+    head = ["--json", "--protocol", str(PROTOCOL)]
+    if isinstance(command, (Pause, Unpause, Stop)):
+        return [command.kind, *head, "--", path]
+    change = setting_change(command)
+    if change is not None:
+        setting, value = change
+        name = setting.name
+    elif isinstance(command, SetPrecision):
+        name, value = "precision", command.precision
+    else:
+        raise StoreError(f"{command.kind} cannot be sent to a remote run")
+    text = ("on" if value else "off") if isinstance(value, bool) else repr(value) if isinstance(value, float) \
+        else str(value)
+    return ["set", *head, "--at", getattr(command, "at", "epoch"), "--", path, f"{name}={text}"]
+
+
+def step_columns(record: dict[str, Any]) -> Optional[StepColumns]:
+    """A `rows` record as the model's column arrays (what a run.db read gives it), without a
+    dict per row: a long run opens in the time a local one takes plus the transfer. A column
+    the server does not send (an older engine) is NaN; None is NaN too."""
+    names = list(record.get("columns") or ())
+    rows = record.get("rows") or []
+    if not rows or "step" not in names:
+        return None
+    values = list(zip(*rows))
+    columns: dict[str, np.ndarray] = {}
+    for c in STEP_COLUMNS:
+        if c not in names:
+            columns[c] = np.full(len(rows), np.nan, dtype=COLUMN_DTYPES.get(c, np.float64))
+            continue
+        col = values[names.index(c)]
+        try:
+            a = np.array(col, dtype=np.float64)  # None -> NaN
+        except (TypeError, ValueError):  # text where a number belongs (a damaged run.db): NaN, like a local read
+            a = np.array([_number(v) for v in col], dtype=np.float64)
+        columns[c] = a.astype(COLUMN_DTYPES.get(c, np.float64))
+    return StepColumns(columns)
+
+
+def _number(v: Any) -> float:
+    try:
+        return float(v) if v is not None else float("nan")
+    except (TypeError, ValueError, OverflowError):
+        return float("nan")

@@ -1,0 +1,207 @@
+"""`headroom-ctl` (also `python -m engine.ctl`): see a run's state, steer it and follow it, on this
+machine or on another through ssh.
+
+    headroom-ctl status RUN [--json]
+    headroom-ctl set RUN KEY=VALUE... [--at step|epoch] [--wait [--timeout S]]
+    headroom-ctl pause|unpause|stop RUN [--wait [--timeout S]]
+    headroom-ctl follow RUN [--from-step N [--after-event ID]] [--json]
+    headroom-ctl runs [DIR | HOST:[DIR]]
+
+RUN is a run folder or `[user@]host:path` (engine/ctl/remote.py). Exit codes: 0 done, 2 bad
+input (one `error: ...` line, nothing sent), 3 a change refused (set --wait), 4 no live run (or
+it ended before it answered), 5 the remote could not be reached, spoke another protocol, or the
+connection broke. Torch-free: this is what a laptop without a GPU runs.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any, Iterator, NoReturn, Optional
+
+from . import local
+from .follow import follow
+from .output import ClientGone, Output
+from .protocol import (EXIT_BAD_INPUT, EXIT_FAILED, EXIT_NOT_LIVE, EXIT_OK, EXIT_REFUSED, EXIT_REMOTE, PROTOCOL,
+                       CtlError, error)
+from .remote import PYTHON_ENV, SSH_ENV, RemoteRun, default_python, parse_target, records as remote_records
+
+EPILOG = (f"RUN is a run folder, or [user@]host:path on a machine reached with ssh (set {SSH_ENV} to change "
+          "the ssh command, e.g. 'ssh -F ~/work/ssh_config'). Exit codes: 0 done, 2 bad input, 3 a change "
+          "refused (set --wait), 4 no live run, 5 the remote could not be reached or speaks another protocol.")
+
+
+class _Parser(argparse.ArgumentParser):
+    """Bad input is one line and exit 2, never argparse's usage block."""
+
+    def error(self, message: str) -> NoReturn:
+        raise CtlError(f"{self.prog.split()[-1]}: {message}" if " " in self.prog else message)
+
+
+def _non_negative(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text[:40]!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text[:40]!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text[:40]!r}")
+    return value
+
+
+def parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="headroom-ctl", description="See, steer and follow Headroom runs, here or on a server over ssh.",
+                epilog=EPILOG)
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+
+    def command(name: str, help: str, run: bool = True) -> argparse.ArgumentParser:
+        c = sub.add_parser(name, help=help, description=help, epilog=EPILOG)
+        if run:
+            c.add_argument("run", metavar="RUN", help="a run folder, or [user@]host:path")
+        c.add_argument("--json", action="store_true", help="one JSON record per line (the protocol in README)")
+        c.add_argument("--remote-python", default=default_python(), metavar="CMD",
+                       help=f"the python with Headroom on the remote machine (default ${PYTHON_ENV}, else python3)")
+        c.add_argument("--protocol", type=int, default=None, help=argparse.SUPPRESS)  # set by a client program
+        return c
+
+    command("status", "the run's state: live or not, step, epoch, settings, last loss, ETA")
+    s = command("set", "change live settings of a running run (the same validated commands the app sends)")
+    s.add_argument("changes", nargs="+", metavar="KEY=VALUE", help=f"settings: {', '.join(local.SETTABLE)}")
+    s.add_argument("--at", choices=("step", "epoch"), default="epoch",
+                   help="apply at the next optimizer step or the next epoch (default epoch)")
+    for name, help in (("pause", "pause at the next epoch boundary"), ("unpause", "go on after a pause"),
+                       ("stop", "stop at the next micro-batch, writing a checkpoint")):
+        command(name, help)
+    for c in (s, *(sub.choices[n] for n in ("pause", "unpause", "stop"))):
+        c.add_argument("--wait", action="store_true",
+                       help="wait for the engine's answer (exit 0 applied, 3 refused, 4 no live run)")
+        c.add_argument("--timeout", type=_seconds, default=None, metavar="S", help="give up waiting after S seconds")
+    f = command("follow", "stream every metrics row and event as the run commits them, until it ends")
+    f.add_argument("--from-step", type=_non_negative, default=0, metavar="N", help="start at step N (default 0)")
+    f.add_argument("--after-event", type=_non_negative, default=None, metavar="ID",
+                   help="with --from-step: events after this id (to resume a broken stream exactly)")
+    r = command("runs", "the runs under a runs folder, with their state", run=False)
+    r.add_argument("where", nargs="?", default="", metavar="DIR|HOST:[DIR]",
+                   help="a runs folder, here or on a host (default: the runs root, $HEADROOM_RUNS)")
+    return p
+
+
+def _remote_args(args: argparse.Namespace, path: str) -> list[str]:
+    """The same command for engine.ctl on the remote: --json, this protocol, the options, then
+    `--` and the path (a folder named like an option stays a folder)."""
+    out = [args.command, "--json", "--protocol", str(PROTOCOL)]
+    if args.command == "set":
+        out += ["--at", args.at]
+    if getattr(args, "wait", False):
+        out.append("--wait")
+    if getattr(args, "timeout", None) is not None:
+        out += ["--timeout", repr(args.timeout)]
+    if args.command == "follow":
+        out += ["--from-step", str(args.from_step)]
+        if args.after_event is not None:
+            out += ["--after-event", str(args.after_event)]
+    out += ["--", path] if path or args.command != "runs" else []
+    if args.command == "set":
+        out += list(args.changes)
+    return out
+
+
+def _records(args: argparse.Namespace, out: Output) -> Iterator[dict[str, Any]]:
+    where = args.run if args.command != "runs" else args.where
+    target = parse_target(where) if where else None
+    if target is not None:
+        if not target.path and args.command != "runs":
+            raise CtlError(f"{where}: give the run folder's path after the colon")
+        yield from remote_records(target, args.remote_python, _remote_args(args, target.path))
+        return
+    if args.command == "status":
+        yield local.status(where)
+    elif args.command == "set":
+        yield from local.send(where, local.parse_changes(args.changes, args.at), args.wait, args.timeout)
+    elif args.command in local.ACTIONS:
+        yield from local.send(where, [local.action(args.command)], args.wait, args.timeout)
+    elif args.command == "follow":
+        if args.after_event is not None and args.from_step == 0:
+            raise CtlError("--after-event goes with --from-step (the step after the last row received)")
+        # A client program (--protocol) runs this over ssh: end when the session that started it goes.
+        yield from follow(where, args.from_step, args.after_event, watch_parent=args.protocol is not None,
+                          idle=out.flush)
+    elif args.command == "runs":
+        yield from local.runs(where)
+
+
+def _run(args: argparse.Namespace, out: Output) -> int:
+    if args.protocol is not None and args.protocol != PROTOCOL:
+        raise CtlError(f"this engine speaks headroom-ctl protocol {PROTOCOL}, the client asked for {args.protocol}: "
+                       "install the same Headroom version on both machines", EXIT_REMOTE)
+    answers: dict[Any, str] = {}
+    cursor = [-1, None]  # the last step and event id written: where a broken follow goes on
+    try:
+        for record in _records(args, out):
+            kind = record.get("kind")
+            if kind == "command":
+                answers[record.get("id")] = record.get("status") or ""
+            elif kind == "rows" and record.get("rows") and "step" in record.get("columns", ()):
+                cursor[0] = record["rows"][-1][record["columns"].index("step")]
+            elif kind == "event":
+                cursor[1] = record["event"].get("id", cursor[1])
+            elif kind == "rewind":
+                cursor[0] = record.get("to_step", cursor[0])
+            out.write(record)
+    except CtlError as e:
+        if args.command == "follow" and e.code == EXIT_REMOTE and isinstance(parse_target(args.run), RemoteRun):
+            step = max(cursor[0] + 1, args.from_step)
+            event = cursor[1] if cursor[1] is not None else args.after_event
+            again = f"--from-step {step}" + (f" --after-event {event}" if event is not None else "")
+            raise CtlError(f"{e}; to go on where it broke: follow {again}", e.code) from None
+        raise
+    out.flush()
+    if not getattr(args, "wait", False):
+        return EXIT_OK
+    if any(s == "refused" for s in answers.values()):
+        return EXIT_REFUSED
+    if any(s == "expired" for s in answers.values()):
+        return EXIT_NOT_LIVE
+    return EXIT_OK
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    out = Output(sys.stdout, as_json="--json" in argv)
+    try:
+        out.hello()  # first, always: a client checks it before anything else
+        args = parser().parse_args(argv)
+        return _run(args, out)
+    except CtlError as e:
+        return _fail(out, str(e), e.code)
+    except ClientGone:
+        out.silence()
+        return EXIT_REMOTE
+    except KeyboardInterrupt:
+        return 130
+    except Exception as e:  # a bug: still one line, and the kind of failure, for a report
+        return _fail(out, f"{type(e).__name__}: {e}", EXIT_FAILED)
+
+
+def _fail(out: Output, message: str, code: int) -> int:
+    message = " ".join(message.split())
+    if out.as_json:
+        try:
+            out.write(error(message, code))
+            out.flush()
+        except ClientGone:
+            out.silence()
+    print(f"error: {message}", file=sys.stderr)
+    return code
+
+
+__all__ = ["main", "parser", "EXIT_BAD_INPUT"]

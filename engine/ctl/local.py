@@ -1,0 +1,278 @@
+"""headroom-ctl against a run folder on this machine: status, set, pause, unpause, stop, runs.
+
+Built only on the run store's public interface: `RunReader` reads, `send_command` queues a
+command row for the live engine, `runlock.writer` says whether a process writes the folder.
+The commands are the validated ones the app sends (engine/declarations/commands.py), built
+from the live settings' declarations (engine/declarations/settings.py): a value the engine
+would refuse as input is refused here, before anything is sent. Each function returns or
+yields the protocol's records (engine/ctl/protocol.py); failures raise CtlError. Torch-free.
+"""
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Iterator, Optional
+
+from engine.declarations import limits
+from engine.declarations.commands import Command, Pause, SetPrecision, Stop, Unpause, command_for
+from engine.declarations.config import ConfigError
+from engine.declarations.paths import default_runs_root
+from engine.declarations.settings import BY_NAME as SETTINGS_BY_NAME, LIVE_SETTINGS
+from engine.store import DB_NAME, RunReader, StoreError, runlock, send_command
+
+from .protocol import EXIT_NOT_LIVE, CtlError, finite_or_none
+
+WAIT_POLL_S = 0.1
+OPENING_S = 10.0  # how long a run.db whose engine is still making it is waited for
+ANSWERED = ("applied", "refused", "expired")
+# Settings `set` takes: the live ones, and precision (which the engine refuses, saying why).
+SETTABLE = tuple(s.name for s in LIVE_SETTINGS) + ("precision",)
+ACTIONS: dict[str, type[Command]] = {"pause": Pause, "unpause": Unpause, "stop": Stop}
+
+
+def run_path(path: str) -> str:
+    """The folder as given, `~` expanded (a remote path arrives quoted, so the shell left it)."""
+    return os.path.abspath(os.path.expanduser(path))
+
+
+def open_run(path: str) -> RunReader:
+    """A reader of the run folder; CtlError (bad input) if it is not one."""
+    run_dir = run_path(path)
+    if not os.path.isdir(run_dir):
+        raise CtlError(f"{path}: no such run folder")
+    deadline = time.monotonic() + OPENING_S
+    while True:
+        try:
+            return RunReader(run_dir)
+        except ConfigError as e:  # StoreError: no run.db, or one that cannot be read
+            # An engine that holds the folder and has not made its tables yet: a moment.
+            if "no such table" in str(e) and runlock.holder(run_dir) is not None and time.monotonic() < deadline:
+                time.sleep(WAIT_POLL_S)
+                continue
+            raise CtlError(limits.one_line(e)) from None
+
+
+def live_writer(reader: RunReader) -> Optional[dict[str, Any]]:
+    try:
+        info = reader.info()
+    except StoreError:
+        info = {}
+    return runlock.writer(reader.run_dir, info)
+
+
+# -- status ------------------------------------------------------------------------------------
+def status(path: str) -> dict[str, Any]:
+    """The run's state as one record: live or not, step, epoch, settings, last loss, ETA."""
+    reader = open_run(path)
+    try:
+        return _status(reader)
+    except StoreError as e:
+        raise CtlError(limits.one_line(e)) from None
+    finally:
+        reader.close()
+
+
+def _status(reader: RunReader) -> dict[str, Any]:
+    info = reader.info()
+    writer = runlock.writer(reader.run_dir, info)
+    tail = reader.last_metrics(20)
+    last = tail[-1] if tail else {}
+    events = reader.events(kinds=("settings_applied", "paused", "resumed", "run_finished", "run_failed"))
+    paused = False
+    reason = None
+    for e in events:
+        if e["kind"] in ("paused", "resumed"):
+            paused = e["kind"] == "paused"
+        elif e["kind"] in ("run_finished", "run_failed"):
+            reason = e["data"].get("reason") or e["data"].get("error") or e["message"]
+    state = info.get("status") or "unknown"
+    if writer is not None:
+        state = "paused" if paused else "running"
+    elif state == "running":
+        state = "interrupted"  # run.db says running, and nobody writes it: the process died
+    return {
+        "kind": "status", "run_dir": reader.run_dir, "live": writer is not None, "writer": writer,
+        "state": state, "status": info.get("status"), "reason": reason, "task": info.get("task"),
+        "step": last.get("step"), "epoch": last.get("epoch"), "loss": last.get("loss"),
+        "settings": _settings(info, events, last), "eta_s": _eta(info, reader, tail) if writer else None,
+        "started": info.get("started"), "finished": info.get("finished"),
+        "checkpoint": os.path.exists(os.path.join(reader.run_dir, "checkpoints", "last.pt")),
+    }
+
+
+def _settings(info: dict[str, Any], events: list[dict[str, Any]], last: dict[str, Any]) -> dict[str, Any]:
+    """The live settings now: the config's, then each change the engine applied, then the last
+    row's values for those every row records."""
+    config = info.get("config") if isinstance(info.get("config"), dict) else {}
+    out = {s.name: config.get(s.name) for s in LIVE_SETTINGS}
+    for e in events:
+        if e["kind"] == "settings_applied":
+            for change in e["data"].get("changes") or ():
+                if isinstance(change, (list, tuple)) and len(change) == 3 and change[0] in out:
+                    out[change[0]] = change[2]
+    for s in LIVE_SETTINGS:
+        if s.per_step and last.get(s.name) is not None:
+            out[s.name] = last[s.name]
+    return out
+
+
+def _eta(info: dict[str, Any], reader: RunReader, tail: list[dict[str, Any]]) -> Optional[float]:
+    """Seconds left, from the recent steps' pace and the steps left: --max-steps, or the epochs
+    left at the steps an epoch took so far. None when neither can be told yet."""
+    if len(tail) < 2:
+        return None
+    t0, t1 = finite_or_none(tail[0].get("time")), finite_or_none(tail[-1].get("time"))
+    if t0 is None or t1 is None or t1 <= t0:
+        return None
+    per_step = (t1 - t0) / (len(tail) - 1)
+    step = int(tail[-1]["step"])
+    config = info.get("config") if isinstance(info.get("config"), dict) else {}
+    left: list[float] = []
+    if isinstance(config.get("max_steps"), int):
+        left.append(max(0, config["max_steps"] - step))
+    epochs = reader.epochs()
+    if epochs and isinstance(config.get("epochs"), int) and epochs[-1].get("step"):
+        done = epochs[-1]
+        per_epoch = done["step"] / max(1, done["epoch"])
+        left.append(max(0.0, config["epochs"] * per_epoch - step))
+    return min(left) * per_step if left else None
+
+
+# -- commands ----------------------------------------------------------------------------------
+def parse_changes(pairs: list[str], at: str) -> list[Command]:
+    """KEY=VALUE words as validated commands (the engine's ranges and choices); CtlError
+    naming the first that is not one."""
+    if not pairs:
+        raise CtlError(f"set: give at least one KEY=VALUE ({', '.join(SETTABLE)})")
+    out: list[Command] = []
+    for pair in pairs:
+        key, sep, text = pair.partition("=")
+        name = key.strip().replace("-", "_")
+        if not sep or not name:
+            raise CtlError(f"set: expected KEY=VALUE, got {limits.quote(pair)}")
+        if name not in SETTABLE:
+            raise CtlError(f"set: {limits.quote(key)} is not a setting a run changes while it trains "
+                           f"(one of {', '.join(SETTABLE)})")
+        try:
+            value = SETTINGS_BY_NAME[name].reader(text.strip())
+            out.append(SetPrecision(value, at=at) if name == "precision" else command_for(name, value, at))
+        except ConfigError as e:
+            raise CtlError(f"set {name}: {limits.one_line(e)}") from None
+    return out
+
+
+def send(path: str, commands: list[Command], wait: bool = False, timeout: Optional[float] = None) -> Iterator[dict]:
+    """Queue `commands` for the live engine of the run folder, yielding a `command` record for
+    each; with `wait`, again as the engine answers each (applied at a step, or refused with the
+    reason). CtlError(EXIT_NOT_LIVE) when no process writes the run, or it ended unanswered."""
+    reader = open_run(path)
+    try:
+        writer = live_writer(reader)
+        if writer is None:
+            state = reader.info().get("status") or "not started"
+            raise CtlError(f"no live run: nothing is writing {reader.run_dir} (run.db says {state})", EXIT_NOT_LIVE)
+        sent: dict[int, Command] = {}
+        for cmd in commands:
+            try:
+                sent[send_command(reader.run_dir, cmd)] = cmd
+            except StoreError as e:
+                raise CtlError(limits.one_line(e), EXIT_NOT_LIVE) from None
+        for row_id, cmd in sent.items():
+            yield _command_record(row_id, cmd, None)
+        if wait:
+            yield from _wait(reader, sent, timeout)
+    finally:
+        reader.close()
+
+
+def _command_record(row_id: int, cmd: Command, row: Optional[dict[str, Any]]) -> dict[str, Any]:
+    from dataclasses import asdict
+    row = row or {}
+    applied = row.get("applied_step")
+    status = row.get("status") or "pending"
+    return {"kind": "command", "id": row_id, "command": cmd.kind, "payload": asdict(cmd), "status": status,
+            "applied_step": applied, "from_step": applied + 1 if status == "applied" and isinstance(applied, int)
+            else None, "note": row.get("note") or ""}
+
+
+def _wait(reader: RunReader, sent: dict[int, Command], timeout: Optional[float]) -> Iterator[dict]:
+    """The engine's answer to each command: a setting is marked applied or refused in run.db; a
+    pause or unpause is done when the engine says paused or resumed; a stop when the run ends."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    events_from = max((e["id"] for e in reader.events()), default=0)
+    waiting = dict(sent)
+    while waiting:
+        alive = live_writer(reader) is not None  # before reading: a run that ended has written its answers
+        for row_id, cmd in list(waiting.items()):
+            row = _answer(reader, row_id, cmd, events_from, alive)
+            if row is not None:
+                del waiting[row_id]
+                yield _command_record(row_id, cmd, row)
+        if not waiting:
+            return
+        if not alive:
+            kinds = ", ".join(sorted({c.kind for c in waiting.values()}))
+            raise CtlError(f"the run ended before it answered {kinds}", EXIT_NOT_LIVE)
+        if deadline is not None and time.monotonic() > deadline:
+            raise CtlError(f"no answer within {timeout:g} s (the command stays queued)", EXIT_NOT_LIVE)
+        time.sleep(WAIT_POLL_S)
+
+
+def _answer(reader: RunReader, row_id: int, cmd: Command, events_from: int, alive: bool) -> Optional[dict]:
+    row = reader.command(row_id) or {}
+    if row.get("status") in ANSWERED:
+        return row
+    if isinstance(cmd, (Pause, Unpause)):
+        want = "paused" if isinstance(cmd, Pause) else "resumed"
+        done = reader.events(after_id=events_from, kinds=(want,))
+        if done:
+            return dict(row, status="applied", applied_step=done[0]["step"])
+    if isinstance(cmd, Stop) and not alive:
+        ended = reader.events(after_id=events_from, kinds=("run_finished", "run_failed"))
+        step = ended[-1]["step"] if ended else None
+        note = "" if os.path.exists(os.path.join(reader.run_dir, "checkpoints", "last.pt")) else "no checkpoint"
+        return dict(row, status="applied", applied_step=step, note=note)
+    return None
+
+
+def action(name: str) -> Command:
+    return ACTIONS[name]()
+
+
+# -- runs --------------------------------------------------------------------------------------
+def runs(root: str = "") -> Iterator[dict[str, Any]]:
+    """A `run` record for each run folder under `root` (default: this machine's runs root),
+    newest first."""
+    folder = run_path(root) if root else default_runs_root()
+    if not os.path.isdir(folder):
+        if root:
+            raise CtlError(f"{root}: no such folder")
+        return
+    names = sorted((n for n in os.listdir(folder) if os.path.isfile(os.path.join(folder, n, DB_NAME))), reverse=True)
+    for name in names:
+        path = os.path.join(folder, name)
+        try:
+            reader = RunReader(path)
+        except ConfigError as e:
+            yield {"kind": "run", "path": path, "name": name, "status": "unreadable", "live": False,
+                   "note": limits.one_line(e)}
+            continue
+        try:
+            info = reader.info()
+            last = reader.last_metrics(1)
+            writer = runlock.writer(path, info)
+            state = info.get("status") or "unknown"
+            if writer is None and state == "running":
+                state = "interrupted"
+            yield {"kind": "run", "path": path, "name": name, "status": state, "live": writer is not None,
+                   "step": last[0]["step"] if last else None, "task": info.get("task"),
+                   "started": info.get("started")}
+        except StoreError as e:
+            yield {"kind": "run", "path": path, "name": name, "status": "unreadable", "live": False,
+                   "note": limits.one_line(e)}
+        finally:
+            reader.close()
+
+
+__all__ = ["SETTABLE", "ACTIONS", "status", "parse_changes", "send", "action", "runs", "open_run", "run_path",
+           "live_writer"]

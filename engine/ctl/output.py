@@ -1,0 +1,153 @@
+"""Where headroom-ctl's records go: JSON lines (--json, what a client on another machine reads)
+or lines for a person at a terminal. Either way a reader that went away (a closed pipe, an ssh
+session that ended) is `ClientGone`, never a traceback. Torch-free.
+"""
+from __future__ import annotations
+
+import math
+import os
+import sys
+import time
+from typing import Any, Optional, TextIO
+
+from .protocol import encode, hello, rows_of
+
+
+class ClientGone(Exception):
+    """Whoever read our output went away (EPIPE)."""
+
+
+class Output:
+    """Writes records; flush() is called before any wait, so a reader sees what was written."""
+
+    def __init__(self, stream: Optional[TextIO] = None, as_json: bool = False) -> None:
+        self.stream = stream if stream is not None else sys.stdout
+        self.as_json = as_json
+
+    def hello(self) -> None:
+        if self.as_json:
+            self.write(hello())
+            self.flush()
+
+    def write(self, record: dict[str, Any]) -> None:
+        text = encode(record) if self.as_json else render(record)
+        if text is None:
+            return
+        try:
+            self.stream.write(text + "\n")
+            if not self.as_json and record.get("kind") not in ("rows", "event"):
+                self.stream.flush()
+        except (BrokenPipeError, ConnectionResetError):
+            raise ClientGone() from None
+
+    def flush(self) -> None:
+        try:
+            self.stream.flush()
+        except (BrokenPipeError, ConnectionResetError, ValueError):
+            raise ClientGone() from None
+
+    def silence(self) -> None:
+        """After EPIPE: point stdout at /dev/null, so the interpreter's last flush at exit does
+        not print a second failure (the recipe in Python's signal documentation)."""
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, self.stream.fileno())
+        except (OSError, ValueError, AttributeError):
+            pass
+
+
+# -- for a person ---------------------------------------------------------------------------------
+def _num(v: Any, fmt: str = "{:.6g}") -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, bool):
+        return "on" if v else "off"
+    if isinstance(v, float) and not math.isfinite(v):
+        return str(v)
+    return fmt.format(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else str(v)
+
+
+def _duration(seconds: Optional[float]) -> str:
+    if seconds is None:
+        return "unknown"
+    s = int(round(seconds))
+    h, rest = divmod(s, 3600)
+    m, s = divmod(rest, 60)
+    return f"{h} h {m:02d} min" if h else f"{m} min {s:02d} s" if m else f"{s} s"
+
+
+def _settings(settings: dict[str, Any]) -> str:
+    return ", ".join(f"{k.replace('_', ' ')} {_num(v)}" for k, v in settings.items() if v is not None)
+
+
+def _status(r: dict[str, Any]) -> str:
+    w = r.get("writer") or {}
+    who = f" (pid {w.get('pid')}{' on ' + w['host'] if w.get('host') else ''})" if r.get("live") else ""
+    state = r.get("state") or "unknown"
+    if r.get("reason") and not r.get("live"):
+        state += f" ({r['reason']})"
+    lines = [r.get("run_dir") or "", f"  state     {state}{who}",
+             f"  step      {_num(r.get('step'))} (epoch {_num(r.get('epoch'))})",
+             f"  loss      {_num(r.get('loss'))}", f"  settings  {_settings(r.get('settings') or {})}"]
+    if r.get("live"):
+        lines.append(f"  eta       {_duration(r.get('eta_s'))}")
+    if r.get("task"):
+        lines.append(f"  task      {r['task']}")
+    return "\n".join(lines)
+
+
+def _command(r: dict[str, Any]) -> str:
+    payload = r.get("payload") or {}
+    what = r.get("command", "")
+    values = " ".join(f"{k}={v}" for k, v in payload.items() if k != "at")
+    head = f"{what} {values}".strip() + (f" (at {payload['at']})" if "at" in payload else "")
+    status = r.get("status")
+    if status == "applied":
+        where = f" from step {r['from_step']}" if r.get("from_step") is not None else (
+            f" at step {r['applied_step']}" if r.get("applied_step") is not None else "")
+        return f"{head}: applied{where}" + (f" ({r['note']})" if r.get("note") else "")
+    if status == "refused":
+        return f"{head}: refused: {r.get('note') or 'no reason given'}"
+    if status == "expired":
+        return f"{head}: expired: {r.get('note') or 'the engine stopped before it read it'}"
+    return f"{head}: sent (the engine reads commands within about a second)"
+
+
+def _row(row: dict[str, Any]) -> str:
+    parts = [f"step {row.get('step')}", f"epoch {_num(row.get('epoch'))}", f"loss {_num(row.get('loss'))}",
+             f"grad {_num(row.get('grad_norm'), '{:.4g}')}", f"lr {_num(row.get('lr'), '{:.4g}')}",
+             f"accum {_num(row.get('accum'))}", f"micro-batch {_num(row.get('micro_batch'))}"]
+    if row.get("nonfinite"):
+        parts.append("NON-FINITE")
+    return "  ".join(parts)
+
+
+def _event(e: dict[str, Any]) -> str:
+    return f"step {e.get('step')}  [{e.get('kind')}] {e.get('message') or ''}".rstrip()
+
+
+def _run(r: dict[str, Any]) -> str:
+    live = " (live)" if r.get("live") else ""
+    when = time.strftime("%Y-%m-%d %H:%M", time.localtime(r["started"])) if isinstance(r.get("started"), (int, float)) \
+        else ""
+    return f"{r.get('name')}  {r.get('status')}{live}  step {_num(r.get('step'))}  {r.get('task') or ''}  {when}".rstrip()
+
+
+def render(record: dict[str, Any]) -> Optional[str]:
+    """The line(s) a person reads for a record; None for those only a program needs."""
+    kind = record.get("kind")
+    if kind == "status":
+        return _status(record)
+    if kind == "command":
+        return _command(record)
+    if kind == "rows":
+        return "\n".join(_row(r) for r in rows_of(record)) or None
+    if kind == "event":
+        return _event(record.get("event") or {})
+    if kind == "rewind":
+        return f"(rolled back to step {record.get('to_step')}: the rows after it are superseded)"
+    if kind == "end":
+        return f"run ended: {record.get('status')} at step {record.get('step')}"
+    if kind == "run":
+        return _run(record)
+    return None  # hello, info, heartbeat, kinds a newer engine added

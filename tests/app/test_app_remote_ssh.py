@@ -1,0 +1,90 @@
+"""The app on a laptop, a run on a server: "Open remote run" / `--open user@host:path` through a
+real sshd on 127.0.0.1 (tests/ctl/sshkit.py) and the real ssh client. The window shows the same
+steps as the run's run.db; a live run is steered from it, survives the connection dropping
+(reconnecting, from the last step received: nothing lost, nothing twice) and stops."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from app_helpers import ROOT
+
+sys.path.insert(0, os.path.join(ROOT, "tests", "ctl"))
+import sshkit  # noqa: E402
+from ctlkit import LiveRun, db_rows, written_run  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def sshd(tmp_path_factory):
+    server, why = sshkit.start(tmp_path_factory.mktemp("sshd"))
+    if server is None:
+        pytest.skip(why)
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def over_ssh(sshd, monkeypatch):
+    monkeypatch.setenv("HEADROOM_SSH_COMMAND", sshd.env["HEADROOM_SSH_COMMAND"])
+    monkeypatch.setenv("HEADROOM_REMOTE_PYTHON", sshd.remote_python)
+    return sshd
+
+
+def shown_steps(w) -> list[int]:
+    return [int(s) for s in w.model.metrics.view("step")]
+
+
+def test_the_window_shows_a_remote_run_as_its_run_db_holds_it(qtbot, make_window, over_ssh, tmp_path):
+    run_dir = written_run(str(tmp_path / "run on server"), 700)
+    w = make_window()
+    assert w.open_run(f"{sshkit.HOST}:{run_dir}")
+    rows = db_rows(run_dir)
+    assert shown_steps(w) == [m["step"] for m in rows]
+    np.testing.assert_array_equal(w.model.metrics.view("loss"), [m["loss"] for m in rows])
+    assert w.session.state.value == "finished"
+
+
+def test_app_open_host_path_offscreen(over_ssh, tmp_path):
+    run_dir = written_run(str(tmp_path / "run"), 50)
+    shot = tmp_path / "remote.png"
+    r = subprocess.run([sys.executable, "-m", "app", "--open", f"{sshkit.HOST}:{run_dir}", "--screenshot", str(shot),
+                        "--quit-when-done"], cwd=ROOT, env=dict(os.environ, QT_QPA_PLATFORM="offscreen"),
+                       capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stderr
+    assert shot.stat().st_size > 10_000
+    r = subprocess.run([sys.executable, "-m", "app", "--open", f"{sshkit.STRANGER}:{run_dir}", "--quit-when-done"],
+                       cwd=ROOT, env=dict(os.environ, QT_QPA_PLATFORM="offscreen"), capture_output=True, text=True,
+                       timeout=180)
+    assert r.returncode != 0 and "host key" in r.stderr  # never accepted blindly, said in one line
+
+
+def test_a_live_remote_run_steered_through_a_dropped_connection(qtbot, make_window, over_ssh, tmp_path):
+    run = LiveRun(str(tmp_path / "live"))
+    try:
+        run.wait_live(rows=3)
+        w = make_window()
+        assert w.open_run(f"{sshkit.HOST}:{run.run_dir}")
+        src = w.session.source
+        assert w.session.remote and src.running
+        qtbot.waitUntil(lambda: len(shown_steps(w)) >= 5, timeout=60_000)
+        w.controller.apply({"lr": 5e-4}, "step")  # through headroom-ctl set over ssh
+        qtbot.waitUntil(lambda: any(abs(v - 5e-4) < 1e-12 for v in w.model.metrics.view("lr")), timeout=60_000)
+        before = len(shown_steps(w))
+        os.kill(src._command.proc.pid, signal.SIGKILL)  # the ssh client dies: Wi-Fi gone
+        qtbot.waitUntil(lambda: src.connection == "reconnecting", timeout=10_000)
+        assert "reconnecting" in w.session.live_text()
+        qtbot.waitUntil(lambda: src.connection == "connected" and len(shown_steps(w)) > before + 3, timeout=60_000)
+        w.stop_run()
+        assert run.proc.wait(timeout=90) == 0
+        qtbot.waitUntil(lambda: w.session.state.value == "finished", timeout=60_000)
+        assert shown_steps(w) == [m["step"] for m in db_rows(run.run_dir)]  # nothing lost, nothing twice
+        assert os.path.exists(os.path.join(run.run_dir, "checkpoints", "last.pt"))
+    finally:
+        run.end()
