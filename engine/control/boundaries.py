@@ -13,11 +13,12 @@ from typing import Callable
 
 from .rules import CommandRules
 from engine.declarations.commands import Pause, Resume, Stop
-from engine.declarations.events import Event, Paused, Resumed
+from engine.declarations.events import CommandRefused, Event, Paused, Resumed
 from .inbox import CommandInbox, Pending
 from engine.declarations.settings import LiveSettings
 
 PAUSE_POLL_S = 0.05
+NOTHING_PAUSED = "nothing is paused (a pause takes effect at the end of the epoch)"
 
 
 class Boundaries:
@@ -30,13 +31,19 @@ class Boundaries:
         while True:
             self.inbox.poll(step, epoch, epoch, force=True)
             batch = self.inbox.take()
-            for cmd, _ in batch:
+            for cmd, row_id in batch:
                 if isinstance(cmd, Pause):
+                    if not paused:
+                        self.emit(Paused(step, epoch - 1))
                     paused = True
-                    self.emit(Paused(step, epoch - 1))
+                    self.inbox.mark(row_id, "", step)
                 elif isinstance(cmd, Resume):
                     if paused:
                         self.emit(Resumed(step, epoch))
+                        self.inbox.mark(row_id, "", step)
+                    else:  # said, not dropped: the sender sees why nothing happened
+                        self.inbox.mark(row_id, NOTHING_PAUSED, step)
+                        self.emit(CommandRefused(step, epoch, command=cmd.kind, reason=NOTHING_PAUSED))
                     paused = False
             settings = self.apply(settings, [(c, r) for c, r in batch if not isinstance(c, (Pause, Resume, Stop))],
                                   step, epoch, "epoch")

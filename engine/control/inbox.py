@@ -97,3 +97,16 @@ class CommandInbox:
         """Record in run.db what became of a command read from it."""
         if self.store is not None and row_id is not None:
             self.store.mark_command(row_id, "refused" if note else "applied", step, note)
+
+    def close(self, step: int, epoch: int) -> None:
+        """The run ends: no row read from run.db stays "received". A stop asked for is what
+        ended it (applied); anything else still pending never came to apply (refused, saying so)."""
+        left, self._pending = self._pending, []
+        for cmd, row_id in left:
+            if isinstance(cmd, Stop):
+                self.mark(row_id, "", step)
+                continue
+            reason = f"the run ended at step {step} before it applied"
+            self.mark(row_id, reason, step)
+            if row_id is not None:
+                self.emit(CommandRefused(step, epoch, command=cmd.kind, reason=reason))

@@ -36,12 +36,13 @@ class RunStarted(Event):
     device_name: str
     torch_version: str
     world_size: int
-    resumed: bool
+    resumed: bool  # continues from a checkpoint: its own (a resume) or its parent's (a fork)
     config: dict = field(default_factory=dict)
+    forked_from: str = ""  # a fork: the parent's DIR@CHECKPOINT ("" for a new run or a resume)
     kind: ClassVar[str] = "run_started"
 
     def message(self) -> str:
-        how = "resumed" if self.resumed else "started"
+        how = f"forked from {self.forked_from}:" if self.forked_from else "resumed" if self.resumed else "started"
         return f"{how} {self.task} on {self.device_name} ({self.device}), world size {self.world_size}"
 
 

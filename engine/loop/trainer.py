@@ -10,6 +10,7 @@ writer of the optimizer's learning rate), alerts watchers.py. No Qt here.
 """
 from __future__ import annotations
 
+import logging
 import os
 import queue
 import threading
@@ -49,6 +50,8 @@ from .views import TrainerViews
 from engine.declarations.outcome import (NonFiniteStop, OutOfMemoryStop, RunResult, StepNotRedoable,
     TrainingError)
 from .watchers import BatchNormWatcher, Watcher, run_watchers
+
+log = logging.getLogger("headroom.trainer")
 
 
 class Trainer(TrainerViews):
@@ -123,7 +126,7 @@ class Trainer(TrainerViews):
                                   task=parts.task.name, device=str(parts.device),
                                   device_name=device_name(parts.device), torch_version=torch.__version__,
                                   world_size=self.ctx.world, resumed=parts.resume_state is not None,
-                                  config=self.config.to_dict()))
+                                  config=self.config.to_dict(), forked_from=self.config.fork or ""))
             if self.config.find_micro_batch and parts.resume_state is None:
                 try:
                     found = find_micro_batch(parts, self.progress, self.memory_model)
@@ -403,9 +406,20 @@ class Trainer(TrainerViews):
         self._emit(RunFailed(self.step, self.epoch, error=msg), safe=True)
         self._finish("failed", safe=True)
 
+    def _close_inbox(self) -> None:
+        """No command row is left "received": those sent since the last look are read (one
+        process only: other ranks may be gone, and this is no place for a collective)."""
+        try:
+            if not self.ctx.enabled:
+                self.inbox.poll(self.step, self.epoch, self.epoch, force=True)
+            self.inbox.close(self.step, self.epoch)
+        except Exception as e:  # noqa: BLE001 - the store's own trouble is reported where it writes
+            log.warning("could not mark the commands left at the end: %s", e)
+
     def _finish(self, status: str, safe: bool = False) -> None:
         try:
             if self.store is not None:
+                self._close_inbox()
                 self.store.set_info(status=status, finished=time.time(), step=self.step)
                 self.store.close()
                 self.store = self.inbox.store = None

@@ -279,3 +279,31 @@ def test_engine_never_holds_the_run_db_write_lock_between_writes(tmp_path):
     assert [c["status"] for c in RunReader(str(run_dir)).commands()] == ["applied"]
     locked = [p for p in probes if p[2] != "free"]
     assert not locked, locked
+
+
+def test_no_command_row_is_left_received(tmp_path):
+    """Pause and unpause rows from run.db say what became of them; an unpause while nothing is
+    paused is refused with the reason; a stop is applied; a setting sent as the run ends is
+    refused saying so (each stayed "received" for ever)."""
+    run_dir = tmp_path / "run"
+
+    def on_event(e, trainer):
+        if e.kind == "step" and e.step == 1:
+            in_thread(lambda: send_command(str(run_dir), Unpause()))  # nothing is paused
+        elif e.kind == "epoch_end" and e.epoch == 1:
+            in_thread(lambda: send_command(str(run_dir), Pause()))
+        elif e.kind == "paused":
+            in_thread(lambda: send_command(str(run_dir), Unpause()))
+        elif e.kind == "step" and e.step == 6:
+            in_thread(lambda: [send_command(str(run_dir), c) for c in (SetLr(0.03), Stop())])
+
+    run = run_trainer(make_task(N), run_dir, on_event=on_event, micro_batch=MICRO, accum=ACCUM, lr=LR, epochs=3,
+                      db_interval=0)
+    assert run.result.reason == "stopped"
+    cmds = RunReader(str(run_dir)).commands()
+    by = [(c["kind"], c["status"]) for c in cmds]
+    assert by == [("unpause", "refused"), ("pause", "applied"), ("unpause", "applied"), ("set_lr", "refused"),
+                  ("stop", "applied")], by
+    assert "nothing is paused" in cmds[0]["note"] and "ended" in cmds[3]["note"]
+    refused = [e.reason for e in run.of("command_refused")]
+    assert any("nothing is paused" in r for r in refused)

@@ -88,6 +88,12 @@ def test_a_fork_with_no_change_reproduces_the_parent_bit_for_bit(tmp_path, task)
     assert info["parent"] == {"run_dir": str(parent), "checkpoint": "step-10", "step": 10, "changed": {}}
     # Mid-epoch fork: step 10 is inside epoch 1 (16 steps): the rest of its epoch is the same windows.
     assert [m["samples"] for m in RunReader(str(child)).metrics()][:6] == [16] * 6
+    # Its start says it is a fork, and of what (it read "resumed ..." exactly as a resume does).
+    started = RunReader(str(child)).events(kinds=["run_started"])[-1]
+    assert started["message"].startswith(f"forked from {parent}@step-10:"), started["message"]
+    assert f"forked from {parent}@step-10" in r.stdout + r.stderr
+    r = cli("--resume", str(child))  # negative control: a resume says resumed
+    assert RunReader(str(child)).events(kinds=["run_started"])[-1]["message"].startswith("resumed ")
 
 
 def test_a_fork_with_a_change_records_it_and_applies_it_from_its_first_step(tmp_path, task):
