@@ -55,6 +55,7 @@ import torch
 from engine.declarations.commands import Command, SetAccum, SetClip, SetLr
 from engine.declarations.events import ScalerSkip
 from engine.window.grads import clip_params_by_host_norm_
+from ._exactness import WindowCheck, check_window, same
 from ._loop_rows import read_to_host
 from .loop import HeadroomRun, IntegrationError, StepSkipped, batch_size, clean, end_reason, set_lr
 
@@ -106,6 +107,31 @@ class _Step:
     scaler_skipped: bool
     accum: int  # what Lightning divided each micro-batch's loss by (accumulate_grad_batches)
     window: _Window
+
+
+LIGHTNING_FIX = ("return the micro-batch's loss sum and its count from training_step, divide the gradients by "
+                 "the window's count in on_before_optimizer_step, and pass HeadroomCallback(loss_reduction='sum') "
+                 "(README: exact accumulation with Lightning)")
+
+
+def _check(counts: list[float], accum: int) -> WindowCheck:
+    """A window of mean losses against the exact step. Lightning backpropagates each micro-batch's
+    mean over its count n_i divided by accumulate_grad_batches k, so micro-batch i's weight
+    relative to the exact 1/N is N / (k n_i): one factor m/k for a short window of m equal
+    micro-batches, unequal weights for unequal counts."""
+    total = sum(counts)
+    m = len(counts)
+    check = check_window([total / (accum * n) for n in counts if n > 0])
+    if not check.off:
+        return check
+    if m < accum and all(same(n, counts[0]) for n in counts):
+        check.cause = (f"Lightning divides each micro-batch's loss by accumulate_grad_batches = {accum}, also in this "
+                       f"short window of {m}: the update is {m}/{accum} of the exact one")
+    else:
+        check.cause = (f"Lightning divides each micro-batch's mean loss by accumulate_grad_batches = {accum} "
+                       "(a mean of means): micro-batches with a smaller count weigh more")
+    check.fix = LIGHTNING_FIX
+    return check
 
 
 class HeadroomCallback(Callback):
@@ -333,12 +359,15 @@ class HeadroomCallback(Callback):
             assert stepped is not None
             norm, clip = stepped.norm, stepped.clip
             total = sum(counts)
+            check: Optional[WindowCheck] = None
             if self.loss_reduction == "sum":  # outputs are the returned loss sums / accum (Lightning's division)
                 weighted = sum(outs) * s.accum / total if total else float("nan")
                 framework = None
             else:
                 weighted = sum(o * c for o, c in zip(outs, counts)) * s.accum / total if total else float("nan")
                 framework = sum(outs)
+                if total:
+                    check = _check(counts, s.accum)
             if s.scaler_skipped:
                 run.record(ScalerSkip(s.step, s.epoch, scale=float(self._scaler.get_scale())))
             norm_ok = norm is None or finite(norm)
@@ -348,7 +377,7 @@ class HeadroomCallback(Callback):
                             clipped=clip > 0 and norm is not None and norm_ok and norm > clip,
                             nonfinite=not s.scaler_skipped and not (norm_ok and finite(weighted)),
                             scaler_skipped=s.scaler_skipped, framework_loss=framework, bad_params=stepped.bad_params,
-                            nonfinite_action="not skipped (Lightning stepped)")
+                            nonfinite_action="not skipped (Lightning stepped)", check=check)
             if w.none_micro:
                 run.record(StepSkipped(s.step, s.epoch, micro_batches=w.none_micro,
                                        reason="training_step returned None: Lightning skipped their backward"))

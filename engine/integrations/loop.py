@@ -336,14 +336,15 @@ class HeadroomRun:
                     accum: int, clip: float, micro_batch: Optional[int], samples: Optional[int],
                     tokens: Optional[int], step_time: float, clipped: bool, nonfinite: bool, scaler_skipped: bool,
                     framework_loss: Optional[float] = None, bad_params: tuple[str, ...] = (),
-                    nonfinite_action: str = "not skipped (the optimizer stepped)") -> StepMetrics:
+                    nonfinite_action: str = "not skipped (the optimizer stepped)", check: Any = None) -> StepMetrics:
         """log_step without the checks and defaults, by keyword: every value already plain (the
-        adapters' path, which may record a few steps at once). step_time in seconds."""
+        adapters' path, which may record a few steps at once). step_time in seconds. check: the
+        step against the exact one (engine.integrations._exactness.WindowCheck), if measured."""
         return self._rows.record_step(step=step, epoch=epoch, loss=loss, grad_norm=grad_norm, lr=lr, accum=accum,
                                       clip=clip, micro_batch=micro_batch, samples=samples, tokens=tokens,
                                       step_time=step_time, clipped=clipped, nonfinite=nonfinite,
                                       scaler_skipped=scaler_skipped, framework_loss=framework_loss,
-                                      bad_params=bad_params, nonfinite_action=nonfinite_action)
+                                      bad_params=bad_params, nonfinite_action=nonfinite_action, check=check)
 
     def flush_epoch_gap(self) -> None:
         self._rows.flush_epoch_gap()
