@@ -56,10 +56,11 @@ from engine.declarations.commands import Command, SetAccum, SetClip, SetLr
 from engine.declarations.events import ScalerSkip
 from engine.window.grads import clip_params_by_host_norm_
 from ._exactness import WindowCheck, check_window, same
+from ._lightning_logger import HeadroomLogger
 from ._loop_rows import read_to_host
 from .loop import HeadroomRun, IntegrationError, StepSkipped, batch_size, clean, end_reason, set_lr
 
-__all__ = ["HeadroomCallback"]
+__all__ = ["HeadroomCallback", "HeadroomLogger"]
 
 MAX_PENDING = 256  # steps kept at most before their rows are written, whatever the interval
 REFUSED = {
@@ -192,6 +193,7 @@ class HeadroomCallback(Callback):
         self._steps: list[_Step] = []  # steps not written yet (written every poll_interval)
         self._plugin: Any = None
         self._measured: Optional[_Measured] = None
+        self._logged: Optional[dict] = {}  # scalar -> (step, value) written; None: a HeadroomLogger writes them
         self._reset_window()
 
     # -- set-up --------------------------------------------------------------------------------------
@@ -230,6 +232,10 @@ class HeadroomCallback(Callback):
                           poll_interval=self.poll_interval, refusal=lambda cmd: self._refusal(cmd, trainer, pl_module))
         run.start(step=int(trainer.global_step), epoch=int(trainer.current_epoch) + 1)
         self.run, self.run_dir = run, run.run_dir
+        loggers = [lg for lg in trainer.loggers if isinstance(lg, HeadroomLogger)]
+        for lg in loggers:
+            lg.attach(run)  # one run folder: the logger's scalars beside this callback's rows
+        self._logged: Optional[dict] = None if loggers else {}  # None: the logger writes the scalars
         self._scaler = getattr(trainer.precision_plugin, "scaler", None)  # fp16's GradScaler, if any
         self._wrap(trainer, pl_module)
 
@@ -476,6 +482,7 @@ class HeadroomCallback(Callback):
             return
         v = trainer.callback_metrics.get(self.val_key)
         self._val = float(v) if v is not None else None
+        self._scalars(trainer)
         self.run.reset_timer()
 
     def on_train_epoch_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
@@ -483,8 +490,26 @@ class HeadroomCallback(Callback):
         if run is None or run.finished:
             return
         self._write_rows()
+        self._scalars(trainer)
         run.log_epoch(val_loss=self._val, epoch=int(trainer.current_epoch) + 1)
         self._val = None
+
+    def _scalars(self, trainer: "pl.Trainer") -> None:
+        """What the module logged (`trainer.callback_metrics`: every `self.log` value, the last of
+        each), to the `scalars` table at validation and epoch ends; a value already written at
+        this step is not written again. With a HeadroomLogger, the logger writes them instead."""
+        logged, run = self._logged, self.run
+        if logged is None or run is None or run.finished:
+            return
+        step = int(trainer.global_step)
+        new = {}
+        for k, v in trainer.callback_metrics.items():
+            x = float(v) if isinstance(v, (torch.Tensor, int, float)) and getattr(v, "numel", lambda: 1)() == 1 else None
+            if x is not None and logged.get(k) != (step, x):
+                logged[k] = (step, x)
+                new[k] = x
+        if new:
+            run.log_scalars(new, step=step, epoch=int(trainer.current_epoch) + 1)
 
     def on_train_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
         run = self.run

@@ -355,6 +355,23 @@ class HeadroomRun:
         train_loss: default, the count-weighted mean of this epoch's finite step losses."""
         return self._rows.log_epoch(val_loss, train_loss, seconds, epoch)
 
+    def log_scalars(self, values: Mapping[str, Any], *, step: Optional[int] = None,
+                    epoch: Optional[int] = None) -> int:
+        """What the framework logs besides the loss (accuracy, F1, eval_loss, ...): one row per
+        finite number in run.db's `scalars` table, at `step` (default: the last step logged)
+        and `epoch` (default: the epoch being trained); the app plots them. Tensors are read
+        to the host here; anything that is not a number is left out. Returns the rows queued."""
+        if not isinstance(values, Mapping):
+            raise IntegrationError(f"log_scalars: values must be a dict of name -> number, got {type(values).__name__}")
+        plain = {}
+        for k, v in values.items():
+            item = getattr(v, "item", None)
+            if callable(item) and getattr(v, "numel", lambda: 1)() == 1:
+                v = item()
+            plain[str(k)] = v
+        return self._need_store().log_scalars(self.step if step is None else int(step),
+                                              self.epoch if epoch is None else int(epoch), plain)
+
     def record(self, event: Event) -> None:
         """Write any engine event (checkpoint, scaler_skip, ...): events commit at once."""
         self._need_store().record(event)

@@ -511,6 +511,13 @@ class HeadroomCallback(TrainerCallback):
         if self.run is not None and not self.run.finished:
             self._epoch_pending = self.run.epoch  # written at the evaluation that follows, or the next epoch
 
+    def on_log(self, args: Any, state: Any, control: Any, logs: Optional[dict] = None, **kwargs: Any) -> None:
+        """Everything the Trainer logs (its loss and lr, compute_metrics' results, eval_* at any
+        eval_strategy, the run's totals) goes to the `scalars` table at the Trainer's step."""
+        run = self.run
+        if run is not None and not run.finished and logs:
+            run.log_scalars({k: v for k, v in logs.items() if k != "epoch"}, step=int(state.global_step))
+
     def on_evaluate(self, args: Any, state: Any, control: Any, metrics: Optional[dict] = None, **kwargs: Any) -> None:
         run = self.run
         if run is None or run.finished:
