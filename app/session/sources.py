@@ -188,9 +188,18 @@ class FolderSource:
         """What this folder lacks or could not be read, as alert rows (shown once, on opening)."""
         notes = [Note("run_damaged", 0, 0, p) for p in self.reader.problems]
         if not os.path.exists(os.path.join(self.run_dir, "checkpoints", "last.pt")) and not self.running:
-            notes.append(Note("run_damaged", self._last_step if self._last_step > 0 else 0, 0,
-                              "no checkpoint (checkpoints/last.pt is missing): the plots are all there is; "
-                              "this run cannot be resumed"))
+            try:
+                info = self.reader.info()
+            except StoreError:
+                info = {}
+            integration = info.get("integration")
+            if isinstance(integration, str) and integration:  # a framework's or a plain loop's run
+                notes.append(Note("framework_checkpoints", max(self._last_step, 0), 0,
+                                  framework_checkpoints(integration, info, self.reader)))
+            else:
+                notes.append(Note("run_damaged", self._last_step if self._last_step > 0 else 0, 0,
+                                  "no checkpoint (checkpoints/last.pt is missing): the plots are all there is; "
+                                  "this run cannot be resumed"))
         return notes
 
     def send(self, command: Command) -> None:
@@ -206,6 +215,28 @@ class FolderSource:
             self.reader.close()
         except Exception:
             pass
+
+
+def framework_checkpoints(integration: str, info: dict[str, Any], reader: RunReader) -> str:
+    """Where a run written through engine.integrations keeps its checkpoints: the framework
+    writes them (Headroom's Resume and Fork are for engine runs)."""
+    who = {"transformers": "the Hugging Face Trainer", "lightning": "Lightning", "loop": "your training loop"}.get(
+        integration, integration)
+    how = {"transformers": "resume_from_checkpoint", "lightning": "ckpt_path"}.get(integration)
+    where = info.get("checkpoint_dir")
+    try:
+        saved = [e["data"].get("path") for e in reader.events(kinds=["checkpoint"])]
+    except StoreError:
+        saved = []
+    saved = [p for p in saved if isinstance(p, str) and p]
+    if saved:
+        said = f"the last in {saved[-1]}"
+    elif isinstance(where, str) and where:
+        said = f"in {where}"
+    else:
+        said = "where it saves them"
+    resume = f", and resumes from them its own way ({how})" if how else ", and resumes from them itself"
+    return f"written by {who}: {who} keeps this run's checkpoints, {said}{resume}"
 
 
 def _send(run_dir: str, command: Command) -> None:

@@ -101,11 +101,18 @@ class StepRows:
         self._epoch_count = 0.0
         self._gap_first = False
         self._gap_epoch: Optional[_Gap] = None  # this epoch's largest gap
+        self.last: Optional[StepMetrics] = None  # the last row written
+        self.watchers: list[Any] = []  # the engine's watchers that need only the rows (engine.loop.watchers)
 
     def open(self, device: Any) -> None:
+        from engine.declarations.config import TrainConfig
+        from engine.loop.watchers import ClipSaturationWatcher, VramLowWatcher
         from engine.memory.telemetry import MemoryProbe
         self.probe = MemoryProbe(device)
         self.cuda = device.type == "cuda"
+        # The engine's alerts that follow from the rows alone: every step clipped (the clip is too
+        # low), the device's memory running out. The others need the engine's model and settings.
+        self.watchers = [ClipSaturationWatcher(), VramLowWatcher(TrainConfig.vram_low_fraction)]
 
     def start_timers(self) -> None:
         self.t_last = self.epoch_t0 = time.perf_counter()
@@ -184,6 +191,10 @@ class StepRows:
                             nonfinite=nonfinite, scaler_skipped=scaler_skipped, mem_allocated=mem.allocated,
                             mem_reserved=mem.reserved, mem_peak=mem.peak, mem_used=mem.used, mem_total=mem.total)
         store.record(event)
+        self.last = event
+        for w in self.watchers:
+            for alert in w.on_step(event, None):
+                store.record(alert)
         loss_ok = math.isfinite(loss)
         if nonfinite:
             store.record(NonFinite(step, epoch, params=tuple(bad_params), loss_finite=loss_ok,

@@ -110,6 +110,25 @@ class _Step:
     window: _Window
 
 
+def _config(trainer: "pl.Trainer", pl_module: "pl.LightningModule", extra: Mapping[str, Any]) -> dict:
+    """The run table's settings: what the Trainer says, `extra` over it."""
+    opt = trainer.optimizers[0] if trainer.optimizers else None
+    prec = str(trainer.precision)
+    precision = "bf16" if "bf16" in prec else "fp16" if prec.startswith("16") else "fp32"
+    dl = getattr(trainer, "train_dataloader", None)
+    cfg = dict(micro_batch=getattr(dl, "batch_size", None), accum=trainer.accumulate_grad_batches,
+               lr=float(opt.param_groups[0]["lr"]) if opt is not None else None,
+               clip=float(trainer.gradient_clip_val or 0.0),
+               epochs=trainer.max_epochs if trainer.max_epochs and trainer.max_epochs > 0 else None,
+               max_steps=trainer.max_steps if trainer.max_steps and trainer.max_steps > 0 else None,
+               optimizer=type(opt).__name__.lower() if opt is not None else None, precision=precision,
+               device=str(pl_module.device), seed=None, framework="lightning",
+               framework_version=lightning.__version__,
+               clip_algorithm=clean(trainer.gradient_clip_algorithm) if trainer.gradient_clip_algorithm else "norm")
+    cfg.update(extra)
+    return cfg
+
+
 LIGHTNING_FIX = ("return the micro-batch's loss sum and its count from training_step, divide the gradients by "
                  "the window's count in on_before_optimizer_step, and pass HeadroomCallback(loss_reduction='sum') "
                  "(README: exact accumulation with Lightning)")
@@ -197,23 +216,6 @@ class HeadroomCallback(Callback):
         self._reset_window()
 
     # -- set-up --------------------------------------------------------------------------------------
-    def _config(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> dict:
-        opt = trainer.optimizers[0] if trainer.optimizers else None
-        prec = str(trainer.precision)
-        precision = "bf16" if "bf16" in prec else "fp16" if prec.startswith("16") else "fp32"
-        dl = getattr(trainer, "train_dataloader", None)
-        cfg = dict(micro_batch=getattr(dl, "batch_size", None), accum=trainer.accumulate_grad_batches,
-                   lr=float(opt.param_groups[0]["lr"]) if opt is not None else None,
-                   clip=float(trainer.gradient_clip_val or 0.0),
-                   epochs=trainer.max_epochs if trainer.max_epochs and trainer.max_epochs > 0 else None,
-                   max_steps=trainer.max_steps if trainer.max_steps and trainer.max_steps > 0 else None,
-                   optimizer=type(opt).__name__.lower() if opt is not None else None, precision=precision,
-                   device=str(pl_module.device), seed=None, framework="lightning",
-                   framework_version=lightning.__version__,
-                   clip_algorithm=clean(trainer.gradient_clip_algorithm) if trainer.gradient_clip_algorithm else "norm")
-        cfg.update(self.extra_config)
-        return cfg
-
     def on_train_start(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
         if self.run is not None and not self.run.finished:
             self.run.fail("fit() ended without on_train_end")
@@ -227,10 +229,12 @@ class HeadroomCallback(Callback):
         steering = "" if world == 1 else (f"this run trains in {world} processes: a setting applied on process 0 "
                                           "alone would make them diverge")
         run = HeadroomRun(self.run_dir_arg, task=self.task or f"lightning-{type(pl_module).__name__}",
-                          config=self._config(trainer, pl_module), device=pl_module.device, world_size=world,
+                          config=_config(trainer, pl_module, self.extra_config), device=pl_module.device,
+                          world_size=world,
                           steering=steering, integration="lightning", commit_interval=self.commit_interval,
                           poll_interval=self.poll_interval, refusal=lambda cmd: self._refusal(cmd, trainer, pl_module))
         run.start(step=int(trainer.global_step), epoch=int(trainer.current_epoch) + 1)
+        run.set_info(checkpoint_dir=self._checkpoint_folder(trainer))  # where Lightning keeps them (the app says so)
         self.run, self.run_dir = run, run.run_dir
         loggers = [lg for lg in trainer.loggers if isinstance(lg, HeadroomLogger)]
         for lg in loggers:
@@ -453,12 +457,7 @@ class HeadroomCallback(Callback):
     def _save_and_stop(self, trainer: "pl.Trainer") -> None:
         run = self.run
         assert run is not None
-        folder = self.checkpoint_dir
-        ckpt_cb = getattr(trainer, "checkpoint_callback", None)
-        if folder is None and ckpt_cb is not None and getattr(ckpt_cb, "dirpath", None):
-            folder = str(ckpt_cb.dirpath)
-        if folder is None:
-            folder = os.path.join(trainer.default_root_dir, "checkpoints")
+        folder = self._checkpoint_folder(trainer)
         os.makedirs(folder, exist_ok=True)
         path = os.path.join(folder, f"headroom-stop-step={run.step}.ckpt")
         tmp = path + ".part"
@@ -467,6 +466,15 @@ class HeadroomCallback(Callback):
         self.stop_checkpoint = path
         run.checkpoint_saved(path)
         trainer.should_stop = True
+
+    def _checkpoint_folder(self, trainer: "pl.Trainer") -> str:
+        """checkpoint_dir, else the ModelCheckpoint's folder, else <default_root_dir>/checkpoints."""
+        ckpt_cb = getattr(trainer, "checkpoint_callback", None)
+        if self.checkpoint_dir is not None:
+            return self.checkpoint_dir
+        if ckpt_cb is not None and getattr(ckpt_cb, "dirpath", None):
+            return str(ckpt_cb.dirpath)
+        return os.path.join(trainer.default_root_dir, "checkpoints")
 
     # -- epochs and the end --------------------------------------------------------------------------
     def on_train_epoch_start(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:

@@ -133,6 +133,35 @@ def test_an_epoch_setting_waits_for_the_next_epoch(tmp_path):
     assert (rx["data"]["applies"], rx["data"]["target_epoch"], rx["step"]) == ("epoch", 2, 1)
     [applied] = r.events(kinds=["settings_applied"])
     assert (applied["step"], applied["epoch"], applied["data"]["changes"]) == (3, 2, [["clip", 1.0, 0.25]])
+    assert (applied["data"]["at"], applied["data"]["from_step"]) == ("epoch", 4)  # the first step it trained
+
+
+def test_step_settings_say_so_and_the_engines_watchers_see_the_rows(tmp_path):
+    """A change applied between steps is at="step" from the next step; an accumulation change with
+    the lr left as it was gets the engine's lr hint; 50 steps all clipped raise clip saturation."""
+    with headroom_run(tmp_path / "r", poll_interval=0) as run:
+        accum, clip = 2, 0.3
+        for step in range(1, 56):
+            for cmd in run.poll():
+                if cmd.kind == "set_clip":
+                    run.apply(cmd, clip=(clip, cmd.norm))
+                    clip = cmd.norm
+                elif cmd.kind == "set_accum":
+                    run.apply(cmd, accum=(accum, cmd.accum))
+                    accum = cmd.accum
+            run.log_step(loss=1.0, grad_norm=1.0, clip=clip, lr=0.01, accum=accum, micro_batch=4)
+            if step == 2:
+                send_command(run.run_dir, SetClip(0.2, at="step"))
+                send_command(run.run_dir, SetAccum(4, at="step"))
+    r = RunReader(str(tmp_path / "r"))
+    applied = r.events(kinds=["settings_applied"])
+    assert [(e["step"], e["data"]["changes"][0][0], e["data"]["at"], e["data"]["from_step"]) for e in applied] == [
+        (2, "clip", "step", 3), (2, "accum", "step", 3)]
+    [hint] = r.events(kinds=["lr_hint"])
+    assert (hint["data"]["accum_old"], hint["data"]["accum_new"]) == (2, 4)
+    assert hint["data"]["suggested_lr"] == pytest.approx(0.02)
+    [sat] = r.events(kinds=["clip_saturation"])
+    assert sat["step"] == 50 and sat["data"]["clip"] == pytest.approx(0.2)
 
 
 def test_pause_blocks_poll_until_resume_and_stop_ends_the_run(tmp_path):
