@@ -225,8 +225,11 @@ class Steering:
         if ch:  # what the loop changes now, it changes for the next optimizer step
             store.record(SettingsApplied(run.step, run.epoch, changes=ch, at="step" if h.due is None else "epoch",
                                          from_step=run.step + 1))
-            if any(k == "lr" for k, _, _ in ch):
-                self._lr_set_at = run.step
+            for k, o, n in ch:
+                if k == "lr":
+                    self._lr_set_at = run.step
+                    if isinstance(o, (int, float)) and isinstance(n, (int, float)) and o > 0 and n > 0:
+                        run.lr_scale *= n / o  # for a loop that sets its lr every iteration
             hint = self._lr_hint({k: (o, n) for k, o, n in ch})
             if hint is not None:
                 store.record(hint)

@@ -190,6 +190,10 @@ class HeadroomRun:
         self.stop_requested = False
         self.paused = False
         self.finished = False
+        # The product of the app's lr changes applied so far (new / old of each `lr` apply()): a
+        # loop that computes its lr every iteration (nanoGPT's get_lr()) multiplies it by this,
+        # or the app's change would last one step.
+        self.lr_scale = 1.0
         self._store: Optional[RunStore] = None
         self._lock: Any = None
         self._rows = StepRows(self)  # metrics and epochs rows, step timing, memory
@@ -209,6 +213,35 @@ class HeadroomRun:
         else:
             self.fail(f"{exc_type.__name__}: {exc}")
         return False
+
+    def close(self) -> None:
+        """End the run without a `with` block (so nothing in the loop re-indents):
+
+            run = headroom_run(config=...).start()
+            ...                                   # the loop as it was, plus poll() and log_step()
+            run.close()
+
+        Finished ("stopped" if a stop was asked, else "completed"); idempotent. A script that
+        dies before close() leaves the run failed, not "running" (marked at exit)."""
+        if not self.finished:
+            self.finish("stopped" if self.stop_requested else "completed")
+
+    def __call__(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """The run as a decorator on your training function: started when it is called,
+        finished when it returns, failed (and re-raised) when it raises.
+
+            run = headroom_run(config=...)
+
+            @run
+            def train(): ...                      # uses `run` inside, as is
+        """
+        import functools
+
+        @functools.wraps(fn)
+        def wrapped(*args: Any, **kwargs: Any) -> Any:
+            with self:
+                return fn(*args, **kwargs)
+        return wrapped
 
     @property
     def started(self) -> bool:
