@@ -220,7 +220,7 @@ class FolderSource:
 def framework_checkpoints(integration: str, info: dict[str, Any], reader: RunReader) -> str:
     """Where a run written through engine.integrations keeps its checkpoints: the framework
     writes them (Headroom's Resume and Fork are for engine runs)."""
-    who = {"transformers": "the Hugging Face Trainer", "lightning": "Lightning", "loop": "your training loop"}.get(
+    who = {"transformers": "The Hugging Face Trainer", "lightning": "Lightning", "loop": "Your training loop"}.get(
         integration, integration)
     how = {"transformers": "resume_from_checkpoint", "lightning": "ckpt_path"}.get(integration)
     where = info.get("checkpoint_dir")
@@ -235,8 +235,8 @@ def framework_checkpoints(integration: str, info: dict[str, Any], reader: RunRea
         said = f"in {where}"
     else:
         said = "where it saves them"
-    resume = f", and resumes from them its own way ({how})" if how else ", and resumes from them itself"
-    return f"written by {who}: {who} keeps this run's checkpoints, {said}{resume}"
+    resume = f"; resume it the framework's way ({how})" if how else "; resume it from there"
+    return f"{who} keeps this run's checkpoints, not Headroom: {said}{resume}"
 
 
 def _send(run_dir: str, command: Command) -> None:

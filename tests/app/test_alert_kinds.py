@@ -62,4 +62,4 @@ def test_a_plain_loop_run_is_not_called_damaged(tmp_path):
     [note] = src.problems()
     src.close()
     assert note.kind == "framework_checkpoints" and note.is_alert
-    assert "your training loop keeps" in note.message and str(tmp_path / "mine" / "ckpt-1.pt") in note.message
+    assert "Your training loop keeps" in note.message and str(tmp_path / "mine" / "ckpt-1.pt") in note.message

@@ -326,6 +326,7 @@ class PlotPanel(QWidget):
                        memory_shown=self.memory.shown, refit=refit or force,
                        extra_y={id(self.lr_plot): [self.planned.y_shown]},
                        robust=self.ignore_outliers)
+            self.scalars.match_x(*self.loss_plot.getViewBox().viewRange()[0])
             if len(buf) > 0 or self._overlays.entries:
                 self._show_loss_note("")
             else:

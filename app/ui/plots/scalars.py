@@ -22,7 +22,7 @@ from app.model.scalars import Scalars
 from app.ui.theme import Palette
 
 READ_S = 0.5
-HEIGHT_PX = 180
+HEIGHT_PX = 150
 PREF_KEY = "scalars/picked"  # {run folder: [names]}
 MAX_KEPT = 200  # run folders whose picks are kept
 
@@ -55,8 +55,10 @@ class ScalarsPlot(QWidget):
         self.plot.setBackground(pal.background)
         self.plot.showGrid(x=True, y=True, alpha=pal.grid_alpha)
         self.plot.setLabel("left", "scalars")
-        self.plot.setMinimumHeight(HEIGHT_PX)
-        self.plot.addLegend(offset=(10, 5))
+        self.plot.setFixedHeight(HEIGHT_PX)  # the other plots keep the rest of the panel
+        self.plot.getAxis("left").setWidth(64)  # as the panel's plots: the x axes line up
+        self.plot.getViewBox().disableAutoRange(pg.ViewBox.XAxis)
+        self.plot.addLegend(offset=(-10, 5))  # top right: the curves start at the left
         self.curves: dict[str, pg.PlotDataItem] = {}
         lay = QVBoxLayout(self)
         lay.setContentsMargins(0, 0, 0, 0)
@@ -100,6 +102,11 @@ class ScalarsPlot(QWidget):
             self.setVisible(bool(names))
         self._key = (self.scalars.version, axis, tuple(self.picked))
         self._draw(steps_to_x)
+
+    def match_x(self, x0: float, x1: float) -> None:
+        """The panel's x range (the loss plot's), so a step sits under the same step above."""
+        if self.isVisible() and x1 > x0:
+            self.plot.setXRange(x0, x1, padding=0)
 
     def set_palette(self, pal: Palette) -> None:
         """The other theme: redrawn in its colours at the next refresh."""
