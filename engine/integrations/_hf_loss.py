@@ -9,7 +9,8 @@ count (the Trainer's `num_items_in_batch`): pass it as `Trainer(compute_loss_fun
 """
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional, Sequence
+from collections import abc
+from typing import Any, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -41,8 +42,11 @@ def is_causal_lm(model: Any) -> bool:
 
 
 def logits_of(outputs: Any) -> Optional[torch.Tensor]:
-    if isinstance(outputs, Mapping):
+    """The outputs' logits (a ModelOutput, a dict), or None."""
+    if type(outputs) is dict:
         x = outputs.get("logits")
+    elif isinstance(outputs, abc.Mapping):  # a ModelOutput (an OrderedDict) holds only what is set
+        x = outputs["logits"] if "logits" in outputs else None
     else:
         x = getattr(outputs, "logits", None)
     return x if isinstance(x, torch.Tensor) else None

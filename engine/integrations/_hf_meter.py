@@ -20,6 +20,15 @@ from .loop import batch_size
 GRAD_CHECKS = ("epoch", "every", "off")
 
 
+def _field(inputs: Any, key: str) -> Any:
+    """inputs[key] of a dict or a BatchEncoding, else None. (`in` first: Mapping.get on a
+    UserDict raises and catches a KeyError for a missing key, tens of us a micro-batch.)"""
+    try:
+        return inputs[key] if key in inputs else None
+    except TypeError:  # not a mapping (a tuple batch)
+        return None
+
+
 class Meter:
     """One callback's measurements; `in_step` is set by the callback's training_step wrapper."""
 
@@ -31,6 +40,7 @@ class Meter:
         self.smoothing = 0.0
         self.plain = False  # one process, plain tensors: the probe can run
         self._probed_epoch: Optional[int] = None
+        self._model: Any = None  # set for a window to compare until its first backward
         self.reset()
 
     def reset(self) -> None:
@@ -58,9 +68,7 @@ class Meter:
             Trainer pops them when it has a compute_loss_func)."""
             if not meter.in_step or a or kw.get("return_outputs"):
                 return loss_fn(model, inputs, *a, **kw)
-            get = getattr(inputs, "get", None)
-            labels = get("labels") if get is not None else None
-            shifted = get("shift_labels") if get is not None else None
+            labels, shifted = _field(inputs, "labels"), _field(inputs, "shift_labels")
             out = loss_fn(model, inputs, return_outputs=True, **kw)
             if not (isinstance(out, tuple) and len(out) == 2):  # a subclass that ignores return_outputs
                 return out
@@ -73,19 +81,28 @@ class Meter:
 
         def backward(loss: Any, **kw: Any) -> Any:
             """Accelerate's backward, told first to the probe: the loss as the Trainer
-            backpropagates it (v_i), beside the true sum (S_i)."""
-            if meter.in_step and meter.probe.active:
+            backpropagates it (v_i), beside the true sum (S_i). A window to compare starts its
+            probe here, at its first micro-batch, and only if that loss could be measured (a
+            model without logits is never probed, so it never pays for the hooks)."""
+            if meter.in_step:
                 m = meter.measured
-                meter.probe.weigh(loss, m[0] if m is not None else None)
+                if meter._model is not None:  # the first micro-batch of a window to compare
+                    if m is not None:
+                        meter.probe.start(list(meter._model.parameters()))
+                    meter._model = None
+                if meter.probe.active:
+                    meter.probe.weigh(loss, m[0] if m is not None else None)
             return backward_fn(loss, **kw)
 
         acc.backward = backward
 
     def window_start(self, epoch: int, model: Any) -> None:
-        """The window's first micro-batch: start the probe if this window is compared."""
+        """The window's first micro-batch: whether this window is compared (the probe starts at
+        its first backward)."""
+        self._model = None
         if self.plain and (self.grad_check == "every" or (self.grad_check == "epoch" and self._probed_epoch != epoch)):
             self._probed_epoch = epoch
-            self.probe.start(list(model.parameters()))
+            self._model = model
 
     def measure(self, outputs: Any, labels: Any, shifted: Any) -> None:
         """The micro-batch's true loss sum and count (S_i, n_i) from its outputs and labels, and
@@ -113,14 +130,11 @@ class Meter:
         """(samples, the loss's count) of one micro-batch from its labels alone, when its loss
         could not be measured: labels != -100, shifted for a causal LM (an int, or a 0-d
         tensor read later with the losses)."""
-        get = getattr(inputs, "get", None)  # a dict or a BatchEncoding
-        labels = None
-        if get is not None:
-            labels = get("shift_labels")
-            if labels is None:
-                labels = get("labels")
-                if self.causal and isinstance(labels, torch.Tensor) and labels.ndim > 1:
-                    labels = labels[..., 1:]  # what a causal LM's loss counts
+        labels = _field(inputs, "shift_labels")
+        if labels is None:
+            labels = _field(inputs, "labels")
+            if self.causal and isinstance(labels, torch.Tensor) and labels.ndim > 1:
+                labels = labels[..., 1:]  # what a causal LM's loss counts
         if isinstance(labels, torch.Tensor) and labels.ndim >= 1:
             size = labels.shape[0]
             return size, (labels.ne(-100).sum() if labels.ndim > 1 else size)
