@@ -83,11 +83,21 @@ class GradProbe:
         return bool(self._hooks)
 
     def start(self, params: Sequence[torch.Tensor]) -> None:
-        """Hook every trainable parameter for the window about to be trained."""
+        """Hook every trainable parameter for the window about to be trained. Not on a GPU
+        without room for the buffer (a second copy of the gradients) twice over: the probe
+        never costs a run its memory; such a window is not compared."""
         self.stop()
         self._params = [p for p in params if p.requires_grad]
         if not self._params or any(type(p.data) is not torch.Tensor for p in self._params):
+            self._params = []
             return
+        dev = self._params[0].device
+        if dev.type == "cuda":
+            need = sum(p.numel() * p.element_size() for p in self._params)
+            free, _total = torch.cuda.mem_get_info(dev)
+            if 2 * need > free:
+                self._params = []
+                return
         self._buf = [torch.zeros_like(p, memory_format=torch.preserve_format) for p in self._params]
         self._hooks = [p.register_hook(self._hook(b)) for p, b in zip(self._params, self._buf)]
         self.valid = True
