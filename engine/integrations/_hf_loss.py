@@ -52,10 +52,12 @@ def logits_of(outputs: Any) -> Optional[torch.Tensor]:
     return x if isinstance(x, torch.Tensor) else None
 
 
-def loss_sum(logits: torch.Tensor, labels: torch.Tensor, causal: bool,
-             smoothing: float = 0.0) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
+def loss_sum(logits: torch.Tensor, labels: torch.Tensor, causal: bool, smoothing: float = 0.0,
+             chunk: int = 0) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
     """(loss sum, count) of one micro-batch, or None when its shapes are not a
-    classification's or a regression's. Differentiable (exact_loss uses it)."""
+    classification's or a regression's. Differentiable (exact_loss uses it). chunk: at most
+    this many logits at a time (the measurement beside training: a large vocabulary's
+    float32 copy and its log-softmax never held whole; 0 = all at once)."""
     if not isinstance(labels, torch.Tensor):
         return None
     labels = labels.to(logits.device)
@@ -74,8 +76,10 @@ def loss_sum(logits: torch.Tensor, labels: torch.Tensor, causal: bool,
     if logits.shape[:-1] != labels.shape:
         return None
     flat = labels.reshape(-1)
-    s = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), flat, ignore_index=IGNORE,
-                        reduction="sum", label_smoothing=float(smoothing))
+    rows = logits.reshape(-1, logits.shape[-1])
+    step = max(1, chunk // max(1, rows.shape[1]) if chunk else rows.shape[0])
+    s = sum(F.cross_entropy(rows[i:i + step].float(), flat[i:i + step], ignore_index=IGNORE, reduction="sum",
+                            label_smoothing=float(smoothing)) for i in range(0, max(1, rows.shape[0]), step))
     return s, flat.ne(IGNORE).sum()
 
 

@@ -18,6 +18,7 @@ from ._hf_loss import diagnose, is_causal_lm, logits_of, loss_sum
 from .loop import batch_size
 
 GRAD_CHECKS = ("epoch", "every", "off")
+MEASURE_CHUNK = 1 << 24  # logits a measurement holds at a time (64 MiB in float32)
 
 
 def _field(inputs: Any, key: str) -> Any:
@@ -112,7 +113,8 @@ class Meter:
         if logits is None or not isinstance(target, torch.Tensor):
             return
         with torch.no_grad():
-            got = loss_sum(logits.detach(), target, causal=self.causal and shifted is None, smoothing=self.smoothing)
+            got = loss_sum(logits.detach(), target, causal=self.causal and shifted is None, smoothing=self.smoothing,
+                           chunk=MEASURE_CHUNK)
         if got is None:
             return
         unshifted = labels.ne(-100).sum() if isinstance(labels, torch.Tensor) else None
