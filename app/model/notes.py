@@ -8,10 +8,28 @@ from typing import Optional
 
 from engine.declarations.events import Event
 
-# Event kinds that become an entry in the alerts panel (one entry per occurrence).
+# Event kinds that become an entry in the alerts panel (one entry per occurrence). run_damaged,
+# run_ended and framework_checkpoints are the app's own notes about a run folder.
 ALERT_KINDS = ("nonfinite", "clip_saturation", "vram_low", "batchnorm_small_batch", "lr_hint",
                "oom_recovered", "command_refused", "scaler_skip", "run_failed", "micro_batch_found",
-               "run_damaged", "rolled_back", "memory_snapshot", "run_ended")
+               "run_damaged", "rolled_back", "memory_snapshot", "run_ended", "loss_weighting", "step_skipped",
+               "store_problem", "framework_checkpoints")
+# Every other kind the engine or an integration writes, and where the app shows it instead
+# (tests/app/test_alert_kinds.py fails for a kind in neither list).
+NOT_SHOWN = {
+    "step": "the plots (one metrics row per optimizer step)",
+    "epoch_end": "the plots' validation points and the epoch progress",
+    "run_started": "the run's header and settings",
+    "run_finished": "a run_ended alert (the app's note of how the run ended)",
+    "settings_applied": "markers on the plots and the controls' values",
+    "command_received": "the controls' pending changes",
+    "lr_planned": "the planned lr curve",
+    "memory_forecast": "the controls' memory forecast",
+    "memory_levers": "the Memory tab's what-fits table",
+    "paused": "the status bar",
+    "unpaused": "the status bar",
+    "checkpoint": "Run history's checkpoints",
+}
 
 
 def _float(v: object) -> float:

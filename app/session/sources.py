@@ -190,9 +190,18 @@ class FolderSource:
         notes = [Note("run_damaged", 0, 0, p) for p in self.reader.problems]
         has_last = any(ckpt_names.name_of(p) == "last" for p in ckpt_names.candidates(self.run_dir))
         if not has_last and not self.running:  # a file, or a sharded run's folder
-            notes.append(Note("run_damaged", self._last_step if self._last_step > 0 else 0, 0,
-                              "no checkpoint (checkpoints/last is missing): the plots are all there is; "
-                              "this run cannot be resumed"))
+            try:
+                info = self.reader.info()
+            except StoreError:
+                info = {}
+            integration = info.get("integration")
+            if isinstance(integration, str) and integration:  # a framework's or a plain loop's run
+                notes.append(Note("framework_checkpoints", max(self._last_step, 0), 0,
+                                  framework_checkpoints(integration, info, self.reader)))
+            else:
+                notes.append(Note("run_damaged", self._last_step if self._last_step > 0 else 0, 0,
+                                  "no checkpoint (checkpoints/last is missing): the plots are all there is; "
+                                  "this run cannot be resumed"))
         return notes
 
     def send(self, command: Command) -> None:
@@ -208,6 +217,28 @@ class FolderSource:
             self.reader.close()
         except Exception:
             pass
+
+
+def framework_checkpoints(integration: str, info: dict[str, Any], reader: RunReader) -> str:
+    """Where a run written through engine.integrations keeps its checkpoints: the framework
+    writes them (Headroom's Resume and Fork are for engine runs)."""
+    who = {"transformers": "The Hugging Face Trainer", "lightning": "Lightning", "loop": "Your training loop"}.get(
+        integration, integration)
+    how = {"transformers": "resume_from_checkpoint", "lightning": "ckpt_path"}.get(integration)
+    where = info.get("checkpoint_dir")
+    try:
+        saved = [e["data"].get("path") for e in reader.events(kinds=["checkpoint"])]
+    except StoreError:
+        saved = []
+    saved = [p for p in saved if isinstance(p, str) and p]
+    if saved:
+        said = f"the last in {saved[-1]}"
+    elif isinstance(where, str) and where:
+        said = f"in {where}"
+    else:
+        said = "where it saves them"
+    resume = f"; resume it the framework's way ({how})" if how else "; resume it from there"
+    return f"{who} keeps this run's checkpoints, not Headroom: {said}{resume}"
 
 
 def _send(run_dir: str, command: Command) -> None:

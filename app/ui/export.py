@@ -12,6 +12,7 @@ from PySide6.QtWidgets import QApplication, QFileDialog, QMainWindow, QWidget
 
 from app.model.metrics import STEP_COLUMNS, MetricsBuffer
 from app.model.runmodel import RunModel
+from app.model.scalars import read_scalars
 from app.ui.shell.layout import settle
 
 CSV_COLUMNS = (*STEP_COLUMNS, "loss_ema")
@@ -29,19 +30,45 @@ def _cell(name: str, v: float) -> str:
 
 
 def write_csv(model: RunModel, path: str) -> int:
-    """One row per optimizer step, plus val_loss on each epoch's last step. Returns the row count."""
+    """One row per optimizer step, plus val_loss on each epoch's last step and a column per scalar
+    the framework logged (run.db's `scalars`: its value at that step). A step with scalars but no
+    metrics row (a run written by a logger alone) is a row of its own. Returns the row count."""
     buf: MetricsBuffer = model.metrics
     val = {step: v for _e, step, _t, v in model.epochs}
+    run_dir = model.info.get("run_dir")
+    scalars = read_scalars(run_dir if isinstance(run_dir, str) else None)
+    names = scalars.names()
+    at = scalars.by_step()
     tmp = path + ".tmp"
     with open(tmp, "w", newline="", encoding="utf-8") as f:
         w = csv.writer(f)
-        w.writerow([*CSV_COLUMNS, "val_loss"])
+        taken = {*CSV_COLUMNS, "val_loss"}  # a logged "loss" (the framework's own) is not the row's loss
+        w.writerow([*CSV_COLUMNS, "val_loss", *(f"logged_{k}" if k in taken else k for k in names)])
         n = 0
+
+        def extra(step: int) -> list[str]:
+            got = at.pop(step, {})
+            return ["" if k not in got else repr(float(got[k])) for k in names]
+
+        def alone(step: int) -> list[str]:  # scalars logged at a step with no metrics row
+            return [str(step)] + [""] * len(CSV_COLUMNS) + extra(step)
+
+        pending, i = sorted(at), 0
         for row in buf.rows(CSV_COLUMNS):
             step = int(row[0])
+            while i < len(pending) and pending[i] < step:
+                if pending[i] in at:  # not taken by a metrics row of its own
+                    w.writerow(alone(pending[i]))
+                    n += 1
+                i += 1
             v = val.get(step)
-            w.writerow([_cell(c, x) for c, x in zip(CSV_COLUMNS, row)] + ["" if v is None else repr(float(v))])
+            w.writerow([_cell(c, x) for c, x in zip(CSV_COLUMNS, row)] + ["" if v is None else repr(float(v))]
+                       + extra(step))
             n += 1
+        for s in pending[i:]:
+            if s in at:
+                w.writerow(alone(s))
+                n += 1
     os.replace(tmp, path)
     return n
 

@@ -2,18 +2,24 @@
 
 `StepRows` turns what a loop knows about an optimizer step (tensors or floats, defaults
 left out) into one `StepMetrics` row with the device's memory figures, times the steps,
-keeps the epoch's count-weighted loss for its `epochs` row, and notes when the framework's
-loss and the token-weighted one differ (`LossWeighting`).
+keeps the epoch's count-weighted loss for its `epochs` row, and raises `LossWeighting` when
+a step's update is off the exact one (an adapter's `WindowCheck`, engine.integrations._exactness)
+or, for a plain loop that gives only its framework's loss, when the two loss values differ:
+at the first such step, and at the end of every epoch that had one.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from engine.declarations.events import EpochEnd, NonFinite, StepMetrics
 from ._loop_events import IntegrationError, LossWeighting
+
+if TYPE_CHECKING:  # torch-free at import: the check is built by the adapters
+    from ._exactness import WindowCheck
 
 GAP_NOTE = 1e-3  # relative gap between the framework's loss and the token-weighted one worth an event
 
@@ -67,12 +73,10 @@ def read_to_host(tensors: list[Any]) -> list[float]:
 
 @dataclass
 class _Gap:
-    """The largest gap of an epoch between the framework's loss and the token-weighted one."""
-    framework_loss: float
-    weighted_loss: float
-    gap: float  # (framework - weighted) / weighted
-    step: int  # where it was largest
-    steps: int  # steps of the epoch with a gap worth a note
+    """The epoch's largest error of a step against the exact one."""
+    size: float  # what "largest" compares: the update's relative error, else the weights' or the loss gap
+    event: LossWeighting  # that step's note
+    steps: int  # steps of the epoch off the exact update
 
 
 class _NoMemory:  # the figures of a CPU run (MemoryProbe gives the same: all None)
@@ -97,11 +101,18 @@ class StepRows:
         self._epoch_count = 0.0
         self._gap_first = False
         self._gap_epoch: Optional[_Gap] = None  # this epoch's largest gap
+        self.last: Optional[StepMetrics] = None  # the last row written
+        self.watchers: list[Any] = []  # the engine's watchers that need only the rows (engine.loop.watchers)
 
     def open(self, device: Any) -> None:
+        from engine.declarations.config import TrainConfig
+        from engine.loop.watchers import ClipSaturationWatcher, VramLowWatcher
         from engine.memory.telemetry import MemoryProbe
         self.probe = MemoryProbe(device)
         self.cuda = device.type == "cuda"
+        # The engine's alerts that follow from the rows alone: every step clipped (the clip is too
+        # low), the device's memory running out. The others need the engine's model and settings.
+        self.watchers = [ClipSaturationWatcher(), VramLowWatcher(TrainConfig.vram_low_fraction)]
 
     def start_timers(self) -> None:
         self.t_last = self.epoch_t0 = time.perf_counter()
@@ -159,7 +170,8 @@ class StepRows:
                     accum: int, clip: float, micro_batch: Optional[int], samples: Optional[int],
                     tokens: Optional[int], step_time: float, clipped: bool, nonfinite: bool, scaler_skipped: bool,
                     framework_loss: Optional[float] = None, bad_params: tuple[str, ...] = (),
-                    nonfinite_action: str = "not skipped (the optimizer stepped)") -> StepMetrics:
+                    nonfinite_action: str = "not skipped (the optimizer stepped)",
+                    check: "Optional[WindowCheck]" = None) -> StepMetrics:
         """HeadroomRun.record_step: one metrics row of plain values (and a nonfinite event)."""
         run = self.run
         store = run._store
@@ -179,6 +191,10 @@ class StepRows:
                             nonfinite=nonfinite, scaler_skipped=scaler_skipped, mem_allocated=mem.allocated,
                             mem_reserved=mem.reserved, mem_peak=mem.peak, mem_used=mem.used, mem_total=mem.total)
         store.record(event)
+        self.last = event
+        for w in self.watchers:
+            for alert in w.on_step(event, None):
+                store.record(alert)
         loss_ok = math.isfinite(loss)
         if nonfinite:
             store.record(NonFinite(step, epoch, params=tuple(bad_params), loss_finite=loss_ok,
@@ -187,35 +203,46 @@ class StepRows:
             w = float(count) if count else 1.0
             self._epoch_sum += loss * w
             self._epoch_count += w
-            if framework_loss is not None and loss != 0 and abs(framework_loss - loss) > GAP_NOTE * abs(loss):
-                self._note_gap(float(framework_loss), loss)
+            self._note(framework_loss, loss, check)
         return event
 
-    def _note_gap(self, fw: float, weighted: float) -> None:
-        if not math.isfinite(fw):
-            return
-        gap = (fw - weighted) / abs(weighted)
-        if abs(gap) <= GAP_NOTE:
-            return
-        run = self.run
+    def _note(self, fw: Optional[float], weighted: float, check: "Optional[WindowCheck]") -> None:
+        """A LossWeighting note for a step off the exact one: written at the first, and kept for
+        the epoch's summary when it is the epoch's largest."""
+        fw = float(fw) if fw is not None and math.isfinite(fw) else None
+        gap = (fw - weighted) / abs(weighted) if fw is not None and weighted != 0 else None
+        if check is not None:
+            if not check.off:
+                return
+            spread = max((abs(r - 1.0) for r in check.ratios), default=0.0)
+            size = check.grad_error if check.grad_error is not None else spread
+            weights = (min(check.ratios), max(check.ratios)) if check.measured == "weights" and check.ratios else ()
+            note = LossWeighting(self.run.step, self.run.epoch, framework_loss=fw, weighted_loss=weighted, gap=gap,
+                                 steps=1, grad_error=check.grad_error, grad_scale=check.grad_scale,
+                                 measured=check.measured, weights=weights, cause=check.cause, fix=check.fix)
+        else:  # a plain loop's framework loss: the loss values only
+            if gap is None or abs(gap) <= GAP_NOTE:
+                return
+            size = abs(gap)
+            note = LossWeighting(self.run.step, self.run.epoch, framework_loss=fw, weighted_loss=weighted, gap=gap,
+                                 steps=1)
         if not self._gap_first:
             self._gap_first = True
-            run.record(LossWeighting(run.step, run.epoch, framework_loss=fw, weighted_loss=weighted,
-                                     gap=gap, steps=1))
+            self.run.record(note)
         g = self._gap_epoch
-        if g is None or abs(gap) > abs(g.gap):
-            self._gap_epoch = _Gap(framework_loss=fw, weighted_loss=weighted, gap=gap, step=run.step,
-                                   steps=(g.steps if g else 0) + 1)
+        if g is None:
+            self._gap_epoch = _Gap(size=size, event=note, steps=1)
         else:
             g.steps += 1
+            if size > g.size:
+                g.size, g.event = size, note
 
     def flush_epoch_gap(self) -> None:
-        """The epoch's LossWeighting note (its largest gap), if more than one step had one."""
+        """The epoch's LossWeighting summary (its largest error), for every epoch that had one."""
         g, self._gap_epoch = self._gap_epoch, None
         run = self.run
-        if g is not None and g.steps > 1 and run._store is not None:
-            run.record(LossWeighting(g.step, run.epoch, framework_loss=g.framework_loss, weighted_loss=g.weighted_loss,
-                                     gap=g.gap, steps=g.steps))
+        if g is not None and run._store is not None:
+            run.record(dataclasses.replace(g.event, steps=g.steps, epoch_summary=True))
 
     # -- epochs ---------------------------------------------------------------------------------------
     def log_epoch(self, val_loss: Any, train_loss: Any, seconds: Optional[float],

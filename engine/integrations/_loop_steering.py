@@ -14,7 +14,8 @@ from dataclasses import asdict
 from typing import Any, Optional
 
 from engine.declarations.commands import Command, Pause, Resume, Stop
-from engine.declarations.events import CommandReceived, CommandRefused, Resumed, SettingsApplied
+from engine.declarations.events import CommandReceived, CommandRefused, LrHint, Resumed, SettingsApplied
+from engine.declarations.settings import scale_lr
 from ._loop_events import IntegrationError, PausedAtStep
 
 PAUSE_POLL_S = 0.05
@@ -53,6 +54,7 @@ class Steering:
         self._seen_id = 0  # the highest commands row id seen
         self._recheck = False
         self._stop_rows: list[int] = []
+        self._lr_set_at = -1  # the step boundary an lr was last applied at (no lr hint beside it)
 
     @property
     def _store(self) -> Any:  # the run's RunStore, None before start and after the end
@@ -220,10 +222,40 @@ class Steering:
         if h.due is None:
             self._received(cmd, "step")
         ch = tuple((k, _plain(o), _plain(n)) for k, (o, n) in changes.items() if o != n)
-        if ch:
-            store.record(SettingsApplied(run.step, run.epoch, changes=ch))
+        if ch:  # what the loop changes now, it changes for the next optimizer step
+            store.record(SettingsApplied(run.step, run.epoch, changes=ch, at="step" if h.due is None else "epoch",
+                                         from_step=run.step + 1))
+            for k, o, n in ch:
+                if k == "lr":
+                    self._lr_set_at = run.step
+                    if isinstance(o, (int, float)) and isinstance(n, (int, float)) and o > 0 and n > 0:
+                        run.lr_scale *= n / o  # for a loop that sets its lr every iteration
+            hint = self._lr_hint({k: (o, n) for k, o, n in ch})
+            if hint is not None:
+                store.record(hint)
         if h.row is not None:
             store.mark_command(h.row, "applied", run.step, "")
+
+    def _lr_hint(self, changes: dict[str, tuple[Any, Any]]) -> Optional[LrHint]:
+        """The engine's hint (engine.control.rules): the effective batch changed and the lr did
+        not, so say what the linear rule would give. The current micro-batch, accumulation and
+        lr are the last step's row's."""
+        last = self.run._rows.last
+        if ("lr" in changes or self._lr_set_at == self.run.step or last is None
+                or not ({"accum", "micro_batch"} & changes.keys())):
+            return None
+        acc_old, acc_new = changes.get("accum", (last.accum, last.accum))
+        mb_old, mb_new = changes.get("micro_batch", (last.micro_batch, last.micro_batch))
+        try:
+            ratio = (float(mb_new) * float(acc_new)) / (float(mb_old) * float(acc_old))
+            lr = float(last.lr)
+        except (TypeError, ValueError, ZeroDivisionError):
+            return None
+        if ratio == 1.0 or not lr > 0:
+            return None
+        run = self.run
+        return LrHint(run.step, run.epoch, accum_old=int(acc_old), accum_new=int(acc_new),
+                      suggested_lr=scale_lr(lr, "linear", ratio))
 
     def refuse(self, cmd: Command, reason: str) -> None:
         self._refuse_handed(self._take(cmd), reason)

@@ -55,10 +55,12 @@ import torch
 from engine.declarations.commands import Command, SetAccum, SetClip, SetLr
 from engine.declarations.events import ScalerSkip
 from engine.window.grads import clip_params_by_host_norm_
+from ._exactness import WindowCheck, check_window, same
+from ._lightning_logger import HeadroomLogger
 from ._loop_rows import read_to_host
 from .loop import HeadroomRun, IntegrationError, StepSkipped, batch_size, clean, end_reason, set_lr
 
-__all__ = ["HeadroomCallback"]
+__all__ = ["HeadroomCallback", "HeadroomLogger"]
 
 MAX_PENDING = 256  # steps kept at most before their rows are written, whatever the interval
 REFUSED = {
@@ -106,6 +108,50 @@ class _Step:
     scaler_skipped: bool
     accum: int  # what Lightning divided each micro-batch's loss by (accumulate_grad_batches)
     window: _Window
+
+
+def _config(trainer: "pl.Trainer", pl_module: "pl.LightningModule", extra: Mapping[str, Any]) -> dict:
+    """The run table's settings: what the Trainer says, `extra` over it."""
+    opt = trainer.optimizers[0] if trainer.optimizers else None
+    prec = str(trainer.precision)
+    precision = "bf16" if "bf16" in prec else "fp16" if prec.startswith("16") else "fp32"
+    dl = getattr(trainer, "train_dataloader", None)
+    cfg = dict(micro_batch=getattr(dl, "batch_size", None), accum=trainer.accumulate_grad_batches,
+               lr=float(opt.param_groups[0]["lr"]) if opt is not None else None,
+               clip=float(trainer.gradient_clip_val or 0.0),
+               epochs=trainer.max_epochs if trainer.max_epochs and trainer.max_epochs > 0 else None,
+               max_steps=trainer.max_steps if trainer.max_steps and trainer.max_steps > 0 else None,
+               optimizer=type(opt).__name__.lower() if opt is not None else None, precision=precision,
+               device=str(pl_module.device), seed=None, framework="lightning",
+               framework_version=lightning.__version__,
+               clip_algorithm=clean(trainer.gradient_clip_algorithm) if trainer.gradient_clip_algorithm else "norm")
+    cfg.update(extra)
+    return cfg
+
+
+LIGHTNING_FIX = ("return the micro-batch's loss sum and its count from training_step, divide the gradients by "
+                 "the window's count in on_before_optimizer_step, and pass HeadroomCallback(loss_reduction='sum') "
+                 "(README: exact accumulation with Lightning)")
+
+
+def _check(counts: list[float], accum: int) -> WindowCheck:
+    """A window of mean losses against the exact step. Lightning backpropagates each micro-batch's
+    mean over its count n_i divided by accumulate_grad_batches k, so micro-batch i's weight
+    relative to the exact 1/N is N / (k n_i): one factor m/k for a short window of m equal
+    micro-batches, unequal weights for unequal counts."""
+    total = sum(counts)
+    m = len(counts)
+    check = check_window([total / (accum * n) for n in counts if n > 0])
+    if not check.off:
+        return check
+    if m < accum and all(same(n, counts[0]) for n in counts):
+        check.cause = (f"Lightning divides each micro-batch's loss by accumulate_grad_batches = {accum}, also in this "
+                       f"short window of {m}: the update is {m}/{accum} of the exact one")
+    else:
+        check.cause = (f"Lightning divides each micro-batch's mean loss by accumulate_grad_batches = {accum} "
+                       "(a mean of means): micro-batches with a smaller count weigh more")
+    check.fix = LIGHTNING_FIX
+    return check
 
 
 class HeadroomCallback(Callback):
@@ -166,26 +212,10 @@ class HeadroomCallback(Callback):
         self._steps: list[_Step] = []  # steps not written yet (written every poll_interval)
         self._plugin: Any = None
         self._measured: Optional[_Measured] = None
+        self._logged: Optional[dict] = {}  # scalar -> (step, value) written; None: a HeadroomLogger writes them
         self._reset_window()
 
     # -- set-up --------------------------------------------------------------------------------------
-    def _config(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> dict:
-        opt = trainer.optimizers[0] if trainer.optimizers else None
-        prec = str(trainer.precision)
-        precision = "bf16" if "bf16" in prec else "fp16" if prec.startswith("16") else "fp32"
-        dl = getattr(trainer, "train_dataloader", None)
-        cfg = dict(micro_batch=getattr(dl, "batch_size", None), accum=trainer.accumulate_grad_batches,
-                   lr=float(opt.param_groups[0]["lr"]) if opt is not None else None,
-                   clip=float(trainer.gradient_clip_val or 0.0),
-                   epochs=trainer.max_epochs if trainer.max_epochs and trainer.max_epochs > 0 else None,
-                   max_steps=trainer.max_steps if trainer.max_steps and trainer.max_steps > 0 else None,
-                   optimizer=type(opt).__name__.lower() if opt is not None else None, precision=precision,
-                   device=str(pl_module.device), seed=None, framework="lightning",
-                   framework_version=lightning.__version__,
-                   clip_algorithm=clean(trainer.gradient_clip_algorithm) if trainer.gradient_clip_algorithm else "norm")
-        cfg.update(self.extra_config)
-        return cfg
-
     def on_train_start(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
         if self.run is not None and not self.run.finished:
             self.run.fail("fit() ended without on_train_end")
@@ -199,11 +229,17 @@ class HeadroomCallback(Callback):
         steering = "" if world == 1 else (f"this run trains in {world} processes: a setting applied on process 0 "
                                           "alone would make them diverge")
         run = HeadroomRun(self.run_dir_arg, task=self.task or f"lightning-{type(pl_module).__name__}",
-                          config=self._config(trainer, pl_module), device=pl_module.device, world_size=world,
+                          config=_config(trainer, pl_module, self.extra_config), device=pl_module.device,
+                          world_size=world,
                           steering=steering, integration="lightning", commit_interval=self.commit_interval,
                           poll_interval=self.poll_interval, refusal=lambda cmd: self._refusal(cmd, trainer, pl_module))
         run.start(step=int(trainer.global_step), epoch=int(trainer.current_epoch) + 1)
+        run.set_info(checkpoint_dir=self._checkpoint_folder(trainer))  # where Lightning keeps them (the app says so)
         self.run, self.run_dir = run, run.run_dir
+        loggers = [lg for lg in trainer.loggers if isinstance(lg, HeadroomLogger)]
+        for lg in loggers:
+            lg.attach(run)  # one run folder: the logger's scalars beside this callback's rows
+        self._logged: Optional[dict] = None if loggers else {}  # None: the logger writes the scalars
         self._scaler = getattr(trainer.precision_plugin, "scaler", None)  # fp16's GradScaler, if any
         self._wrap(trainer, pl_module)
 
@@ -333,12 +369,15 @@ class HeadroomCallback(Callback):
             assert stepped is not None
             norm, clip = stepped.norm, stepped.clip
             total = sum(counts)
+            check: Optional[WindowCheck] = None
             if self.loss_reduction == "sum":  # outputs are the returned loss sums / accum (Lightning's division)
                 weighted = sum(outs) * s.accum / total if total else float("nan")
                 framework = None
             else:
                 weighted = sum(o * c for o, c in zip(outs, counts)) * s.accum / total if total else float("nan")
                 framework = sum(outs)
+                if total:
+                    check = _check(counts, s.accum)
             if s.scaler_skipped:
                 run.record(ScalerSkip(s.step, s.epoch, scale=float(self._scaler.get_scale())))
             norm_ok = norm is None or finite(norm)
@@ -348,7 +387,7 @@ class HeadroomCallback(Callback):
                             clipped=clip > 0 and norm is not None and norm_ok and norm > clip,
                             nonfinite=not s.scaler_skipped and not (norm_ok and finite(weighted)),
                             scaler_skipped=s.scaler_skipped, framework_loss=framework, bad_params=stepped.bad_params,
-                            nonfinite_action="not skipped (Lightning stepped)")
+                            nonfinite_action="not skipped (Lightning stepped)", check=check)
             if w.none_micro:
                 run.record(StepSkipped(s.step, s.epoch, micro_batches=w.none_micro,
                                        reason="training_step returned None: Lightning skipped their backward"))
@@ -418,12 +457,7 @@ class HeadroomCallback(Callback):
     def _save_and_stop(self, trainer: "pl.Trainer") -> None:
         run = self.run
         assert run is not None
-        folder = self.checkpoint_dir
-        ckpt_cb = getattr(trainer, "checkpoint_callback", None)
-        if folder is None and ckpt_cb is not None and getattr(ckpt_cb, "dirpath", None):
-            folder = str(ckpt_cb.dirpath)
-        if folder is None:
-            folder = os.path.join(trainer.default_root_dir, "checkpoints")
+        folder = self._checkpoint_folder(trainer)
         os.makedirs(folder, exist_ok=True)
         path = os.path.join(folder, f"headroom-stop-step={run.step}.ckpt")
         tmp = path + ".part"
@@ -432,6 +466,15 @@ class HeadroomCallback(Callback):
         self.stop_checkpoint = path
         run.checkpoint_saved(path)
         trainer.should_stop = True
+
+    def _checkpoint_folder(self, trainer: "pl.Trainer") -> str:
+        """checkpoint_dir, else the ModelCheckpoint's folder, else <default_root_dir>/checkpoints."""
+        ckpt_cb = getattr(trainer, "checkpoint_callback", None)
+        if self.checkpoint_dir is not None:
+            return self.checkpoint_dir
+        if ckpt_cb is not None and getattr(ckpt_cb, "dirpath", None):
+            return str(ckpt_cb.dirpath)
+        return os.path.join(trainer.default_root_dir, "checkpoints")
 
     # -- epochs and the end --------------------------------------------------------------------------
     def on_train_epoch_start(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
@@ -447,6 +490,7 @@ class HeadroomCallback(Callback):
             return
         v = trainer.callback_metrics.get(self.val_key)
         self._val = float(v) if v is not None else None
+        self._scalars(trainer)
         self.run.reset_timer()
 
     def on_train_epoch_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
@@ -454,8 +498,26 @@ class HeadroomCallback(Callback):
         if run is None or run.finished:
             return
         self._write_rows()
+        self._scalars(trainer)
         run.log_epoch(val_loss=self._val, epoch=int(trainer.current_epoch) + 1)
         self._val = None
+
+    def _scalars(self, trainer: "pl.Trainer") -> None:
+        """What the module logged (`trainer.callback_metrics`: every `self.log` value, the last of
+        each), to the `scalars` table at validation and epoch ends; a value already written at
+        this step is not written again. With a HeadroomLogger, the logger writes them instead."""
+        logged, run = self._logged, self.run
+        if logged is None or run is None or run.finished:
+            return
+        step = int(trainer.global_step)
+        new = {}
+        for k, v in trainer.callback_metrics.items():
+            x = float(v) if isinstance(v, (torch.Tensor, int, float)) and getattr(v, "numel", lambda: 1)() == 1 else None
+            if x is not None and logged.get(k) != (step, x):
+                logged[k] = (step, x)
+                new[k] = x
+        if new:
+            run.log_scalars(new, step=step, epoch=int(trainer.current_epoch) + 1)
 
     def on_train_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
         run = self.run

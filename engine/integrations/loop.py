@@ -190,6 +190,10 @@ class HeadroomRun:
         self.stop_requested = False
         self.paused = False
         self.finished = False
+        # The product of the app's lr changes applied so far (new / old of each `lr` apply()): a
+        # loop that computes its lr every iteration (nanoGPT's get_lr()) multiplies it by this,
+        # or the app's change would last one step.
+        self.lr_scale = 1.0
         self._store: Optional[RunStore] = None
         self._lock: Any = None
         self._rows = StepRows(self)  # metrics and epochs rows, step timing, memory
@@ -209,6 +213,35 @@ class HeadroomRun:
         else:
             self.fail(f"{exc_type.__name__}: {exc}")
         return False
+
+    def close(self) -> None:
+        """End the run without a `with` block (so nothing in the loop re-indents):
+
+            run = headroom_run(config=...).start()
+            ...                                   # the loop as it was, plus poll() and log_step()
+            run.close()
+
+        Finished ("stopped" if a stop was asked, else "completed"); idempotent. A script that
+        dies before close() leaves the run failed, not "running" (marked at exit)."""
+        if not self.finished:
+            self.finish("stopped" if self.stop_requested else "completed")
+
+    def __call__(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """The run as a decorator on your training function: started when it is called,
+        finished when it returns, failed (and re-raised) when it raises.
+
+            run = headroom_run(config=...)
+
+            @run
+            def train(): ...                      # uses `run` inside, as is
+        """
+        import functools
+
+        @functools.wraps(fn)
+        def wrapped(*args: Any, **kwargs: Any) -> Any:
+            with self:
+                return fn(*args, **kwargs)
+        return wrapped
 
     @property
     def started(self) -> bool:
@@ -336,14 +369,15 @@ class HeadroomRun:
                     accum: int, clip: float, micro_batch: Optional[int], samples: Optional[int],
                     tokens: Optional[int], step_time: float, clipped: bool, nonfinite: bool, scaler_skipped: bool,
                     framework_loss: Optional[float] = None, bad_params: tuple[str, ...] = (),
-                    nonfinite_action: str = "not skipped (the optimizer stepped)") -> StepMetrics:
+                    nonfinite_action: str = "not skipped (the optimizer stepped)", check: Any = None) -> StepMetrics:
         """log_step without the checks and defaults, by keyword: every value already plain (the
-        adapters' path, which may record a few steps at once). step_time in seconds."""
+        adapters' path, which may record a few steps at once). step_time in seconds. check: the
+        step against the exact one (engine.integrations._exactness.WindowCheck), if measured."""
         return self._rows.record_step(step=step, epoch=epoch, loss=loss, grad_norm=grad_norm, lr=lr, accum=accum,
                                       clip=clip, micro_batch=micro_batch, samples=samples, tokens=tokens,
                                       step_time=step_time, clipped=clipped, nonfinite=nonfinite,
                                       scaler_skipped=scaler_skipped, framework_loss=framework_loss,
-                                      bad_params=bad_params, nonfinite_action=nonfinite_action)
+                                      bad_params=bad_params, nonfinite_action=nonfinite_action, check=check)
 
     def flush_epoch_gap(self) -> None:
         self._rows.flush_epoch_gap()
@@ -353,6 +387,23 @@ class HeadroomRun:
         """The end of an epoch: an `epochs` row and an epoch_end event; the next epoch begins.
         train_loss: default, the count-weighted mean of this epoch's finite step losses."""
         return self._rows.log_epoch(val_loss, train_loss, seconds, epoch)
+
+    def log_scalars(self, values: Mapping[str, Any], *, step: Optional[int] = None,
+                    epoch: Optional[int] = None) -> int:
+        """What the framework logs besides the loss (accuracy, F1, eval_loss, ...): one row per
+        finite number in run.db's `scalars` table, at `step` (default: the last step logged)
+        and `epoch` (default: the epoch being trained); the app plots them. Tensors are read
+        to the host here; anything that is not a number is left out. Returns the rows queued."""
+        if not isinstance(values, Mapping):
+            raise IntegrationError(f"log_scalars: values must be a dict of name -> number, got {type(values).__name__}")
+        plain = {}
+        for k, v in values.items():
+            item = getattr(v, "item", None)
+            if callable(item) and getattr(v, "numel", lambda: 1)() == 1:
+                v = item()
+            plain[str(k)] = v
+        return self._need_store().log_scalars(self.step if step is None else int(step),
+                                              self.epoch if epoch is None else int(epoch), plain)
 
     def record(self, event: Event) -> None:
         """Write any engine event (checkpoint, scaler_skip, ...): events commit at once."""

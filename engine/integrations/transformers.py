@@ -7,9 +7,17 @@ Needs the `hf` extra (transformers, accelerate). Per optimizer step the callback
 one `metrics` row through the shared writer (engine.integrations.loop.HeadroomRun):
 
 - loss: the window's token-weighted loss, sum of micro-batch loss sums / the window's
-  count (labels != -100, counted as the Trainer counts them). When the Trainer's own
-  loss differs (it averages micro-batch means unless the model takes
-  `num_items_in_batch`), a `loss_weighting` event gives both.
+  count, both measured here from the logits and labels the model saw (labels != -100,
+  shifted by one for a causal LM, judged from the model, not the Trainer's flag), so
+  neither the Trainer's count nor its scaling can put it off; tokens: that count.
+- exactness: each micro-batch's weight in the update, what the Trainer backpropagated
+  (captured at Accelerate's backward) over its true loss sum, relative to the exact 1/N;
+  on the windows `grad_check` names the gradients are compared too (GradProbe). A step
+  off the exact one by over 0.1% raises `loss_weighting` with the size, the cause and the
+  fix (engine.integrations._exactness, ._hf_loss). The fixes: `exact_loss` as
+  `compute_loss_func` for a plain-mean loss (BERT's classification heads), and
+  `model.loss_type = "ForCausalLM"` for a causal LM the Trainer counts unshifted (GPT-2
+  from a config).
 - grad_norm: the Trainer's own total norm before clipping (the value
   `accelerator.clip_grad_norm_` returns; nothing is computed twice).
 - lr: the lr the optimizer stepped with; accum, micro_batch, samples, tokens from the
@@ -34,8 +42,10 @@ dataloaders): each micro-batch's loss and count come from training_step, the nor
 clipping from accelerator.clip_grad_norm_ (no hook runs between the last backward and the
 clip), and a failing training_step is seen nowhere else. So the Trainer is handed over:
 `attach(trainer)` (which also adds the callback, if it is not among the Trainer's
-callbacks yet). At on_train_begin those two attributes are wrapped for the run, and
-restored at on_train_end; nothing else of the Trainer is changed.
+callbacks yet). At on_train_begin four attributes are wrapped for the run (training_step,
+compute_loss, asked for the outputs too; Accelerate's backward and clip_grad_norm_), and
+restored at on_train_end; nothing else of the Trainer is changed, and what the Trainer
+computes is not.
 """
 from __future__ import annotations
 
@@ -55,10 +65,13 @@ import torch
 from engine.declarations.commands import Command, SetClip, SetLr
 from engine.declarations.events import ScalerSkip
 from engine.window.grads import clip_params_by_host_norm_
+from ._exactness import WindowCheck
+from ._hf_loss import exact_loss
+from ._hf_meter import GRAD_CHECKS, Meter
 from ._loop_rows import read_to_host
-from .loop import HeadroomRun, IntegrationError, batch_size, clean, end_reason, set_lr
+from .loop import HeadroomRun, IntegrationError, clean, end_reason, set_lr
 
-__all__ = ["HeadroomCallback"]
+__all__ = ["HeadroomCallback", "exact_loss"]
 
 _MARK = "_headroom_wrapped"
 MAX_PENDING = 256  # steps kept at most before their rows are written, whatever the interval
@@ -68,6 +81,16 @@ REFUSED = {
     "set_micro_batch": "the Trainer's DataLoader is built when training starts; its batch size cannot change mid-run",
     "set_lr_scaling": "lr scaling follows the engine's own accumulation changes; send set_lr instead",
 }
+
+
+@dataclass
+class _Micro:
+    """One micro-batch as the callback measured it, independently of the Trainer."""
+    loss: Any  # as training_step returned it: what the Trainer backpropagated (v_i)
+    inputs: Any
+    true_sum: Any  # the loss sum from the logits and labels the model saw (S_i), or None
+    true_count: Any  # the labels the loss counts (shifted for a causal LM), or None
+    unshifted: Any  # labels != -100 before any shift, or None
 
 
 @dataclass
@@ -84,6 +107,9 @@ class _Window:
     clip: float
     scaled: bool  # each loss was divided by the window's count (num_items_in_batch), not by accum
     accum: int  # what an unscaled loss was divided by (current_gradient_accumulation_steps)
+    sums: list[Any]  # S_i per micro-batch (tensors), or [] when not measured
+    unshifted: list[Any]  # labels != -100 before any shift, per micro-batch, or []
+    probe: Any  # the GradProbe's [error, scale] tensor, or None
 
 
 @dataclass
@@ -100,7 +126,20 @@ def _unwrap(trainer: Any) -> None:
     wrapped = trainer.__dict__.pop(_MARK, None)
     if wrapped is not None:
         trainer.__dict__.pop("training_step", None)
+        trainer.__dict__.pop("compute_loss", None)
         wrapped[1].__dict__.pop("clip_grad_norm_", None)
+        wrapped[1].__dict__.pop("backward", None)
+
+
+def _unwrapped(trainer: Trainer) -> Any:
+    """The model itself: out of Accelerate's wrapper and a PEFT adapter."""
+    m = trainer.model
+    try:
+        m = trainer.accelerator.unwrap_model(m)
+    except Exception:
+        pass
+    base = getattr(m, "get_base_model", None)
+    return base() if callable(base) else m
 
 
 def _training_trainer(state: Any) -> Optional[Trainer]:
@@ -134,13 +173,19 @@ class HeadroomCallback(TrainerCallback):
     config: extra settings to keep in the run table (merged over the Trainer's).
     commit_interval: seconds between run.db commits of metrics rows (the engine's 1.0).
     poll_interval: the app's commands are read at most this often (0 = at every step).
+    grad_check: which windows' gradients are compared with the exact ones (module doc,
+        "Exactness"): "epoch" (the first window of each epoch), "every", "off".
     """
 
     def __init__(self, run_dir: Optional[str] = None, *, task: Optional[str] = None,
                  config: Optional[Mapping[str, Any]] = None, commit_interval: float = 1.0,
-                 poll_interval: float = 0.05) -> None:
+                 poll_interval: float = 0.05, grad_check: str = "epoch") -> None:
         HeadroomRun(run_dir, task=task or "hf", config=config, commit_interval=commit_interval,
                     poll_interval=poll_interval)  # checks the arguments
+        if grad_check not in GRAD_CHECKS:
+            raise IntegrationError(f"grad_check must be one of {', '.join(GRAD_CHECKS)}, got {grad_check!r}")
+        self.grad_check = grad_check
+        self._meter = Meter(grad_check)  # exactness: the true loss, the weights, the gradient probe
         self.run_dir_arg = run_dir
         self.task = task
         self.extra_config = dict(config or {})
@@ -214,10 +259,8 @@ class HeadroomCallback(TrainerCallback):
         run.start(step=int(state.global_step), epoch=int(math.floor((state.epoch or 0) + 1e-9)) + 1)
         run.set_info(checkpoint_dir=args.output_dir)
         self.run, self.run_dir = run, run.run_dir
+        self._meter.begin(_unwrapped(trainer), args)
         self._wrap(trainer)
-        self._shifts = getattr(trainer, "_loss_shifts_labels", None)
-        if self._shifts is None:
-            self._shifts = type(trainer.model).__name__.endswith(("ForCausalLM", "LMHeadModel"))
 
     def _wrap(self, trainer: Trainer) -> None:
         _unwrap(trainer)  # left by a train() that raised
@@ -225,15 +268,19 @@ class HeadroomCallback(TrainerCallback):
         cb = self
 
         def training_step(model: Any, inputs: Any, *a: Any, **kw: Any) -> Any:
+            if not cb._mb:
+                cb._window_start(a[0] if a else kw.get("num_items_in_batch"), model)
+            meter = cb._meter
+            meter.in_step, meter.measured = True, None
             try:
                 loss = step_fn(model, inputs, *a, **kw)
             except BaseException as e:
                 cb._failed(e)
                 raise
-            mb = cb._mb
-            if not mb:
-                cb._window_start(a[0] if a else kw.get("num_items_in_batch"))
-            mb.append((loss, inputs))
+            finally:
+                meter.in_step = False
+            m = meter.measured
+            cb._mb.append(_Micro(loss, inputs, *(m if m is not None else (None, None, None))))
             return loss
 
         training_step._headroom = True  # type: ignore[attr-defined]
@@ -242,6 +289,7 @@ class HeadroomCallback(TrainerCallback):
         clip_fn = acc.clip_grad_norm_
         kind = getattr(acc.distributed_type, "value", acc.distributed_type)
         plain = kind not in ("FSDP", "DEEPSPEED", "XLA") and hasattr(torch.nn.utils, "get_total_norm")
+        self._meter.wrap(trainer, plain and acc.num_processes == 1)
 
         def clip_grad_norm_(parameters: Any, max_norm: Any, norm_type: Any = 2, *a: Any, **kw: Any) -> Any:
             """Accelerate's clip_grad_norm_, which on one device or under DDP is torch's
@@ -250,6 +298,7 @@ class HeadroomCallback(TrainerCallback):
             there. FSDP, DeepSpeed, XLA, DTensor gradients, another norm: Accelerate's own."""
             params = list(parameters)
             grads = [p.grad for p in params if p.grad is not None]
+            cb._meter.finish_probe([m.true_count for m in cb._mb])  # before the unscale and the clip
             if not (plain and grads and norm_type == 2 and not a and not kw
                     and all(type(g) is torch.Tensor for g in grads)):
                 norm = clip_fn(params, max_norm, norm_type, *a, **kw)
@@ -287,39 +336,26 @@ class HeadroomCallback(TrainerCallback):
 
     # -- one window ----------------------------------------------------------------------------------
     def _reset_window(self) -> None:
-        self._mb: list[tuple[Any, Any]] = []  # (loss, inputs) of each micro-batch of the window
+        self._mb: list[_Micro] = []  # the micro-batches of the window
+        self._meter.reset()
         self._nib: Any = None
         self._norm: Any = None
         self._norm_f: Optional[float] = None  # the norm on the host, when the clip read it
         self._cur: Optional[_Window] = None  # the window's numbers, from on_pre_optimizer_step
 
-    def _window_start(self, nib: Any) -> None:
-        """At the window's first micro-batch: how the Trainer scales this window's loss."""
+    def _window_start(self, nib: Any, model: Any) -> None:
+        """At the window's first micro-batch: how the Trainer scales this window's loss, and
+        whether its gradients are compared with the exact ones (GradProbe)."""
         t = self._trainer
         self._nib = nib
+        if self.run is not None:
+            self._meter.window_start(self.run.epoch, model)
         scaled = getattr(t, "loss_is_scaled_for_ga", None)
         if scaled is None:
             scaled = (bool(getattr(t, "model_accepts_loss_kwargs", False)) and nib is not None) or \
                 getattr(t, "compute_loss_func", None) is not None
         self._scaled = bool(scaled)
         self._cgas = int(getattr(t, "current_gradient_accumulation_steps", 0) or t.args.gradient_accumulation_steps)
-
-    def _count(self, inputs: Any) -> tuple[int, Any]:
-        """(samples, the loss's count) of one micro-batch: labels != -100 as the Trainer counts
-        them (an int, or a 0-d tensor read later with the losses)."""
-        get = getattr(inputs, "get", None)  # a dict or a BatchEncoding
-        labels = None
-        if get is not None:
-            labels = get("shift_labels")
-            if labels is None:
-                labels = get("labels")
-                if self._shifts and isinstance(labels, torch.Tensor) and labels.ndim > 1:
-                    labels = labels[..., 1:]  # what a causal LM's loss counts
-        if isinstance(labels, torch.Tensor) and labels.ndim >= 1:
-            size = labels.shape[0]
-            return size, (labels.ne(-100).sum() if labels.ndim > 1 else size)
-        size = batch_size(inputs)
-        return size, size
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._reset_window()
@@ -331,17 +367,23 @@ class HeadroomCallback(TrainerCallback):
         run, t = self.run, self._trainer
         if run is None or t is None or not self._wrapped or not self._mb:
             return
+        self._meter.finish_probe([m.true_count for m in self._mb])  # no clip this step: still as accumulated
         norm, norm_f = self._norm, self._norm_f
         if norm is None:  # no clip_grad_norm_ call seen (an older Trainer without clipping): measure it
             grads = [p.grad for p in t.model.parameters() if p.grad is not None]
             norm = torch.nn.utils.get_total_norm(grads) if grads else None
-        count = self._count
-        losses, sizes, counts = [], [], []
-        for loss, inputs in self._mb:
-            if isinstance(loss, torch.Tensor):
-                losses.append(loss)
-                size, c = count(inputs)
+        count = self._meter.count
+        losses, sizes, counts, sums, unshifted = [], [], [], [], []
+        measured = all(m.true_sum is not None for m in self._mb if isinstance(m.loss, torch.Tensor))
+        for m in self._mb:
+            if isinstance(m.loss, torch.Tensor):
+                losses.append(m.loss)
+                size, c = count(m.inputs)
                 sizes.append(size)
+                if measured:
+                    c = m.true_count
+                    sums.append(m.true_sum)
+                    unshifted.append(m.unshifted if m.unshifted is not None else m.true_count)
                 counts.append(c)
         if norm_f is None:
             norm_f = float(norm) if norm is not None else None
@@ -352,7 +394,8 @@ class HeadroomCallback(TrainerCallback):
         lr = float(t.optimizer.param_groups[0]["lr"]) if t.optimizer is not None else None
         self._cur = _Window(losses=losses, counts=counts, sizes=sizes, num_items=self._nib, norm=norm_f, lr=lr,
                             bad_params=bad, clip=float(args.max_grad_norm or 0.0), scaled=self._scaled,
-                            accum=self._cgas)
+                            accum=self._cgas, sums=sums if measured else [], unshifted=unshifted if measured else [],
+                            probe=self._meter.probed)
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         run, t = self.run, self._trainer
@@ -378,17 +421,29 @@ class HeadroomCallback(TrainerCallback):
         tensors = [x for w in windows for x in w.losses]
         tensors += [c for w in windows for c in w.counts if isinstance(c, torch.Tensor)]
         tensors += [w.num_items.sum() for w in windows if isinstance(w.num_items, torch.Tensor)]
+        tensors += [x for w in windows for x in w.sums + w.unshifted]
+        tensors += [x.float() for w in windows if w.probe is not None for x in w.probe]
         values = iter(read_to_host(tensors))
         losses_of = [[next(values) for _ in w.losses] for w in windows]
         counts_of = [[next(values) if isinstance(c, torch.Tensor) else float(c) for c in w.counts] for w in windows]
         items_of = [next(values) if isinstance(w.num_items, torch.Tensor) else w.num_items for w in windows]
+        sums_of = [([next(values) for _ in w.sums], [next(values) for _ in w.unshifted]) for w in windows]
+        probes_of = [(next(values), next(values)) if w.probe is not None else None for w in windows]
         world = run.world_size
         scaler = getattr(t.accelerator, "scaler", None) if t is not None else None
-        for s, losses, counts, num_items in zip(steps, losses_of, counts_of, items_of):
+        for s, losses, counts, num_items, (sums, unshifted), probed in zip(steps, losses_of, counts_of, items_of,
+                                                                            sums_of, probes_of):
             w = s.window
             framework = sum(losses)
             total = sum(counts)
-            if w.scaled:
+            check: Optional[WindowCheck] = None
+            if sums and total > 0:  # measured: the true loss and the update against the exact one
+                # a non-finite loss the Trainer backpropagated makes the window's loss non-finite, whatever
+                # the logits say
+                weighted = sum(sums) / total if math.isfinite(framework) else framework
+                tokens = int(round(total))
+                check = self._meter.check(losses, sums, counts, num_items, w.scaled, sum(unshifted), probed)
+            elif w.scaled:
                 weighted = framework  # each micro-batch backpropagated loss_sum / the window's count
                 tokens = int(round(num_items)) if num_items is not None else int(total)
             else:
@@ -405,7 +460,7 @@ class HeadroomCallback(TrainerCallback):
                             clipped=w.clip > 0 and norm is not None and finite and norm > w.clip,
                             nonfinite=not s.scaler_skipped and not (finite and math.isfinite(weighted)),
                             scaler_skipped=s.scaler_skipped, framework_loss=framework, bad_params=w.bad_params,
-                            nonfinite_action="not skipped (the Trainer stepped)")
+                            nonfinite_action="not skipped (the Trainer stepped)", check=check)
 
     # -- commands ------------------------------------------------------------------------------------
     def _commands(self, args: Any, state: Any, control: Any, t: Trainer, step_end: bool = True) -> None:
@@ -455,6 +510,13 @@ class HeadroomCallback(TrainerCallback):
     def on_epoch_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.run is not None and not self.run.finished:
             self._epoch_pending = self.run.epoch  # written at the evaluation that follows, or the next epoch
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: Optional[dict] = None, **kwargs: Any) -> None:
+        """Everything the Trainer logs (its loss and lr, compute_metrics' results, eval_* at any
+        eval_strategy, the run's totals) goes to the `scalars` table at the Trainer's step."""
+        run = self.run
+        if run is not None and not run.finished and logs:
+            run.log_scalars({k: v for k, v in logs.items() if k != "epoch"}, step=int(state.global_step))
 
     def on_evaluate(self, args: Any, state: Any, control: Any, metrics: Optional[dict] = None, **kwargs: Any) -> None:
         run = self.run

@@ -13,7 +13,7 @@ import time
 from typing import Any, Iterable, Optional
 
 from engine.declarations.commands import Command
-from ._tables import DB_NAME, DISCARD_COLUMNS, METRIC_COLUMNS, StoreError
+from ._tables import DB_NAME, DISCARD_COLUMNS, METRIC_COLUMNS, SCALAR_COLUMNS, StoreError
 
 
 def send_command(run_dir: str, command: Command) -> int:
@@ -170,6 +170,22 @@ class RunReader:
         return out
 
     _COMMAND_COLUMNS = ("id", "time", "kind", "payload", "status", "applied_step", "note")
+
+    def scalar_names(self) -> list[str]:
+        """The names in the `scalars` table, sorted ([] for a run written before it existed)."""
+        if not self._present("scalars"):
+            return []
+        return sorted(r[0] for r in self._query("SELECT DISTINCT name FROM scalars") if isinstance(r[0], str))
+
+    def scalars(self, names: Optional[Iterable[str]] = None, after_rowid: int = 0) -> list[dict[str, Any]]:
+        """`scalars` rows (step, epoch, name, value, time, and `rowid` to read on from), in the
+        order they were written; only `names` if given. [] for a run without the table."""
+        if not self._present("scalars"):
+            return []
+        rows = self._query("SELECT rowid, step, epoch, name, value, time FROM scalars WHERE rowid > ? ORDER BY rowid",
+                           (after_rowid,))
+        wanted = set(names) if names is not None else None
+        return [dict(zip(("rowid",) + SCALAR_COLUMNS, r)) for r in rows if wanted is None or r[3] in wanted]
 
     def commands(self) -> list[dict[str, Any]]:
         cols = self._COMMAND_COLUMNS

@@ -19,7 +19,8 @@ What is on disk is what happened:
 
 The parts, each with one job:
 
-- engine.store._tables: the tables (derived from StepMetrics), migration, the SQL of each write;
+- engine.store._tables: the tables (derived from StepMetrics; `scalars` for what a framework
+  logs), migration, the SQL of each write;
 - engine.store._values: the sanitising of values (`_bindable`);
 - engine.store._writer: the write queue and its flusher thread (`StoreWriter`);
 - engine.store._reader: `RunReader` and `send_command`, for other processes;
@@ -34,24 +35,25 @@ import operator
 import os
 import sqlite3
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Mapping, Optional
 
 from engine.declarations import limits
 from engine.declarations.commands import Command, command_from_json
 from engine.declarations.config import ConfigError
 from engine.declarations.events import Event, StepMetrics
 from ._reader import RunReader, send_command
-from ._tables import (DB_NAME, DISCARD_COLUMNS, METRIC_COLUMNS, METRIC_TYPES, SCHEMA, SCHEMA_VERSION,
-    STEP_FIELDS as _STEP_FIELDS, StoreError)
+from ._tables import (DB_NAME, DISCARD_COLUMNS, METRIC_COLUMNS, METRIC_TYPES, SCALAR_COLUMNS, SCHEMA,
+    SCHEMA_VERSION, STEP_FIELDS as _STEP_FIELDS, StoreError)
 from ._values import (bindable as _bindable, json_default as _json_default, plain_row as _plain_row,
     row as _row)
 from ._writer import StoreWriter
 
 
 __all__ = ["RunStore", "RunReader", "send_command", "StoreError", "StoreWriter", "DB_NAME", "SCHEMA",
-           "SCHEMA_VERSION", "METRIC_COLUMNS", "METRIC_TYPES", "DISCARD_COLUMNS"]
+           "SCHEMA_VERSION", "METRIC_COLUMNS", "METRIC_TYPES", "DISCARD_COLUMNS", "SCALAR_COLUMNS"]
 
 _step_values = operator.attrgetter(*_STEP_FIELDS)  # a StepMetrics' values, in column order
+MAX_SCALAR_NAME = 200  # characters of a scalar's name kept
 
 
 class RunStore:
@@ -123,6 +125,28 @@ class RunStore:
         # Events are rare: write now, so no write transaction (and its lock) stays open
         # through the next steps, however slow, and blocks send_command from another process.
         self._writer.try_write()
+
+    def log_scalars(self, step: int, epoch: int, values: Mapping[str, Any]) -> int:
+        """Queue one `scalars` row per finite number in `values` (name -> value: what a framework
+        logs, accuracy, eval_loss, ...); written with the metrics rows, within about a second.
+        Names are kept as given (at most MAX_SCALAR_NAME characters); anything that is
+        not a finite number is left out. Returns how many rows were queued."""
+        now = time.time()
+        ops = []
+        for name, v in values.items():
+            if isinstance(v, bool) or not isinstance(name, str) or not name:
+                continue
+            try:
+                x = float(v)
+            except (TypeError, ValueError, OverflowError):
+                continue
+            if x != x or x in (float("inf"), float("-inf")):
+                continue
+            ops.append(("x", "INSERT INTO scalars (step, epoch, name, value, time) VALUES (?,?,?,?,?)",
+                        _row((int(step), int(epoch), name[:MAX_SCALAR_NAME], x, now))))
+        if ops:
+            self._writer.push(*ops)
+        return len(ops)
 
     def discard_after(self, step: int, reason: str) -> None:
         """Metrics rows past `step` (a resume from a checkpoint at `step`) move to

@@ -21,7 +21,7 @@ from engine.declarations.config import ConfigError
 from engine.declarations.events import StepMetrics
 
 DB_NAME = "run.db"
-SCHEMA_VERSION = 2  # 2: discarded_metrics; commands may be 'expired'
+SCHEMA_VERSION = 3  # 2: discarded_metrics; commands may be 'expired'. 3: scalars
 
 
 class StoreError(ConfigError):
@@ -67,7 +67,12 @@ SCHEMA = "\n".join([
     " epoch INTEGER, kind TEXT, message TEXT, data TEXT);",
     "CREATE TABLE IF NOT EXISTS commands (id INTEGER PRIMARY KEY AUTOINCREMENT, time REAL, kind TEXT,"
     " payload TEXT, status TEXT DEFAULT 'pending', applied_step INTEGER, note TEXT);",
+    # What a framework logs besides the loss (accuracy, eval_* ...): one row per value; an older
+    # run.db gets the table when opened for writing (migrate), a reader of one without it reads none.
+    "CREATE TABLE IF NOT EXISTS scalars (step INTEGER, epoch INTEGER, name TEXT, value REAL, time REAL);",
+    "CREATE INDEX IF NOT EXISTS scalars_name_step ON scalars (name, step);",
 ])
+SCALAR_COLUMNS = ("step", "epoch", "name", "value", "time")
 
 
 # -- opening a file for writing ----------------------------------------------------------------

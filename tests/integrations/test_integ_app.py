@@ -103,6 +103,10 @@ def test_main_window_opens_integration_runs(qtbot, tmp_path):
         assert w.model.step == rows[-1]["step"] and w.model.state == "finished", path
         assert w.model.info.get("task") == RunReader(path).info()["task"]
         assert w.windowTitle().endswith(os.path.basename(path))
+        kinds = w.alerts.kinds()  # where the framework keeps the checkpoints, not "damaged"
+        assert "run_damaged" not in kinds and "framework_checkpoints" in kinds, (path, kinds)
+        if path.endswith("hf"):  # the mean of micro-batch means of TokenModel: shown, not only in run.db
+            assert "loss_weighting" in kinds
     w.open_run(runs[0])
     assert [m for m in w.model.markers if m.changes and m.changes[0][0] == "lr"]  # set_lr drew its marker
     assert [e[3] for e in w.model.epochs] == [1.0, 0.5]  # validation losses per epoch

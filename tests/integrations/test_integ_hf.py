@@ -67,6 +67,11 @@ def test_rows_per_optimizer_step_match_the_trainer(tmp_path):
     assert [h["loss"] for h in logs] != pytest.approx([x["loss"] for x in rows], rel=1e-4)
     gap = r.events(kinds=["loss_weighting"])
     assert gap and gap[0]["data"]["framework_loss"] == pytest.approx(logs[0]["loss"], rel=1e-5)
+    # Measured on the gradients (the first window of each epoch is compared), with its cause; a
+    # summary for every epoch that had a step off the exact one.
+    first = gap[0]["data"]
+    assert first["measured"] == "gradients" and first["grad_error"] > 1e-3 and "mean of means" in first["cause"]
+    assert [e["epoch"] for e in gap if e["data"]["epoch_summary"]] == [1, 2]
     epochs = r.epochs()
     evals = [h["eval_loss"] for h in trainer.state.log_history if "eval_loss" in h]
     assert [(e["epoch"], e["step"]) for e in epochs] == [(1, 3), (2, 6)]

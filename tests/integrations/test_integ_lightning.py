@@ -228,3 +228,50 @@ def test_bad_arguments():
         HeadroomCallback(loss_reduction="avg")
     with pytest.raises(TypeError, match="val_key"):
         HeadroomCallback(val_key="")
+
+
+class AutoEncoder(L.LightningModule):
+    """The autoencoder of Lightning's docs, small: a plain-mean MSE per micro-batch. lr 0, so every
+    window's gradient can be checked by hand against the initial weights."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.encoder = torch.nn.Sequential(torch.nn.Linear(12, 6), torch.nn.ReLU(), torch.nn.Linear(6, 3))
+        self.decoder = torch.nn.Sequential(torch.nn.Linear(3, 6), torch.nn.ReLU(), torch.nn.Linear(6, 12))
+        self.grads: list[list[torch.Tensor]] = []
+
+    def forward(self, x):
+        return self.decoder(self.encoder(x))
+
+    def training_step(self, batch, batch_idx):
+        (x,) = batch
+        return F.mse_loss(self(x), x)
+
+    def on_before_optimizer_step(self, optimizer):
+        self.grads.append([p.grad.detach().clone() for p in self.parameters()])
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.0)
+
+
+def test_short_final_window_is_measured_and_summarised_every_epoch(tmp_path):
+    """28 samples, micro-batch 4, accumulate 4: each epoch ends with a window of 3 that Lightning
+    still divides by 4, so its update is 3/4 of the exact one (-25%), in every epoch."""
+    module = AutoEncoder()
+    x = torch.randn(28, 12, generator=torch.Generator().manual_seed(0))
+    cb = HeadroomCallback(run_dir=str(tmp_path / "run"))
+    _trainer(tmp_path, [cb], max_epochs=3, gradient_clip_val=None).fit(module, DataLoader(TensorDataset(x), batch_size=4))
+    twin = copy.deepcopy(AutoEncoder())
+    F.mse_loss(twin(x[16:]), x[16:]).backward()  # the short window as one batch
+    exact = [p.grad for p in twin.parameters()]
+    got = module.grads[1]
+    ratio = sum(float((g * e).sum()) for g, e in zip(got, exact)) / sum(float(e.pow(2).sum()) for e in exact)
+    assert ratio == pytest.approx(0.75, rel=1e-5)  # the error is real
+    events = RunReader(str(tmp_path / "run")).events(kinds=["loss_weighting"])
+    first, summaries = events[0], events[1:]
+    assert first["step"] == 2 and not first["data"]["epoch_summary"]
+    assert [(e["epoch"], e["step"], e["data"]["steps"]) for e in summaries] == [(1, 2, 1), (2, 4, 1), (3, 6, 1)]
+    for e in events:
+        assert e["data"]["grad_scale"] == pytest.approx(ratio, rel=1e-5) and e["data"]["measured"] == "scale"
+        assert "short window of 3" in e["data"]["cause"] and "-25.0%" in e["message"]

@@ -133,6 +133,35 @@ def test_an_epoch_setting_waits_for_the_next_epoch(tmp_path):
     assert (rx["data"]["applies"], rx["data"]["target_epoch"], rx["step"]) == ("epoch", 2, 1)
     [applied] = r.events(kinds=["settings_applied"])
     assert (applied["step"], applied["epoch"], applied["data"]["changes"]) == (3, 2, [["clip", 1.0, 0.25]])
+    assert (applied["data"]["at"], applied["data"]["from_step"]) == ("epoch", 4)  # the first step it trained
+
+
+def test_step_settings_say_so_and_the_engines_watchers_see_the_rows(tmp_path):
+    """A change applied between steps is at="step" from the next step; an accumulation change with
+    the lr left as it was gets the engine's lr hint; 50 steps all clipped raise clip saturation."""
+    with headroom_run(tmp_path / "r", poll_interval=0) as run:
+        accum, clip = 2, 0.3
+        for step in range(1, 56):
+            for cmd in run.poll():
+                if cmd.kind == "set_clip":
+                    run.apply(cmd, clip=(clip, cmd.norm))
+                    clip = cmd.norm
+                elif cmd.kind == "set_accum":
+                    run.apply(cmd, accum=(accum, cmd.accum))
+                    accum = cmd.accum
+            run.log_step(loss=1.0, grad_norm=1.0, clip=clip, lr=0.01, accum=accum, micro_batch=4)
+            if step == 2:
+                send_command(run.run_dir, SetClip(0.2, at="step"))
+                send_command(run.run_dir, SetAccum(4, at="step"))
+    r = RunReader(str(tmp_path / "r"))
+    applied = r.events(kinds=["settings_applied"])
+    assert [(e["step"], e["data"]["changes"][0][0], e["data"]["at"], e["data"]["from_step"]) for e in applied] == [
+        (2, "clip", "step", 3), (2, "accum", "step", 3)]
+    [hint] = r.events(kinds=["lr_hint"])
+    assert (hint["data"]["accum_old"], hint["data"]["accum_new"]) == (2, 4)
+    assert hint["data"]["suggested_lr"] == pytest.approx(0.02)
+    [sat] = r.events(kinds=["clip_saturation"])
+    assert sat["step"] == 50 and sat["data"]["clip"] == pytest.approx(0.2)
 
 
 def test_pause_blocks_poll_until_resume_and_stop_ends_the_run(tmp_path):
@@ -274,7 +303,7 @@ def test_readme_plain_loop_example_runs(tmp_path):
     import re
     readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
     section = readme.split("## Already have a training script?", 1)[1].split("\n## ", 1)[0]
-    [example] = [b for b in re.findall(r"```python\n(.*?)```", section, flags=re.S) if "headroom_run(" in b]
+    [example] = [b for b in re.findall(r"```python\n(.*?)```", section, flags=re.S) if "with headroom_run(" in b]
     script = tmp_path / "loop.py"
     script.write_text(example)
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
@@ -285,3 +314,42 @@ def test_readme_plain_loop_example_runs(tmp_path):
     rows = RunReader(run_dir).metrics()
     assert len(rows) >= 10 and all(x["grad_norm"] is not None and x["lr"] > 0 for x in rows)
     assert math.isfinite(rows[-1]["loss"])
+
+
+def test_lr_scale_close_and_the_decorator(tmp_path):
+    """A loop that sets its lr every iteration keeps the app's change through run.lr_scale; the
+    close() form and the decorator end the run as the with-block does."""
+    m, opt = _mlp()
+    run = headroom_run(tmp_path / "r", poll_interval=0).start()  # no with: the loop is not re-indented
+    schedule = [0.1, 0.08, 0.06, 0.04, 0.02]
+    for it, base in enumerate(schedule):
+        lr = base * run.lr_scale
+        for cmd in run.poll():
+            run.apply(cmd, lr=(lr, cmd.lr))
+            lr = cmd.lr
+        for g in opt.param_groups:
+            g["lr"] = lr
+        _window(m, opt)
+        run.log_step(loss=1.0, lr=lr)
+        if it == 1:
+            send_command(run.run_dir, SetLr(0.03, at="step"))  # half of step 3's scheduled 0.06
+    run.close()
+    run.close()  # idempotent
+    r = RunReader(str(tmp_path / "r"))
+    assert [x["lr"] for x in r.metrics()] == pytest.approx([0.1, 0.08, 0.03, 0.02, 0.01])  # the schedule, halved
+    assert run.lr_scale == pytest.approx(0.5)
+    assert r.info()["status"] == "finished" and r.events(kinds=["run_finished"])[0]["data"]["reason"] == "completed"
+
+    run2 = headroom_run(tmp_path / "r2")
+
+    @run2
+    def train(n: int) -> int:
+        for _ in range(n):
+            run2.log_step(loss=1.0)
+        raise ValueError("diverged")
+
+    with pytest.raises(ValueError, match="diverged"):
+        train(2)
+    r2 = RunReader(str(tmp_path / "r2"))
+    assert len(r2.metrics()) == 2 and r2.info()["status"] == "failed"
+    assert "ValueError: diverged" in r2.events(kinds=["run_failed"])[0]["data"]["error"]

@@ -37,6 +37,7 @@ from .parts import PlotCanvas, Series
 from .point_menu import PointMenu
 from .ranges import follow
 from .readback import curve_data
+from .scalars import ScalarsPlot
 from .titles import set_titles
 from .toolbar import PlotToolbar
 from app.ui.theme import palette
@@ -89,6 +90,8 @@ class PlotPanel(QWidget):
         lay.setSpacing(2)
         lay.addWidget(self.toolbar)
         lay.addWidget(self.canvas, 1)
+        self.scalars = ScalarsPlot(self.pal)  # what a framework logged: hidden until the run has any
+        lay.addWidget(self.scalars)
         self._build()
 
     # -- construction --------------------------------------------------------------------
@@ -276,6 +279,8 @@ class PlotPanel(QWidget):
         model = self.model
         if model is None:
             return False
+        self.scalars.set_run(model.info.get("run_dir") if isinstance(model.info.get("run_dir"), str) else None)
+        self.scalars.refresh(self.steps_to_x, self.axis, force=force)
         buf = model.metrics
         x0, x1, width = self._visible()
         range_key = (x0, x1, width, self.follow)
@@ -325,6 +330,7 @@ class PlotPanel(QWidget):
                        memory_shown=self.memory.shown, refit=refit or force,
                        extra_y={id(self.lr_plot): [self.planned.y_shown]},
                        robust=self.ignore_outliers, live=self.live)
+            self.scalars.match_x(*self.loss_plot.getViewBox().viewRange()[0])
             if len(buf) > 0 or self._overlays.entries:
                 self._show_loss_note("")
             else:
@@ -399,6 +405,7 @@ class PlotPanel(QWidget):
         """Rebuild the plots in the other palette (keeps the model and the overlays)."""
         overlays, fork = self._overlays.buffers(), self.rollbacks.fork
         self.theme, self.pal = theme, palette(theme)
+        self.scalars.set_palette(self.pal)
         self.canvas.clear()
         self._tput_unit = ""
         self._build()

@@ -1,0 +1,177 @@
+"""The Scalars plot: what a framework logged besides the loss (accuracy, F1, eval_loss ...),
+from run.db's `scalars` table, one curve per name picked from its menu.
+
+Shown under the other plots once the run has any scalars (runs written through
+engine.integrations); the names picked are kept per run folder in the preferences, so a
+run opened again shows what was picked for it. The x axis is the panel's (a scalar's step
+placed like the steps of the other plots). The folder is read on the GUI thread at most
+every READ_S, from the last row read (a few rows a read).
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable, Optional
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtGui import QAction
+from PySide6.QtWidgets import QHBoxLayout, QLabel, QMenu, QToolButton, QVBoxLayout, QWidget
+
+from app.core.preferences import Preferences
+from app.model.scalars import Scalars
+from app.ui.theme import Palette
+
+READ_S = 0.5
+HEIGHT_PX = 150
+PREF_KEY = "scalars/picked"  # {run folder: [names]}
+MAX_KEPT = 200  # run folders whose picks are kept
+
+
+class ScalarsPlot(QWidget):
+    """One plot of picked scalars of the panel's run (see the module doc)."""
+
+    def __init__(self, pal: Palette, parent: Optional[QWidget] = None) -> None:
+        super().__init__(parent)
+        self.pal = pal
+        self.scalars = Scalars(None)
+        self.picked: list[str] = []
+        self._chosen = False  # the user picked for this run (else the defaults follow new names)
+        self._names: list[str] = []
+        self._key: tuple = ()
+        self._next_read = 0.0
+        self.button = QToolButton()
+        self.button.setText("Scalars")
+        self.button.setToolTip("Pick what the framework logged to plot (kept for this run)")
+        self.button.setPopupMode(QToolButton.ToolButtonPopupMode.InstantPopup)
+        self.menu = QMenu(self.button)
+        self.button.setMenu(self.menu)
+        self.note = QLabel("")
+        self.note.setObjectName("hint")
+        top = QHBoxLayout()
+        top.setContentsMargins(4, 0, 4, 0)
+        top.addWidget(self.button)
+        top.addWidget(self.note, 1)
+        self.plot = pg.PlotWidget()
+        self.plot.setBackground(pal.background)
+        self.plot.showGrid(x=True, y=True, alpha=pal.grid_alpha)
+        self.plot.setLabel("left", "scalars")
+        self.plot.setFixedHeight(HEIGHT_PX)  # the other plots keep the rest of the panel
+        self.plot.getAxis("left").setWidth(64)  # as the panel's plots: the x axes line up
+        self.plot.getViewBox().disableAutoRange(pg.ViewBox.XAxis)
+        self.plot.addLegend(offset=(-10, 5))  # top right: the curves start at the left
+        self.curves: dict[str, pg.PlotDataItem] = {}
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(0, 0, 0, 0)
+        lay.setSpacing(2)
+        lay.addLayout(top)
+        lay.addWidget(self.plot)
+        self.setVisible(False)
+
+    # -- the run ----------------------------------------------------------------------------
+    def set_run(self, run_dir: Optional[str]) -> None:
+        """The run whose scalars to show (None: none)."""
+        if run_dir == self.scalars.run_dir:
+            return
+        self.scalars.close()
+        self.scalars = Scalars(run_dir)
+        kept = _kept().get(run_dir or "") if run_dir else None
+        self._chosen = isinstance(kept, list)
+        self.picked = [str(n) for n in kept] if isinstance(kept, list) else []
+        self._names, self._key, self._next_read = [], (), 0.0
+        for item in self.curves.values():
+            self.plot.removeItem(item)
+        self.curves.clear()
+        self.menu.clear()
+        self.setVisible(False)
+
+    def refresh(self, steps_to_x: Callable[[np.ndarray], np.ndarray], axis: str, force: bool = False) -> None:
+        """Read new rows (at most every READ_S) and redraw what changed."""
+        now = time.monotonic()
+        if force or now >= self._next_read:
+            self._next_read = now + READ_S
+            self.scalars.poll()
+        key = (self.scalars.version, axis, tuple(self.picked))
+        if key == self._key and not force:
+            return  # the per-frame cost: a clock read and this comparison
+        names = self.scalars.names()
+        if names != self._names:
+            self._names = names
+            if not self._chosen:
+                self.picked = self.scalars.default_picks()
+            self._build_menu()
+            self.setVisible(bool(names))
+        self._key = (self.scalars.version, axis, tuple(self.picked))
+        self._draw(steps_to_x)
+
+    def match_x(self, x0: float, x1: float) -> None:
+        """The panel's x range (the loss plot's), so a step sits under the same step above."""
+        if self.isVisible() and x1 > x0:
+            self.plot.setXRange(x0, x1, padding=0)
+
+    def set_palette(self, pal: Palette) -> None:
+        """The other theme: redrawn in its colours at the next refresh."""
+        self.pal = pal
+        self.plot.setBackground(pal.background)
+        for item in self.curves.values():
+            self.plot.removeItem(item)
+        self.curves.clear()
+        self._key = ()
+
+    # -- picking ----------------------------------------------------------------------------
+    def _build_menu(self) -> None:
+        self.menu.clear()
+        for name in self._names:
+            act = QAction(name, self.menu)
+            act.setCheckable(True)
+            act.setChecked(name in self.picked)
+            act.toggled.connect(lambda on, n=name: self.pick(n, on))
+            self.menu.addAction(act)
+        self.note.setText(f"{len(self._names)} logged; {len(self.picked)} shown" if self._names else "")
+
+    def pick(self, name: str, on: bool) -> None:
+        """Show or hide one scalar; kept for this run folder."""
+        if on and name not in self.picked:
+            self.picked.append(name)
+        elif not on and name in self.picked:
+            self.picked.remove(name)
+        else:
+            return
+        self._chosen = True
+        run_dir = self.scalars.run_dir
+        if run_dir:
+            kept = _kept()
+            kept.pop(run_dir, None)
+            kept[run_dir] = list(self.picked)
+            Preferences().set_json(PREF_KEY, dict(list(kept.items())[-MAX_KEPT:]))
+        for act in self.menu.actions():
+            if act.text() == name and act.isChecked() != on:
+                act.setChecked(on)
+        self.note.setText(f"{len(self._names)} logged; {len(self.picked)} shown")
+        self._key = ()
+
+    def _draw(self, steps_to_x: Callable[[np.ndarray], np.ndarray]) -> None:
+        for name in [n for n in self.curves if n not in self.picked]:
+            self.plot.removeItem(self.curves.pop(name))
+        colors = self.pal.overlay
+        for i, name in enumerate(self.picked):
+            steps, values = self.scalars.arrays(name)
+            item = self.curves.get(name)
+            if item is None:
+                c = colors[i % len(colors)]
+                item = self.plot.plot(pen=pg.mkPen(c, width=1.5), symbol="o", symbolSize=5, symbolBrush=c,
+                                      symbolPen=c, name=name)
+                self.curves[name] = item
+            item.setData(steps_to_x(steps) if len(steps) else steps, values)
+
+    def curve(self, name: str) -> tuple[np.ndarray, np.ndarray]:
+        """What the curve of `name` shows (x, y), for tests; empty if not picked."""
+        item = self.curves.get(name)
+        if item is None:
+            return np.empty(0), np.empty(0)
+        x, y = item.getData()
+        return (np.empty(0), np.empty(0)) if x is None else (np.asarray(x), np.asarray(y))
+
+
+def _kept() -> dict:
+    v = Preferences().get_json(PREF_KEY, {})
+    return v if isinstance(v, dict) else {}
