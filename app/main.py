@@ -96,8 +96,10 @@ def parse_args(argv: Optional[Sequence[str]]) -> tuple[argparse.Namespace, dict[
     """Returns the namespace and the run flags given (as TrainConfig fields). Raises ConfigError."""
     ns = build_parser().parse_args(argv)
     given = {k: v for k, v in vars(ns).items() if k in TrainConfig.__dataclass_fields__}
-    if "resume" in given:
-        base = config_from_args(ns).to_dict()  # the run's saved config under the flags given
+    if "resume" in given or "fork" in given:
+        # The run's (or the parent's) saved config under the flags given, as the engine's own
+        # --resume and --fork read it: the form starts from it, so Start trains that fork.
+        base = config_from_args(ns).to_dict()
     else:
         TrainConfig.from_dict(given).validate()
         base = given

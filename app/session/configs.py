@@ -21,6 +21,9 @@ def start_config(base: dict[str, Any], form: dict[str, Any], resume_used: bool) 
         cfg.pop("run_dir")  # --run-dir already holds the earlier run: a new folder under the runs folder
     if cfg.get("resume"):
         cfg.pop("run_dir", None)
+    if cfg.get("fork") and "fork_changes" in cfg:  # --fork: what the form changed is a change too
+        edited = tuple(k for k, v in form.items() if k in cfg and cfg[k] != v)
+        cfg["fork_changes"] = tuple(dict.fromkeys((*cfg["fork_changes"], *edited)))
     return TrainConfig.from_dict(overlay(cfg, form)).validate()
 
 
