@@ -17,7 +17,7 @@ pytestmark = pytest.mark.slow  # an engine in a subprocess, followed live
 def test_open_a_running_run_and_control_it(qtbot, make_window, tmp_path):
     run_dir = tmp_path / "remote"
     proc = subprocess.Popen([sys.executable, "-m", "engine", "--task", "mlp", "--epochs", "40", "--micro-batch", "64",
-                             "--accum", "2", "--device", "cpu", "--run-dir", str(run_dir)], cwd=ROOT,
+                             "--accum", "2", "--device", "cpu", "--lr-schedule", "cosine", "--run-dir", str(run_dir)], cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=dict(os.environ))
     try:
         deadline = time.monotonic() + 90
@@ -30,6 +30,11 @@ def test_open_a_running_run_and_control_it(qtbot, make_window, tmp_path):
         assert w.session.remote and w.controls.remote
         wait_until(qtbot, lambda: w.model.step >= 2 and w.controls.engine.get("accum") == 2, 60, "remote steps")
         assert w.ui_state() == "training" and run_button(w, "stop").isEnabled()
+        # The folded Run and schedule lines say the followed run's settings, not the window's form
+        # (they read "mlp · fp32 · 3 epochs" and "constant" for this 40-epoch cosine run).
+        run_line, schedule_line = w.controls.run_fields.folding.summary, w.controls.schedule.folding.summary
+        assert run_line.isVisible() and "40 epochs" in run_line.text(), run_line.text()
+        assert schedule_line.text().startswith("cosine"), schedule_line.text()
         w.controls.accum.setValue(4)
         w.apply_changes()
         assert "pending" in w.controls.status_text("accum")

@@ -59,8 +59,13 @@ class Folding:
         self.summary.setVisible(False)
         form.insertRow(0, self.summary)
 
-    def fold(self, folded: bool, text: str) -> None:
+    def show(self, text: str) -> None:
+        """The line's text: the group's values as they are now (called again whenever they are
+        set, folded or not, so a followed run's settings replace the form's in the line too)."""
         self.summary.setText(text)
+
+    def fold(self, folded: bool, text: str) -> None:
+        self.show(text)
         for row in range(1, self.form.rowCount()):
             self.form.setRowVisible(row, not folded)
         self.form.setRowVisible(0, folded)
@@ -178,6 +183,7 @@ class RunFields(QGroupBox):
                 getattr(self, name).set_given(d[name])
         if "task_args" in d and task_args.AVAILABLE:
             self.task_args.setText(task_args.format_args(d["task_args"]))
+        self.folding.show(self.summary())
 
     def _check_task_args(self, text: str) -> None:
         bad = ""

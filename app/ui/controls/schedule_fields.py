@@ -64,6 +64,7 @@ class ScheduleFields(QGroupBox):
         for name in ("warmup_samples", "warmup_fraction", "min_lr_ratio"):
             if d.get(name) is not None:
                 getattr(self, name).set_given(d[name])
+        self.folding.show(self.summary())
 
     def summary(self) -> str:
         """E.g. 'cosine · warmup 0.1 of the run · down to 0.05 × the peak'."""
