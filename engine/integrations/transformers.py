@@ -213,7 +213,40 @@ class HeadroomCallback(TrainerCallback):
         self._trainer = trainer
         if not any(cb is self for cb in trainer.callback_handler.callbacks):
             trainer.add_callback(self)
+        self._take(trainer)
         return self
+
+    def on_init_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """Trainer(..., callbacks=[HeadroomCallback()]): its Trainer is found here, at the end of
+        its __init__, so that train() itself can be guarded (below) before it is ever called."""
+        if self._trainer is None:
+            self._trainer = _training_trainer(state)
+        if self._trainer is not None:
+            self._take(self._trainer)
+
+    def _take(self, trainer: Trainer) -> None:
+        """One HeadroomCallback per Trainer, and its train() guarded: whatever raises in it
+        (the collator, an evaluation, compute_metrics, not only training_step) ends the run
+        as failed, with every step done written and the run folder's writer lock released, at
+        once - not when the process ends (a notebook's kernel lives on)."""
+        others = [cb for cb in trainer.callback_handler.callbacks if isinstance(cb, HeadroomCallback) and cb is not self]
+        if others:
+            raise IntegrationError("two HeadroomCallbacks in one Trainer: each would write a run of the same "
+                                   "training and neither would be whole; keep one")
+        if getattr(trainer.train, "_headroom_guard", None) is self:
+            return
+        train = trainer.train
+        cb = self
+
+        def guarded_train(*a: Any, **kw: Any) -> Any:
+            try:
+                return train(*a, **kw)
+            except BaseException as e:
+                cb._failed(e, final=True)
+                raise
+
+        guarded_train._headroom_guard = self  # type: ignore[attr-defined]
+        trainer.train = guarded_train  # an instance attribute: the class's method is untouched
 
     # -- set-up --------------------------------------------------------------------------------------
     def _config(self, args: Any, state: Any, trainer: Trainer) -> dict:
@@ -320,12 +353,14 @@ class HeadroomCallback(TrainerCallback):
             _unwrap(self._trainer)
         self._wrapped = False
 
-    def _failed(self, e: BaseException) -> None:
+    def _failed(self, e: BaseException, final: bool = False) -> None:
+        """final: the exception left train() (no retry of the Trainer's will follow)."""
         run = self.run
         if run is None or run.finished:
             return
         t = self._trainer
-        if t is not None and getattr(t.args, "auto_find_batch_size", False) and "out of memory" in str(e).lower():
+        if not final and t is not None and getattr(t.args, "auto_find_batch_size", False) \
+                and "out of memory" in str(e).lower():
             return  # the Trainer retries with a smaller batch: a new on_train_begin ends this run
         try:
             self._write_rows()  # the steps done are kept

@@ -225,3 +225,53 @@ def test_the_documented_one_liner_and_attach_reach_the_right_trainer(tmp_path):
     other.train()  # the Trainer it was given: a run, and the Trainer left as it was
     assert RunReader(str(tmp_path / "run2")).info()["status"] == "finished"
     assert "training_step" not in other.__dict__
+
+
+def _collate_failing_at(n: int):
+    calls = {"n": 0}
+
+    def collate(batch):
+        calls["n"] += 1
+        if calls["n"] == n:
+            raise ValueError("a broken sample in the collator")
+        return pad_collate(batch)
+    return collate
+
+
+@pytest.mark.parametrize("where", ["collator", "compute_metrics"])
+def test_an_exception_outside_training_step_ends_the_run_failed_at_once(tmp_path, where):
+    """Whatever raises in train() (not only training_step) ends the run as failed, with the
+    steps done on disk and the writer lock released - the process goes on (a notebook)."""
+    from engine.store import runlock
+    run_dir = tmp_path / "run"
+    if where == "collator":  # the 10th micro-batch: two whole steps done before it
+        kw = dict(data_collator=_collate_failing_at(10), args=_args(tmp_path, eval_strategy="no"))
+    else:
+        def bad_metrics(_pred):
+            raise RuntimeError("compute_metrics failed")
+        kw = dict(data_collator=pad_collate, compute_metrics=bad_metrics, eval_dataset=token_data(8),
+                  args=_args(tmp_path, eval_strategy="steps", eval_steps=2))
+    trainer = Trainer(model=TokenModel(), train_dataset=token_data(48),
+                      callbacks=[HeadroomCallback(run_dir=str(run_dir))], **kw)
+    with pytest.raises((ValueError, RuntimeError)):
+        trainer.train()
+    r = RunReader(str(run_dir))
+    assert r.info()["status"] == "failed"
+    assert [m["step"] for m in r.metrics()] == [1, 2]
+    failed = r.events(kinds=["run_failed"])
+    assert failed and ("collator" in failed[-1]["message"] or "compute_metrics" in failed[-1]["message"])
+    r.close()
+    assert runlock.holder(str(run_dir)) is None  # free for the next writer now, not at process exit
+
+
+def test_two_headroom_callbacks_in_one_trainer_are_refused_before_anything_is_written(tmp_path):
+    with pytest.raises(IntegrationError, match="two HeadroomCallbacks"):
+        Trainer(model=TokenModel(), args=_args(tmp_path, max_steps=2, eval_strategy="no"),
+                train_dataset=token_data(16), data_collator=pad_collate,
+                callbacks=[HeadroomCallback(run_dir=str(tmp_path / "a")), HeadroomCallback(run_dir=str(tmp_path / "b"))])
+    trainer = Trainer(model=TokenModel(), args=_args(tmp_path, max_steps=2, eval_strategy="no"),
+                      train_dataset=token_data(16), data_collator=pad_collate,
+                      callbacks=[HeadroomCallback(run_dir=str(tmp_path / "c"))])
+    with pytest.raises(IntegrationError, match="two HeadroomCallbacks"):
+        HeadroomCallback(run_dir=str(tmp_path / "d")).attach(trainer)
+    assert not any((tmp_path / n).exists() for n in "abd")
