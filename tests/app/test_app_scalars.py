@@ -68,3 +68,24 @@ def test_an_engine_run_has_no_scalars_plot(qtbot, make_window, tmp_path):
     assert w.open_run(synthetic_run(tmp_path / "run"))
     w.plots.refresh(force=True)
     assert not w.plots.scalars.isVisible() and w.plots.scalars.picked == []
+
+
+def test_compare_draws_the_other_runs_scalars_too(qtbot, make_window, tmp_path):
+    """Ticking another run in Compare overlays its loss and, dashed in the Scalars plot, its
+    picked scalars on the same x axis; unticking takes both away."""
+    root = tmp_path / "runs"  # the runs folder Run history lists (tests/conftest.py)
+    here, other = scalar_run(root / "here"), scalar_run(root / "other", steps=8)
+    w = make_window()
+    assert w.open_run(here)
+    sp = w.plots.scalars
+    qtbot.waitUntil(lambda: sp.isVisible(), timeout=5000)
+    w.history.refresh()
+    w.history.set_checked(other, True)
+    name = next(iter(w.plots.overlays))
+    w.plots.refresh(force=True)
+    x, y = sp.curve("eval_accuracy", run=name)
+    assert list(y) == [0.25, 0.5] and list(x) == [4.0, 8.0]  # its own steps 4 and 8
+    assert sp.curve("eval_accuracy")[1].size == 3  # and this run's own curve stays
+    w.history.set_checked(other, False)
+    w.plots.refresh(force=True)
+    assert sp.curve("eval_accuracy", run=name)[1].size == 0 and not sp.compared

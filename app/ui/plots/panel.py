@@ -374,8 +374,11 @@ class PlotPanel(QWidget):
     def overlays(self) -> dict[str, tuple[MetricsBuffer, pg.PlotDataItem, Series]]:
         return self._overlays.entries
 
-    def add_overlay(self, name: str, buf: MetricsBuffer) -> None:
+    def add_overlay(self, name: str, buf: MetricsBuffer, run_dir: str = "") -> None:
+        """Another run's loss over this one's (Compare); with its folder, its scalars too."""
         self._overlays.add(name, buf)
+        if run_dir:
+            self.scalars.add_compared(name, run_dir, buf)
         self.toolbar.show_clear_compare(True)
         self._set_downsampling()
         self._set_titles()
@@ -383,6 +386,7 @@ class PlotPanel(QWidget):
         self.refresh(force=True, refit=True)
 
     def remove_overlay(self, name: str, refresh: bool = True) -> None:
+        self.scalars.remove_compared(name)
         if self._overlays.remove(name):
             self.toolbar.show_clear_compare(bool(self._overlays.entries))
             self._set_titles()

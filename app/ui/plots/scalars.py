@@ -6,6 +6,10 @@ engine.integrations); the names picked are kept per run folder in the preference
 run opened again shows what was picked for it. The x axis is the panel's (a scalar's step
 placed like the steps of the other plots). The folder is read on the GUI thread at most
 every READ_S, from the last row read (a few rows a read).
+
+Compare: each run overlaid on the loss plot draws the same picked scalars here, dashed in
+its overlay colour and placed on the x axis by its own steps (samples or tokens seen line
+runs up as on the loss plot); the menu offers the names any of them logged.
 """
 from __future__ import annotations
 
@@ -14,11 +18,14 @@ from typing import Callable, Optional
 
 import numpy as np
 import pyqtgraph as pg
+from PySide6.QtCore import Qt
 from PySide6.QtGui import QAction
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QMenu, QToolButton, QVBoxLayout, QWidget
 
 from app.core.preferences import Preferences
+from app.model.metrics import MetricsBuffer
 from app.model.scalars import Scalars
+from app.model.x_axis import columns
 from app.ui.theme import Palette
 
 READ_S = 0.5
@@ -60,6 +67,8 @@ class ScalarsPlot(QWidget):
         self.plot.getViewBox().disableAutoRange(pg.ViewBox.XAxis)
         self.plot.addLegend(offset=(-10, 5))  # top right: the curves start at the left
         self.curves: dict[str, pg.PlotDataItem] = {}
+        self.compared: dict[str, tuple[Scalars, MetricsBuffer]] = {}  # Compare's runs, by overlay name
+        self.compared_curves: dict[tuple[str, str], pg.PlotDataItem] = {}  # (run, scalar)
         lay = QVBoxLayout(self)
         lay.setContentsMargins(0, 0, 0, 0)
         lay.setSpacing(2)
@@ -90,18 +99,58 @@ class ScalarsPlot(QWidget):
         if force or now >= self._next_read:
             self._next_read = now + READ_S
             self.scalars.poll()
-        key = (self.scalars.version, axis, tuple(self.picked))
+            for other, _buf in self.compared.values():
+                other.poll()
+        key = self._state_key(axis)
         if key == self._key and not force:
             return  # the per-frame cost: a clock read and this comparison
-        names = self.scalars.names()
+        names = sorted(set(self.scalars.names()).union(*(o.names() for o, _b in self.compared.values())))
         if names != self._names:
             self._names = names
             if not self._chosen:
                 self.picked = self.scalars.default_picks()
             self._build_menu()
             self.setVisible(bool(names))
-        self._key = (self.scalars.version, axis, tuple(self.picked))
+        self._key = self._state_key(axis)
         self._draw(steps_to_x)
+        self._draw_compared(axis)
+
+    def _state_key(self, axis: str) -> tuple:
+        return (self.scalars.version, axis, tuple(self.picked),
+                tuple((n, o.version, b.version) for n, (o, b) in self.compared.items()))
+
+    # -- Compare ----------------------------------------------------------------------------
+    def add_compared(self, name: str, run_dir: str, buf: MetricsBuffer) -> None:
+        """A run overlaid on the loss plot: its picked scalars too (`buf`: its metrics, which
+        place its steps on the x axis)."""
+        self.remove_compared(name)
+        self.compared[name] = (Scalars(run_dir), buf)
+        self._key, self._next_read = (), 0.0
+
+    def remove_compared(self, name: str) -> None:
+        entry = self.compared.pop(name, None)
+        if entry is not None:
+            entry[0].close()
+        for key in [k for k in self.compared_curves if k[0] == name]:
+            self.plot.removeItem(self.compared_curves.pop(key))
+        self._key = ()
+
+    def _draw_compared(self, axis: str) -> None:
+        wanted = {(run, n) for run in self.compared for n in self.picked}
+        for key in [k for k in self.compared_curves if k not in wanted]:
+            self.plot.removeItem(self.compared_curves.pop(key))
+        colors = self.pal.overlay
+        for i, (run, (other, buf)) in enumerate(self.compared.items()):
+            c = colors[i % len(colors)]
+            for name in self.picked:
+                steps, values = other.arrays(name)
+                item = self.compared_curves.get((run, name))
+                if item is None:
+                    pen = pg.mkPen(c, width=1.5, style=Qt.PenStyle.DashLine)
+                    item = self.plot.plot(pen=pen, symbol="t", symbolSize=5, symbolBrush=c, symbolPen=c,
+                                          name=f"{run}: {name}")
+                    self.compared_curves[(run, name)] = item
+                item.setData(columns(buf).at_steps(axis, steps) if len(steps) else steps, values)
 
     def match_x(self, x0: float, x1: float) -> None:
         """The panel's x range (the loss plot's), so a step sits under the same step above."""
@@ -112,9 +161,10 @@ class ScalarsPlot(QWidget):
         """The other theme: redrawn in its colours at the next refresh."""
         self.pal = pal
         self.plot.setBackground(pal.background)
-        for item in self.curves.values():
+        for item in [*self.curves.values(), *self.compared_curves.values()]:
             self.plot.removeItem(item)
         self.curves.clear()
+        self.compared_curves.clear()
         self._key = ()
 
     # -- picking ----------------------------------------------------------------------------
@@ -163,9 +213,10 @@ class ScalarsPlot(QWidget):
                 self.curves[name] = item
             item.setData(steps_to_x(steps) if len(steps) else steps, values)
 
-    def curve(self, name: str) -> tuple[np.ndarray, np.ndarray]:
-        """What the curve of `name` shows (x, y), for tests; empty if not picked."""
-        item = self.curves.get(name)
+    def curve(self, name: str, run: str = "") -> tuple[np.ndarray, np.ndarray]:
+        """What the curve of `name` shows (x, y), for tests; empty if not picked. run: an
+        overlaid run's name (Compare) instead of the panel's run."""
+        item = self.compared_curves.get((run, name)) if run else self.curves.get(name)
         if item is None:
             return np.empty(0), np.empty(0)
         x, y = item.getData()

@@ -95,7 +95,7 @@ class RunTreeViews(QObject):
             self.error("Cannot overlay the run", str(e))
             return
         columns(buf).set_offsets(lineage.axis_offsets(path))
-        panel.add_overlay(name, buf)
+        panel.add_overlay(name, buf, run_dir=path)
 
     def _built(self) -> Any:
         return getattr(self, "_panel", None)
