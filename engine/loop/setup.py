@@ -136,6 +136,7 @@ def _build(config: TrainConfig, task: Optional[Task], ctx: D.DistContext, claime
     switch = find_switch(task, model)
     if cfg.checkpointing and switch is None:
         raise ConfigError(f"--activation-checkpointing on: {why_no_switch(task, model)}")
+    check_checkpointable(task, model, optimizer, scheduler)
     # A fork reads another run's checkpoint: checked before its own folder is made. A resume
     # reads its own folder's checkpoints: only once the folder is ours (no writer races it).
     origin = fork_origin(cfg.fork, cfg, model) if cfg.fork else Origin()
@@ -180,6 +181,20 @@ def _build(config: TrainConfig, task: Optional[Task], ctx: D.DistContext, claime
                                                                                            cfg.micro_batch),
                                   seed=cfg.seed),
                     lr=LrControl(optimizer, schedule, scheduler))
+
+
+def check_checkpointable(task: Task, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                         scheduler: Any) -> None:
+    """A run must not write checkpoints it would refuse to read back (--resume, --fork and a
+    rollback load with weights_only=True): what the task's model, optimizer and scheduler put
+    in one goes through that loader now, in memory, before anything is written (the first
+    checkpoint is read back too, run_state.save, for what only training adds)."""
+    why = ckpt.round_trip_problem({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                                   "scheduler": scheduler.state_dict() if scheduler is not None else {}})
+    if why:
+        raise TaskError(f"task {task.name}: its checkpoints could not be loaded back (torch.load with "
+                        f"weights_only=True): {why}; get_extra_state() and the optimizer's and scheduler's "
+                        "state_dict() must hold tensors and plain data only")
 
 
 def _optimizer(task: Task, cfg: TrainConfig, device: torch.device, params: list) -> torch.optim.Optimizer:
