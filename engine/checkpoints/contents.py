@@ -110,6 +110,11 @@ def _rng(rng: Any) -> None:
         if t is None:
             continue
         ok = isinstance(t, torch.Tensor) and t.dtype == torch.uint8 and t.dim() == 1
-        if not ok or (key == "torch" and t.numel() != want.numel()):
+        if ok and key == "torch":
+            try:  # a state torch would refuse when the run restores it: tried on a generator of its own
+                torch.Generator().set_state(t)
+            except (RuntimeError, TypeError, ValueError):
+                ok = False
+        if not ok:
             raise ConfigError(f"rng.{key} must be a generator state (a 1-d uint8 tensor"
                               f"{f' of {want.numel()} bytes' if key == 'torch' else ''}), got {limits.quote(t)}")

@@ -104,7 +104,8 @@ class Checkpointer:
         if e.errno not in ckpt.DISK_FULL:
             return f"{what}: {e.strerror or e}; {kept}"
         folder = os.path.dirname(last)
-        need = f"the next checkpoint needs about {format_bytes(self.checkpoint_bytes())}"
+        files = 2 if numbered is not None else 1  # a numbered file and last.pt (each written beside the old one)
+        need = f"the next checkpoint needs about {format_bytes(files * self.checkpoint_bytes())} free"
         if e.errno == errno.EFBIG:
             limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
             shown = format_bytes(limit) if limit != resource.RLIM_INFINITY else "a limit of the file system"
