@@ -6,6 +6,8 @@ import os
 import shutil
 from typing import Any, Collection, Optional
 
+import torch
+
 from engine.checkpoints import files as ckpt, sharded
 from engine.declarations.commands import Command
 from .progress import Progress
@@ -88,7 +90,8 @@ def prune_step_checkpoints(run_dir: str, keep: int, keep_too: Collection[str] = 
 def weights_state(parts: RunParts) -> dict[str, Any]:
     """CPU copies of what a rollback to the run's start restores."""
     import copy
-    return {"model": {k: v.detach().cpu().clone() for k, v in parts.model.state_dict().items()},
+    return {"model": {k: v.detach().cpu().clone() if isinstance(v, torch.Tensor) else copy.deepcopy(v)
+                      for k, v in parts.model.state_dict().items()},  # a model's extra state is any plain data
             "optimizer": copy.deepcopy(parts.optimizer.state_dict()),
             "scaler": parts.scaler.state_dict() if parts.scaler is not None else {},
             "scheduler": parts.scheduler.state_dict() if parts.scheduler is not None else {}}
