@@ -2,6 +2,7 @@
 
   bad=[N, ...]          the N-th training forward's loss is NaN (one forward a window at --accum 1)
   delete_at=N, folder=D the N-th training forward deletes D/run.db, -wal and -shm (a user, a cleaner)
+  extra_state=true      the model's get_extra_state() returns plain data
   note=true             the model's get_extra_state() returns an object of this file's own class
   odd_optimizer=true    the optimizer keeps an object of this file's own class in its state once it stepped
 """
@@ -21,12 +22,19 @@ class Note:
 
 
 class Net(torch.nn.Sequential):
-    def __init__(self, note: bool) -> None:
+    def __init__(self) -> None:
         super().__init__(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 2))
+
+
+class WithExtraState(Net):
+    """A model with extra state in its state_dict: plain data, or (note=True) an object."""
+
+    def __init__(self, note: bool) -> None:
+        super().__init__()
         self.note = note
 
     def get_extra_state(self):
-        return Note("a note") if self.note else {"note": None}
+        return Note("a note") if self.note else {"note": "plain data", "seen": [1, 2]}
 
     def set_extra_state(self, state) -> None:
         pass
@@ -40,7 +48,7 @@ class OddAdamW(torch.optim.AdamW):
         return out
 
 
-def build_task(seed, bad=(), delete_at=0, folder="", note=False, odd_optimizer=False, n=256):
+def build_task(seed, bad=(), delete_at=0, folder="", note=False, extra_state=False, odd_optimizer=False, n=256):
     bad = set(bad)
     calls = {"n": 0}
 
@@ -63,6 +71,7 @@ def build_task(seed, bad=(), delete_at=0, folder="", note=False, odd_optimizer=F
     g = torch.Generator().manual_seed(1)
     x = torch.randn(n, 6, generator=g)
     y = (x[:, 0] + x[:, 1] > 0).long()
-    return Task(model=Net(note), train_data=torch.utils.data.TensorDataset(x, y), loss=loss,
+    model = WithExtraState(note) if note or extra_state else Net()
+    return Task(model=model, train_data=torch.utils.data.TensorDataset(x, y), loss=loss,
                 val_data=torch.utils.data.TensorDataset(x[:32], y[:32]),
                 optimizer=(lambda params, lr: OddAdamW(params, lr=lr)) if odd_optimizer else None)
