@@ -59,12 +59,13 @@ def epoch_row(done: EpochEnd) -> dict[str, Any]:
                 seconds=done.seconds)
 
 
-def restore_epoch_row(store: RunStore, progress: Progress) -> list[Event]:
-    """The epoch row a crash lost: the checkpoint continued from was written at that epoch's
-    end (or later) and holds the row; run.db, which takes it just after, may not. The events
-    that put it back (the row itself and a note saying why), or none if run.db has it."""
+def restore_epoch_row(store: RunStore, parts: RunParts, progress: Progress) -> list[Event]:
+    """The epoch row a crash lost: the checkpoint a resume continues from was written at that
+    epoch's end (or later) and holds the row; run.db, which takes it just after, may not. The
+    events that put it back (the row itself and a note saying why), or none if run.db has it
+    (or the run is a fork: its parent's epochs are the parent's)."""
     row: Optional[dict[str, Any]] = progress.ended_epoch
-    if not row or store.has_epoch(int(row["epoch"])):
+    if not parts.config.resume or not row or store.has_epoch(int(row["epoch"])):
         return []
     done = EpochEnd(int(row["step"]), int(row["epoch"]), train_loss=row.get("train_loss"),
                     val_loss=row.get("val_loss"), seconds=row.get("seconds") or 0.0)

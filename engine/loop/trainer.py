@@ -110,7 +110,7 @@ class Trainer(TrainerViews):
                 self.config.fork_changes if parts.origin.parent else (), self.step, self.epoch)
         if self.store is not None:
             opening.record_start(self.store, parts, self.progress.step)
-            self._emit_all(opening.restore_epoch_row(self.store, self.progress))
+            self._emit_all(opening.restore_epoch_row(self.store, parts, self.progress))
         if resized is not None:
             self._emit(resized)
         for note in parts.origin.skipped:
