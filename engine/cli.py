@@ -368,6 +368,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         why = result.message if "gave up" in result.message else f"non-finite loss or gradient at step {result.steps}"
         _say_error(f"{why}; stopped with the last good weights in {result.run_dir}")
         return EXIT_FAILED
+    if result.store_lost:  # trained, but not all of it reached disk: not a success
+        _say_error(f"run {result.reason}: {result.steps} steps, but run.db did not take everything: "
+                   f"{result.store_lost}")
+        return EXIT_FAILED
     if not ns.json and trainer.ctx.is_main:
         loss = result.final_loss if result.final_loss is not None else float("nan")
         _ERR.write(f"run {result.reason}: {result.steps} steps, final loss {loss:.4f}, folder {result.run_dir}\n")

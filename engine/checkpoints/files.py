@@ -2,9 +2,13 @@
 
 A checkpoint is a file, checkpoints/<name>.pt, or for a sharded run (--strategy fsdp) a
 torch.distributed.checkpoint folder, checkpoints/<name>/ (sharded.py); a name is one or the
-other, never both (writing one removes the other)."""
+other, never both (writing one removes the other). Every one is put in place by `swap_in`, the
+one atomic replace. What is read back is input: `load` refuses values no run can hold
+(contents.py), naming the file and the field."""
 from __future__ import annotations
 
+import errno
+import io
 import os
 import pickle
 import re
@@ -12,10 +16,12 @@ import shutil
 import tempfile
 import warnings
 import zipfile
+from collections import OrderedDict
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import torch
 
+from . import contents
 from engine.declarations.config import ConfigError
 # What a run folder holds, by name (torch-free, shared with the app): re-exported from here.
 from .names import CKPT_DIR, LAST, candidates, name_of  # noqa: F401
@@ -37,10 +43,62 @@ class CheckpointRefused(CheckpointError):
     """The file holds more than weights (pickled code): never loaded, never skipped silently."""
 
 
-def save_atomic(obj: dict[str, Any], path: str) -> None:
-    """torch.save to a temporary file beside `path`, fsync, then rename over it.
+class CheckpointInvalid(CheckpointRefused):
+    """The file loads, but holds values no run can hold (contents.py): a damaged or edited
+    file, refused like pickled code (never trained from, never passed over in silence)."""
 
-    A crash or a full disk leaves either the old file or the new one, never half of one.
+
+# A write that failed because the disk (or the quota, or the file-size limit) is full.
+DISK_FULL = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
+
+
+def fsync_dir(folder: str) -> None:
+    """Make the renames in `folder` durable (best effort: some file systems cannot)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError:
+        pass
+
+
+def swap_in(tmp: str, path: str) -> None:
+    """Put the finished `tmp` (a file, or a sharded checkpoint's folder) at `path`, replacing
+    what was there, durably: the one atomic replace every checkpoint goes through. A file is
+    renamed over the old one. A folder cannot be, so the old folder is moved aside to
+    .old-<name> first and removed after (`recover` puts it back if a crash comes between)."""
+    parent, name = os.path.split(path.rstrip(os.sep))
+    old = None
+    if os.path.isdir(path):
+        old = os.path.join(parent, OLD_PREFIX + name)
+        shutil.rmtree(old, ignore_errors=True)
+        os.rename(path, old)
+    os.replace(tmp, path)
+    fsync_dir(parent or ".")
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def write_error(e: BaseException) -> Optional[OSError]:
+    """The OSError under a failed torch.save (which reports a full disk as "[enforce fail at
+    inline_container.cc] unexpected pos"), or None if there is none."""
+    seen = 0
+    while e is not None and seen < 8:
+        if isinstance(e, OSError):
+            return e
+        e = e.__cause__ or e.__context__  # type: ignore[assignment]
+        seen += 1
+    return None
+
+
+def save_atomic(obj: dict[str, Any], path: str) -> None:
+    """torch.save to a temporary file beside `path`, fsync, then `swap_in`.
+
+    A crash or a full disk leaves either the old file or the new one, never half of one. A
+    write that fails raises the OSError itself (errno ENOSPC for a full disk), not torch's
+    RuntimeError around it.
     """
     folder = os.path.dirname(path) or "."
     os.makedirs(folder, exist_ok=True)
@@ -50,24 +108,22 @@ def save_atomic(obj: dict[str, Any], path: str) -> None:
     try:
         os.fchmod(fd, 0o666 & ~umask)  # as open() would, not mkstemp's 0600
         with os.fdopen(fd, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
+            try:
+                torch.save(obj, f)
+                f.flush()
+            except RuntimeError as e:
+                cause = write_error(e)
+                if cause is None:
+                    raise
+                raise cause from None
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+        swap_in(tmp, path)
     except BaseException:
         try:
             os.unlink(tmp)
         except OSError:
             pass
         raise
-    try:  # make the rename itself durable
-        dfd = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
-    except OSError:
-        pass
 
 
 def save_checkpoint(state: dict[str, Any], path: str) -> None:
@@ -78,25 +134,28 @@ def save_checkpoint(state: dict[str, Any], path: str) -> None:
         shutil.rmtree(path[:-3], ignore_errors=True)
 
 
-def load(path: str, map_location: Any = "cpu") -> dict[str, Any]:
-    """Load a checkpoint with weights_only=True: pickled code is refused, never run. A sharded
-    checkpoint (a folder) gives its meta data, with state["sharded"] the folder (sharded.py)."""
+def load(path: str, map_location: Any = "cpu", mmap: bool = False) -> dict[str, Any]:
+    """Load a checkpoint with weights_only=True: pickled code is refused, never run; values no
+    run can hold are refused too (CheckpointInvalid, contents.py). A sharded checkpoint (a
+    folder) gives its meta data, with state["sharded"] the folder (sharded.py). mmap: the
+    tensors stay on disk until used (a check that reads the file back costs no memory)."""
     if os.path.isdir(path):
         return read_meta(path)
-    obj = _load_file(path, map_location)
+    obj = _load_file(path, map_location, mmap)
     if "model" not in obj:
         raise CheckpointError(f"checkpoint {path} is not a Headroom checkpoint")
     return obj
 
 
-def _load_file(path: str, map_location: Any = "cpu") -> dict[str, Any]:
-    """torch.load with weights_only=True of a dict with a "step"; one-line errors."""
+def _load_file(path: str, map_location: Any = "cpu", mmap: bool = False) -> dict[str, Any]:
+    """torch.load with weights_only=True of a dict with a "step", its values in range;
+    one-line errors."""
     if not os.path.isfile(path):
         raise CheckpointError(f"checkpoint {path}: no such file")
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # e.g. "Detected pickle protocol 5": the error below says it all
-            obj = torch.load(path, map_location=map_location, weights_only=True)
+            obj = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as e:
         found = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(e))
         what = f"it refers to {found.group(1)}" if found else "it holds more than tensors and plain data"
@@ -107,7 +166,64 @@ def _load_file(path: str, map_location: Any = "cpu") -> dict[str, Any]:
         raise CheckpointError(f"checkpoint {path} is damaged or truncated: {first}") from None
     if not isinstance(obj, dict) or "step" not in obj:
         raise CheckpointError(f"checkpoint {path} is not a Headroom checkpoint")
+    why = contents.problem(obj)
+    if why:
+        raise CheckpointInvalid(f"checkpoint {path} refused: {why} (a damaged or edited file; it is left as it is)")
     return obj
+
+
+def round_trip_problem(state: dict[str, Any]) -> Optional[str]:
+    """Why a checkpoint holding `state` would be refused when read back (torch.load with
+    weights_only=True, as `load` reads it), or None. The plain tensors are written empty: what
+    this checks is everything else (a model's get_extra_state, the optimizer's and the
+    scheduler's own values), in memory, before a run writes a checkpoint it could never load."""
+    buf = io.BytesIO()
+    try:
+        torch.save(_skeleton(state), buf)
+    except Exception as e:
+        return f"it cannot be saved ({type(e).__name__}: {str(e)[:200]})"
+    buf.seek(0)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.load(buf, weights_only=True)
+    except pickle.UnpicklingError as e:
+        found = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(e))
+        if not found:
+            return "it holds more than tensors and plain data"
+        where = _where(state, found.group(1))
+        return f"{where + ' is' if where else 'it holds'} an object of class {found.group(1)}"
+    except Exception as e:
+        return f"it cannot be read back ({type(e).__name__}: {str(e)[:200]})"
+    return None
+
+
+def _skeleton(obj: Any, depth: int = 0) -> Any:
+    """`obj` with every plain tensor replaced by an empty one of its dtype (subclasses kept)."""
+    if type(obj) in (torch.Tensor, torch.nn.Parameter):
+        return torch.empty(0, dtype=obj.dtype)
+    if depth > 32:
+        return obj
+    if type(obj) in (dict, OrderedDict):  # other mappings are the task's own classes: kept, and checked
+        return type(obj)((k, _skeleton(v, depth + 1)) for k, v in obj.items())
+    if type(obj) in (list, tuple):
+        return type(obj)(_skeleton(v, depth + 1) for v in obj)
+    return obj
+
+
+def _where(obj: Any, qualname: str, path: str = "", depth: int = 0) -> str:
+    """The key path (model['0._extra_state']) of the first object of class `qualname` in obj."""
+    cls = type(obj)
+    if f"{cls.__module__}.{cls.__qualname__}" == qualname:
+        return path or "the checkpoint"
+    if depth > 8:
+        return ""
+    items = obj.items() if isinstance(obj, dict) else enumerate(obj) if isinstance(obj, (list, tuple)) else ()
+    for k, v in items:
+        found = _where(v, qualname, f"{path}[{k!r}]" if path else str(k), depth + 1)
+        if found:
+            return found
+    return ""
 
 
 def existing(path: str) -> str:

@@ -63,6 +63,8 @@ def mismatch(state: dict[str, Any], model: torch.nn.Module) -> Optional[str]:
         which = f"lacks {missing[0]!r}" if missing else f"has {extra[0]!r}, which the task's model has not"
         return f"its weights are not this task's model ({which}; {len(missing)} missing, {len(extra)} extra)"
     for k, v in own.items():
+        if isinstance(v, torch.Tensor) and not isinstance(saved[k], torch.Tensor):
+            return f"its weights are not this task's model ({k} is a {type(saved[k]).__name__}, not a tensor)"
         if isinstance(v, torch.Tensor) and tuple(saved[k].shape) != tuple(v.shape):
             return f"its weights are not this task's model ({k}: {tuple(saved[k].shape)} vs {tuple(v.shape)})"
     if not isinstance(state.get("optimizer"), dict) or "state" not in state["optimizer"]:
@@ -89,7 +91,12 @@ def _sharded_mismatch(folder: str, model: torch.nn.Module) -> Optional[str]:
 def resume_origin(run_dir: str, model: torch.nn.Module) -> Origin:
     """The newest checkpoint of the run that loads and fits the task. No checkpoint at all:
     the run starts again from step 0 (its rows are kept apart, never deleted). Checkpoints
-    that exist but none fits: bad input, the run untouched."""
+    that exist but none fits, or one that holds values no run can hold: bad input, the run
+    untouched. A `checkpoints` that is not a folder is bad input too (nothing could be written)."""
+    folder = os.path.join(run_dir, ckpt.CKPT_DIR)
+    if os.path.lexists(folder) and not os.path.isdir(folder):
+        raise ConfigError(f"--resume {run_dir}: {folder} is not a folder (the run's checkpoints go there; "
+                          "move it away to resume)")
     path, state, skipped = ckpt.load_newest(run_dir, lambda s: mismatch(s, model))
     if state is None and ckpt.candidates(run_dir):
         raise ConfigError(f"--resume {run_dir}: no checkpoint fits: {skipped[0] if skipped else 'none loads'}")

@@ -24,7 +24,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from . import files as ckpt
 
-META, OLD_PREFIX = ckpt.META, ckpt.OLD_PREFIX
+META = ckpt.META
 
 
 def is_sharded(path: str) -> bool:
@@ -78,30 +78,12 @@ def save(folders: list[str], model: torch.nn.Module, optimizer: torch.optim.Opti
 
 
 def swap_in(tmp: str, folder: str) -> None:
-    """Put the finished folder `tmp` at `folder`, replacing what was there; a single-file
-    checkpoint of the same name (folder + '.pt', from a part of the run that was not sharded)
-    goes too, so each name is one checkpoint."""
-    parent, name = os.path.split(folder.rstrip(os.sep))
-    old = os.path.join(parent, OLD_PREFIX + name)
-    shutil.rmtree(old, ignore_errors=True)
-    if os.path.exists(folder):
-        os.rename(folder, old)
-    os.rename(tmp, folder)
-    _fsync_dir(parent)
-    shutil.rmtree(old, ignore_errors=True)
+    """Put the finished folder `tmp` at `folder`, replacing what was there (files.swap_in, the
+    one atomic replace); a single-file checkpoint of the same name (folder + '.pt', from a part
+    of the run that was not sharded) goes too, so each name is one checkpoint."""
+    ckpt.swap_in(tmp, folder)
     try:
         os.unlink(folder + ".pt")
-    except OSError:
-        pass
-
-
-def _fsync_dir(path: str) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
     except OSError:
         pass
 

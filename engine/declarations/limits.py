@@ -141,6 +141,25 @@ def check(name: str, value: Any, who: Optional[str] = None, error: type[Exceptio
     return RANGES[name].check(value, who, error)
 
 
+# Where a run is, as a checkpoint stores it (engine/loop/progress.py): what a run within the
+# ranges above can reach, no more. A checkpoint is input read back (--resume, --fork, a
+# rollback), checked by engine/checkpoints/contents.py against these as a flag is against RANGES.
+_WHOLE_INT = RANGES["seed"].high  # 2**63 - 1: what SQLite's INTEGER holds
+_FINITE = 1.7976931348623157e308  # the largest finite float64
+PROGRESS_RANGES: dict[str, Range] = {r.name: r for r in (
+    Range("step", int, 0, RANGES["max_steps"].high),
+    Range("epoch", int, 1, RANGES["epochs"].high + 1),  # epochs + 1: every epoch done
+    Range("window", int, 0, _WHOLE_INT),
+    Range("epoch_offset", int, 0, _WHOLE_INT),
+    Range("samples", int, 0, _WHOLE_INT),
+    Range("nonfinite_steps", int, 0, RANGES["max_steps"].high),
+    Range("scaler_skips", int, 0, RANGES["max_steps"].high),
+    Range("epoch_loss", float, -_FINITE, _FINITE, note="the epoch's sum of loss x count"),
+    Range("epoch_count", float, 0.0, _FINITE),
+    Range("world_size", int, 1, 2**20),  # ranks: far past any cluster
+)}
+
+
 _repr = reprlib.Repr()
 _repr.maxlevel = 3
 _repr.maxstring = QUOTE_CHARS

@@ -17,6 +17,12 @@ class OutOfMemoryStop(TrainingError):
     pass
 
 
+class CheckpointFailed(TrainingError):
+    """A checkpoint could not be written (a full disk: the message says which checkpoint was
+    kept and what the next one needs), or what was written cannot be loaded back. The run
+    stops without a second try."""
+
+
 class StepNotRedoable(OutOfMemoryStop):
     """Under torchrun, out of memory after the window's gradients were summed over ranks (in
     the optimizer step): the other ranks have moved on, so this rank cannot redo the window
@@ -35,3 +41,4 @@ class RunResult:
     scaler_skips: int = 0
     losses: list[float] = field(default_factory=list)
     message: str = ""  # why a run that did not complete stopped, for the user
+    store_lost: str = ""  # what run.db did not take ("" = every row reached disk): the exit code is not 0

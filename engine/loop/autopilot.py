@@ -7,7 +7,10 @@ seen). On trouble it names the newest good checkpoint: one written before the tr
 began (a numbered epoch-N/step-S file, last.pt while nothing newer was saved, or the
 state the run started from, kept in memory). The run loop restores it, multiplies the lr
 peak by --rollback-lr-factor, skips the windows that diverged (the data moves on), keeps
-their rows in run.db marked as discarded, and goes on. After MAX_IN_A_ROW rollbacks with
+their rows in run.db marked as discarded, writes the rolled-back state as last.pt (a crash
+and --resume go on from the rollback, not from what it discarded), and goes on. Rotation
+never removes a checkpoint a rollback may still pick (`needed`); one that no longer loads
+(a user removed or damaged it) is passed over, with a note, for the next older one. After MAX_IN_A_ROW rollbacks with
 no RECENT good steps between them it gives up: the run stops with a checkpoint and says why.
 
 Pure bookkeeping on host numbers, identical on every rank (they all see the same
@@ -86,10 +89,30 @@ class Autopilot:
 
     def target(self, trouble: Trouble) -> Target:
         """The newest state saved before the trouble began."""
+        return self._newest_before(trouble.first_step)
+
+    def needed(self, now: int) -> set[str]:
+        """The checkpoint files a rollback may still pick, at step `now`: the target of every
+        trouble that can still begin (at the pending trouble, at a non-finite step recent
+        enough to start one, or at any later step). Rotation keeps these."""
+        firsts = {s for s in self.skips if s > now - RECENT} | {math.inf}
+        if self.pending is not None:
+            firsts.add(self.pending.first_step)
+        return {t.path for t in (self._newest_before(f) for f in firsts) if t.path is not None}
+
+    def forget(self, path: str) -> None:
+        """A checkpoint that no longer loads: never a target again."""
+        self.saves = [s for s in self.saves if s[1] != path]
+
+    def restored(self, target: Target) -> None:
+        """After a rollback to `target`: the states saved after it were on the discarded path."""
+        self.saves = [s for s in self.saves if s[0] <= target.step]
+
+    def _newest_before(self, first_step: float) -> Target:
         newest_last: Optional[tuple[int, str]] = None
         best = self.start
         for i, (step, path, immutable) in enumerate(self.saves):
-            if step >= trouble.first_step:
+            if step >= first_step:
                 continue
             if not immutable:  # last.pt: good only if nothing was saved over it since
                 if i == len(self.saves) - 1 or all(s[1] != path for s in self.saves[i + 1:]):
@@ -110,20 +133,34 @@ class Autopilot:
         return self.in_a_row <= MAX_IN_A_ROW
 
 
-def roll_back(parts: Any, progress: Any, settings: Any, trouble: Trouble, target: Target,
-              start_state: Optional[dict[str, Any]]) -> tuple[Any, Any, Any]:
-    """Restore `target`'s weights, optimizer, scaler and scheduler; keep the data position (the
-    diverged windows are skipped: their samples are not trained again); go back to the
-    target's step counter; lower the lr peak. Returns the new progress, settings and event."""
+def roll_back(parts: Any, progress: Any, settings: Any, trouble: Trouble,
+              autopilot: Autopilot) -> tuple[Any, Any, Any, list[str]]:
+    """Restore the newest good state saved before `trouble`: its weights, optimizer, scaler and
+    scheduler; keep the data position (the diverged windows are skipped: their samples are not
+    trained again); go back to its step counter; lower the lr peak. A target file that no
+    longer loads is passed over for the next older one (the state the run started from is
+    always there). Returns the new progress, settings, event, and a note per file passed over."""
     from engine.checkpoints import files as ckpt
     from . import run_state
     from engine.declarations.events import RolledBack
-    state = ckpt.load(target.path) if target.path is not None else start_state
+    notes = []
+    while True:
+        target = autopilot.target(trouble)
+        if target.path is None:
+            state = autopilot.start_state
+            break
+        try:
+            state = ckpt.load(target.path)
+            break
+        except ckpt.CheckpointError as e:  # removed or damaged since it was written
+            notes.append(f"rollback passed over {target.path}: {e}")
+            autopilot.forget(target.path)
     assert state is not None
     run_state.load_weights(parts, state)
+    autopilot.restored(target)
     from_step = progress.step
     progress.step = target.step  # the rows after it are moved to discarded_metrics by the caller
     new = settings.with_(lr=settings.lr * parts.config.rollback_lr_factor)
     event = RolledBack(target.step, progress.epoch, from_step=trouble.at_step, to_step=target.step,
                        reason=trouble.reason, new_lr=new.lr, windows_skipped=from_step - target.step)
-    return progress, new, event
+    return progress, new, event, notes

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import torch
 
 from engine.checkpoints import files as ckpt
 from . import run_state
 from engine.declarations.commands import Command
+from engine.declarations.events import EpochEnd, Event, StoreProblem
 from engine.distributed.devices import device_name
 from .progress import Progress
 from engine.declarations.settings import LiveSettings
@@ -50,3 +51,25 @@ def record_start(store: RunStore, parts: RunParts, step: int) -> None:
                    backend=(torch.distributed.get_backend() if ctx.enabled else "none"), precision=cfg.precision,
                    started=time.time(), **({"parent": parent} if parent is not None else {}))
     store.commit()
+
+
+def epoch_row(done: EpochEnd) -> dict[str, Any]:
+    """An epoch's row as its checkpoint keeps it (Progress.ended_epoch)."""
+    return dict(epoch=done.epoch, step=done.step, train_loss=done.train_loss, val_loss=done.val_loss,
+                seconds=done.seconds)
+
+
+def restore_epoch_row(store: RunStore, parts: RunParts, progress: Progress) -> list[Event]:
+    """The epoch row a crash lost: the checkpoint a resume continues from was written at that
+    epoch's end (or later) and holds the row; run.db, which takes it just after, may not. The
+    events that put it back (the row itself and a note saying why), or none if run.db has it
+    (or the run is a fork: its parent's epochs are the parent's)."""
+    row: Optional[dict[str, Any]] = progress.ended_epoch
+    if not parts.config.resume or not row or store.has_epoch(int(row["epoch"])):
+        return []
+    done = EpochEnd(int(row["step"]), int(row["epoch"]), train_loss=row.get("train_loss"),
+                    val_loss=row.get("val_loss"), seconds=row.get("seconds") or 0.0)
+    note = StoreProblem(progress.step, progress.epoch,
+                        problem=f"epoch {done.epoch}'s row was not in run.db (the run stopped between the "
+                                "epoch's checkpoint and its row): written back from the checkpoint")
+    return [note, done]

@@ -8,7 +8,7 @@ restored at load time through the same two functions.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
@@ -24,6 +24,10 @@ class Progress:
     nonfinite_steps: int = 0
     scaler_skips: int = 0
     samples: int = 0  # samples seen by optimizer steps so far (all ranks): the lr schedule's clock
+    # The last finished epoch's row (epoch, step, train_loss, val_loss, seconds), saved with the
+    # checkpoint written at its end: a crash between that checkpoint and run.db's epochs row
+    # loses nothing, a resume writes the row from here (opening.py).
+    ended_epoch: Optional[dict[str, Any]] = None
 
     def start_epoch(self) -> None:
         """A new epoch from its first window: its train loss starts from zero."""
@@ -37,7 +41,9 @@ class Progress:
     def epoch_train_loss(self) -> float:
         return self.epoch_loss / self.epoch_count if self.epoch_count else float("nan")
 
-    def end_epoch(self) -> None:
+    def end_epoch(self, row: Optional[dict[str, Any]] = None) -> None:
+        """The epoch is done; `row` is its epochs row (saved with the next checkpoint)."""
+        self.ended_epoch = dict(row) if row is not None else None
         self.epoch += 1
         self.window = self.epoch_offset = 0
 

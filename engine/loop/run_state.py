@@ -3,7 +3,10 @@ live settings and the config the run was started with."""
 from __future__ import annotations
 
 import os
-from typing import Any, Optional
+import shutil
+from typing import Any, Collection, Optional
+
+import torch
 
 from engine.checkpoints import files as ckpt, sharded
 from engine.declarations.commands import Command
@@ -37,12 +40,20 @@ def numbered_path(parts: RunParts, step: int, epoch_done: Optional[int], step_ch
 
 
 def save(parts: RunParts, progress: Progress, settings: LiveSettings, epoch_done: Optional[int] = None,
-         step_checkpoint: bool = False) -> str:
+         step_checkpoint: bool = False, keep_too: Collection[str] = ()) -> str:
     """Write last.pt, and epoch-N.pt at an epoch's end or step-S.pt (--checkpoint-every),
-    atomically; keep the newest --keep-checkpoints step files. Returns last.pt's path.
-    A sharded run (every rank calls this) writes folders instead (checkpoints/sharded.py)."""
+    atomically. Returns last.pt's path. A sharded run (every rank calls this) writes folders
+    instead (checkpoints/sharded.py).
+
+    Step files rotate before the new one is written: all but the newest --keep-checkpoints - 1
+    go first, so the disk holds K step checkpoints and last.pt at rest, and one more while a
+    file is being written (K + 1, +1 temporary), never K + 3. last.pt is never removed, so a
+    write that fails still leaves a good checkpoint; `keep_too` (what a rollback may still
+    pick, autopilot.py) is never removed either."""
     numbered = numbered_path(parts, progress.step, epoch_done, step_checkpoint)
     last = ckpt.last_path(parts.run_dir)
+    if step_checkpoint and parts.ctx.is_main:
+        prune_step_checkpoints(parts.run_dir, parts.config.keep_checkpoints - 1, keep_too, coming=numbered)
     if parts.window.strategy.sharded:
         meta = checkpoint_state(parts, progress, settings, weights=False)
         folders = [p[:-3] for p in ([numbered] if numbered else []) + [last]]
@@ -52,20 +63,22 @@ def save(parts: RunParts, progress: Progress, settings: LiveSettings, epoch_done
         if numbered is not None:
             ckpt.save_checkpoint(state, numbered)
         ckpt.save_checkpoint(state, last)
-    if step_checkpoint and parts.ctx.is_main:
-        prune_step_checkpoints(parts.run_dir, parts.config.keep_checkpoints)
     return ckpt.existing(last)
 
 
-def prune_step_checkpoints(run_dir: str, keep: int) -> list[str]:
-    """Remove all but the newest `keep` step-S.pt files (epoch checkpoints are all kept)."""
-    steps = [p for p in ckpt.candidates(run_dir) if ckpt.name_of(p).startswith("step-")]
+def prune_step_checkpoints(run_dir: str, keep: int, keep_too: Collection[str] = (),
+                           coming: Optional[str] = None) -> list[str]:
+    """Remove all but the newest `keep` step-S checkpoints (epoch checkpoints and last.pt are
+    all kept, and so is every one named in `keep_too`). `coming`: the step file about to be
+    written, not counted (it replaces any file of its name)."""
+    spared = {ckpt.name_of(p) for p in keep_too}
+    steps = [p for p in ckpt.candidates(run_dir) if ckpt.name_of(p).startswith("step-")
+             and (coming is None or ckpt.name_of(p) != ckpt.name_of(coming))]
     steps.sort(key=lambda p: int(ckpt.name_of(p)[5:]))
-    removed = steps[:-keep] if keep > 0 else steps
+    removed = [p for p in (steps[:-keep] if keep > 0 else steps) if ckpt.name_of(p) not in spared]
     for p in removed:
         try:
             if os.path.isdir(p):  # a sharded checkpoint
-                import shutil
                 shutil.rmtree(p)
             else:
                 os.unlink(p)
@@ -77,7 +90,8 @@ def prune_step_checkpoints(run_dir: str, keep: int) -> list[str]:
 def weights_state(parts: RunParts) -> dict[str, Any]:
     """CPU copies of what a rollback to the run's start restores."""
     import copy
-    return {"model": {k: v.detach().cpu().clone() for k, v in parts.model.state_dict().items()},
+    return {"model": {k: v.detach().cpu().clone() if isinstance(v, torch.Tensor) else copy.deepcopy(v)
+                      for k, v in parts.model.state_dict().items()},  # a model's extra state is any plain data
             "optimizer": copy.deepcopy(parts.optimizer.state_dict()),
             "scaler": parts.scaler.state_dict() if parts.scaler is not None else {},
             "scheduler": parts.scheduler.state_dict() if parts.scheduler is not None else {}}

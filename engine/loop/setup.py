@@ -136,14 +136,17 @@ def _build(config: TrainConfig, task: Optional[Task], ctx: D.DistContext, claime
     switch = find_switch(task, model)
     if cfg.checkpointing and switch is None:
         raise ConfigError(f"--activation-checkpointing on: {why_no_switch(task, model)}")
+    check_checkpointable(task, model, optimizer, scheduler)
     # A fork reads another run's checkpoint: checked before its own folder is made. A resume
     # reads its own folder's checkpoints: only once the folder is ours (no writer races it).
     origin = fork_origin(cfg.fork, cfg, model) if cfg.fork else Origin()
+    check_fits_data(origin, len(task.train_data), cfg)
     run_dir, lock = _claim_folder(cfg, ctx)
     if lock is not None:
         claimed.append(lock)
     if cfg.resume:
         origin = resume_origin(run_dir, model)
+        check_fits_data(origin, len(task.train_data), cfg)
 
     D.init(ctx, device)  # the process group, once the input is known good
     # torchrun: rank 0's model on every rank, wrapped in DDP or sharded with FSDP2 (engine/distributed)
@@ -180,6 +183,20 @@ def _build(config: TrainConfig, task: Optional[Task], ctx: D.DistContext, claime
                                                                                            cfg.micro_batch),
                                   seed=cfg.seed),
                     lr=LrControl(optimizer, schedule, scheduler))
+
+
+def check_checkpointable(task: Task, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                         scheduler: Any) -> None:
+    """A run must not write checkpoints it would refuse to read back (--resume, --fork and a
+    rollback load with weights_only=True): what the task's model, optimizer and scheduler put
+    in one goes through that loader now, in memory, before anything is written (the first
+    checkpoint is read back too, run_state.save, for what only training adds)."""
+    why = ckpt.round_trip_problem({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                                   "scheduler": scheduler.state_dict() if scheduler is not None else {}})
+    if why:
+        raise TaskError(f"task {task.name}: its checkpoints could not be loaded back (torch.load with "
+                        f"weights_only=True): {why}; get_extra_state() and the optimizer's and scheduler's "
+                        "state_dict() must hold tensors and plain data only")
 
 
 def _optimizer(task: Task, cfg: TrainConfig, device: torch.device, params: list) -> torch.optim.Optimizer:
@@ -302,6 +319,22 @@ def _load_state(origin: Origin, model: torch.nn.Module, optimizer: torch.optim.O
     except (RuntimeError, ValueError, KeyError, TypeError, sharded.CheckpointException) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ConfigError(f"checkpoint {origin.path} does not fit the task: {first[:200]}") from None
+
+
+def check_fits_data(origin: Origin, samples: int, cfg: TrainConfig) -> None:
+    """Where the checkpoint is in its epoch, and its micro-batch (unless a fork sets its own),
+    against this task's data set, as --micro-batch is checked: past the end is bad input."""
+    if origin.state is None:
+        return
+    state = origin.state
+    offset = state.get("epoch_offset", 0)
+    micro = 1 if "micro_batch" in cfg.fork_changes else (state.get("settings") or {}).get("micro_batch", 1)
+    if offset > samples:
+        raise ConfigError(f"checkpoint {origin.path} refused: epoch_offset {offset} is past the end of the data "
+                          f"set ({samples} samples)")
+    if micro > samples:
+        raise ConfigError(f"checkpoint {origin.path} refused: settings.micro_batch {micro} is larger than the "
+                          f"data set ({samples} samples)")
 
 
 def check_writable_dir(path: str) -> None:

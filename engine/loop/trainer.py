@@ -20,12 +20,12 @@ from typing import Callable, Optional
 
 import torch
 
-from engine.checkpoints import files as ckpt
 from engine import distributed as D
 from . import opening, run_state
 from engine.window import sampling as W
 from engine.window.accumulate import StopRequested, train_window
 from .autopilot import MAX_IN_A_ROW, Autopilot, roll_back
+from .saving import Checkpointer
 from engine.control.boundaries import Boundaries
 from engine.declarations.commands import Command, Stop
 from engine.declarations.config import TrainConfig
@@ -47,8 +47,8 @@ from engine.window.step import InFlight, WindowNumbers
 from engine.store import RunStore
 from engine.tasks.task import Task
 from .views import TrainerViews
-from engine.declarations.outcome import (NonFiniteStop, OutOfMemoryStop, RunResult, StepNotRedoable,
-    TrainingError)
+from engine.declarations.outcome import (CheckpointFailed, NonFiniteStop, OutOfMemoryStop, RunResult,
+    StepNotRedoable, TrainingError)
 from .watchers import BatchNormWatcher, Watcher, run_watchers
 
 log = logging.getLogger("headroom.trainer")
@@ -80,6 +80,8 @@ class Trainer(TrainerViews):
         self._losses: list[float] = []  # the loss of every applied step, for RunResult
         self._store_problems: list[str] = []  # from the store's flusher thread, emitted by this one
         self.parts = parts = build(self.config, task, self.ctx)
+        self.saver = Checkpointer(parts)
+        self._store_lost = ""  # what run.db did not take, said at the end (RunResult.store_lost)
         self.inbox = CommandInbox(self.commands, self._stop, self.ctx, self._emit, db_interval=db_interval)
         self.inbox.device = parts.device
         parts.window.commands_waiting = self.inbox.has_step_commands
@@ -111,6 +113,7 @@ class Trainer(TrainerViews):
                 self.config.fork_changes if parts.origin.parent else (), self.step, self.epoch)
         if self.store is not None:
             opening.record_start(self.store, parts, self.progress.step)
+            self._emit_all(opening.restore_epoch_row(self.store, parts, self.progress))
         if resized is not None:
             self._emit(resized)
         for note in parts.origin.skipped:
@@ -135,8 +138,9 @@ class Trainer(TrainerViews):
                 self.settings = self.settings.with_(micro_batch=found.micro_batch, accum=found.accum)
                 self._emit(found)
             if self.config.nonfinite == "rollback" or self.config.spike_factor is not None:
-                self.autopilot = Autopilot(self.config.nonfinite == "rollback", self.config.spike_factor, self.step,
-                                           run_state.weights_state(parts))
+                self.autopilot = self.saver.autopilot = Autopilot(
+                    self.config.nonfinite == "rollback", self.config.spike_factor, self.step,
+                    run_state.weights_state(parts))
             scaled = scaled_to_reference(self.settings, self.config, self.ctx.world, self._emit, self.step)
             parts.lr.new_peak(self.settings.lr, scaled.lr)  # a task's scheduler moves to the scaled peak too
             self.settings = scaled
@@ -148,7 +152,11 @@ class Trainer(TrainerViews):
             reason = self._train_epochs(parts)
         except NonFiniteStop as e:
             reason, message = "nonfinite", str(e)
-            self._save_checkpoint()
+            try:
+                self._save_checkpoint()
+            except BaseException as failed:  # a full disk: the run failed after all
+                self._fail(failed)
+                raise
         except BaseException as e:
             self._fail(e)
             if isinstance(e, SystemExit):  # task code called sys.exit(): a failed run, said in one line
@@ -162,7 +170,8 @@ class Trainer(TrainerViews):
         losses, p = self._losses, self.progress
         return RunResult(run_dir=parts.run_dir, steps=p.step, epochs_done=p.epoch - 1, reason=reason,
                          final_loss=losses[-1] if losses else None, nonfinite_steps=p.nonfinite_steps,
-                         scaler_skips=p.scaler_skips, losses=losses, message=message)
+                         scaler_skips=p.scaler_skips, losses=losses, message=message,
+                         store_lost=self._store_lost)
 
     def _train_epochs(self, parts: RunParts) -> str:
         cfg, p = self.config, self.progress
@@ -200,7 +209,7 @@ class Trainer(TrainerViews):
             done = EpochEnd(p.step, p.epoch, train_loss=p.epoch_train_loss,
                             val_loss=validation_loss(parts, self.settings.micro_batch),
                             seconds=time.perf_counter() - epoch_start)
-            p.end_epoch()
+            p.end_epoch(opening.epoch_row(done))  # the checkpoint holds the row: a crash before run.db has it loses nothing
             self._save_checkpoint(epoch_done=p.epoch - 1)  # before the event: what is seen is saved
             self._emit(done)
         return "completed"
@@ -222,9 +231,11 @@ class Trainer(TrainerViews):
         if not ap.rolled_back():
             raise NonFiniteStop(f"gave up after {MAX_IN_A_ROW} rollbacks in a row without progress ({trouble.reason} "
                                 f"at step {trouble.at_step})")
-        self.progress, settings, event = roll_back(parts, self.progress, self.settings, trouble,
-                                                   ap.target(trouble), ap.start_state)
+        self.progress, settings, event, notes = roll_back(parts, self.progress, self.settings, trouble, ap)
+        for note in notes:
+            self._emit(StoreProblem(self.step, self.epoch, problem=note))
         parts.lr.reloaded()  # the optimizer's state came back: the next window writes its lr
+        self.saver.save_rolled_back(self.progress, settings)  # durable before training goes on
         if self.store is not None:
             self.store.discard_after(self.step, f"rolled back at step {trouble.at_step} ({trouble.reason})")
         self._emit(event)
@@ -375,31 +386,23 @@ class Trainer(TrainerViews):
 
     # -- checkpoints, failure, finish -------------------------------------------------------------
     def _save_checkpoint(self, epoch_done: Optional[int] = None, step_checkpoint: bool = False) -> None:
+        """Checkpoints: saving.py (the autopilot's targets, rotation, a full disk named)."""
         if self.step == 0:
             return
         self._drain()  # every step launched is reported (and counted) before it is saved
-        if self.autopilot is not None:  # every rank: each must know the same rollback targets
-            numbered = run_state.numbered_path(self.parts, self.step, epoch_done, step_checkpoint)
-            self.autopilot.saved(self.step, numbered or ckpt.last_path(self.run_dir), numbered is not None)
-        sharded = self.parts.window.strategy.sharded  # every rank writes its shards
-        if not (self.ctx.is_main or sharded):
-            return
-        assert self.store is not None or not self.ctx.is_main
         if self.store is not None:
             self.store.commit()  # metrics first: run.db never lags behind a checkpoint
-        try:
-            path = run_state.save(self.parts, self.progress, self.settings, epoch_done, step_checkpoint)
-        except OSError as e:
-            raise TrainingError(f"could not write checkpoint {ckpt.last_path(self.parts.run_dir)}: "
-                                f"{e.strerror or e}; the previous checkpoint is kept") from None
-        self._emit(CheckpointSaved(self.step, self.epoch, path=path))
+        path = self.saver.save(self.progress, self.settings, epoch_done, step_checkpoint)
+        if path is not None:
+            self._emit(CheckpointSaved(self.step, self.epoch, path=path))
 
     def _fail(self, e: BaseException) -> None:
         msg = failure_message(e, self.ctx, (TrainingError,))
         try:
             # StepNotRedoable: that rank's state is half-stepped. Sharded: saving needs every rank, and
-            # some may be gone: the last checkpoint is kept.
-            if self.step > 0 and not isinstance(e, StepNotRedoable) and not self.parts.window.strategy.sharded:
+            # some may be gone: the last checkpoint is kept. CheckpointFailed: saving is what failed.
+            if self.step > 0 and not isinstance(e, (StepNotRedoable, CheckpointFailed)) \
+                    and not self.parts.window.strategy.sharded:
                 self._save_checkpoint()
         except Exception as save_error:  # the disk may be the problem: say so, keep the old checkpoint
             msg += f" (checkpoint not written: {save_error})"
@@ -421,8 +424,11 @@ class Trainer(TrainerViews):
             if self.store is not None:
                 self._close_inbox()
                 self.store.set_info(status=status, finished=time.time(), step=self.step)
-                self.store.close()
-                self.store = self.inbox.store = None
+                store, self.store = self.store, None
+                self.inbox.store = None
+                if not store.close():  # what did not reach disk is said, and the exit code says it too
+                    self._store_lost = store.lost
+                self._drain_store_problems()  # the writer's last words (a loss, run.db written back)
         except Exception:
             if not safe:
                 raise

@@ -164,6 +164,14 @@ class RunStore:
         thread, which must not wait on the disk for long. Never raises."""
         return self._writer.commit(timeout)
 
+    def has_epoch(self, epoch: int) -> bool:
+        """Whether run.db holds the `epochs` row of `epoch` (True when it cannot say: a resume
+        writes a missing row back only when it is known to be missing)."""
+        try:
+            return self._reader().execute("SELECT 1 FROM epochs WHERE epoch = ?", (int(epoch),)).fetchone() is not None
+        except (sqlite3.Error, OverflowError, ValueError):
+            return True
+
     # -- commands from other processes -------------------------------------------------------
     def _reader(self) -> sqlite3.Connection:
         if self._read_db is None:
@@ -233,10 +241,15 @@ class RunStore:
     def close(self, timeout: float = 60.0) -> bool:
         """Write what is queued (retrying for up to `timeout` while run.db is busy), then
         close. True if everything reached disk; else the loss is reported through on_problem."""
-        ok = self._writer.close(timeout)
-        if self._read_db is not None:
-            try:
+        if self._read_db is not None:  # first: a run.db deleted during the run is written back by the writer,
+            try:                        # and no other connection of ours to the deleted file may outlive it
                 self._read_db.close()
             except sqlite3.Error:
                 pass
-        return ok
+            self._read_db = None
+        return self._writer.close(timeout)
+
+    @property
+    def lost(self) -> str:
+        """After close(): what did not reach disk, in words ("" = nothing)."""
+        return self._writer.lost

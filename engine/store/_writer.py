@@ -6,17 +6,22 @@
   land within about a second even while the training thread is stalled in task code.
 - A busy or slow run.db never ends a run: rows stay in memory until the store can take
   them, the trouble is reported once through `on_problem`, and training goes on.
+- What is lost is said: `close` returns False and `lost` counts what did not reach disk (the
+  run's status is saved alone where the rest cannot be). A run.db deleted under the writer is
+  seen within a second and written back at the end from the open connection (_losses.py).
 
 What the operations are and how they become SQL: engine.store._tables. Torch-free.
 """
 from __future__ import annotations
 
+import json
 import sqlite3
 import threading
 import time
 from typing import Callable, Optional
 
 from engine.declarations import limits
+from . import _losses
 from ._tables import StoreError, apply_ops, migrate
 
 
@@ -39,6 +44,8 @@ class StoreWriter:
     MAX_BUFFERED = 1_000_000  # metrics rows kept in memory while run.db takes none (~0.5 GB)
     SLOW_WRITE = 0.25  # seconds: a write on the training thread slower than this ...
     SLOW_BACKGROUND = 30.0  # ... leaves writing to the flusher for this long
+    FILE_CHECK_EVERY = 1.0  # seconds between checks that run.db is still the file opened
+    DISK_RETRY = 5.0  # seconds close() retries a run.db that fails for another reason than busy
 
     def __init__(self, path: str, commit_interval: float = 1.0,
                  on_problem: Optional[Callable[[str], None]] = None) -> None:
@@ -64,6 +71,12 @@ class StoreWriter:
         self._urge = False  # commit() is waiting: the flusher writes now
         self._background_until = 0.0  # monotonic time until which only the flusher writes (slow disk)
         self._backoff, self._retry_at = 0.0, 0.0  # after a disk error: the flusher's next try
+        self._last_error, self._last_busy = "", True  # the newest failed write, and whether it was busy
+        self._identity: _losses.Identity = None  # run.db's (dev, inode) as opened
+        self._gone: Optional[str] = None  # why run.db is not the file opened any more
+        self._file_checked = time.monotonic()
+        self._on_disk = {"m": 0, "p": 0, "e": 0, "x": 0}  # writes that reached run.db, by kind (_losses.kind_of)
+        self.lost = ""  # after close(): what did not reach disk, in words ("" = nothing)
         try:
             self._db = sqlite3.connect(self.path, timeout=0, isolation_level=None, check_same_thread=False)
             self._db.execute("PRAGMA busy_timeout = 2000")
@@ -77,6 +90,7 @@ class StoreWriter:
 
     def _setup(self) -> None:
         self._moved_cols = migrate(self._db)
+        self._identity = _losses.file_identity(self.path)
         self._ready = True
 
     # -- queueing (any thread; never touches the disk) -------------------------------------------
@@ -162,6 +176,7 @@ class StoreWriter:
                     db.execute("ROLLBACK")
                 except sqlite3.Error:
                     pass
+            self._last_error, self._last_busy = limits.one_line(e, 120), is_busy(e)
             if not is_busy(e):  # a full disk, an I/O error: each retry rewrites every row, so back off
                 self._backoff = min(10.0, max(0.5, self._backoff * 2))
                 self._retry_at = time.monotonic() + self._backoff
@@ -179,6 +194,8 @@ class StoreWriter:
         with self._cond:
             del self._ops[:len(ops)]
             self.written += len(ops)
+            for op in ops:
+                self._on_disk[_losses.kind_of(op)] += 1
             self._metric_rows -= sum(1 for op in ops if op[0] == "m")
             self._since = now if self._ops else None
             self._urge = False
@@ -227,17 +244,34 @@ class StoreWriter:
                     self._write(busy_ms=self.FLUSHER_BUSY_MS, block=True)
                 if time.monotonic() - self._last_checkpoint >= self.CHECKPOINT_EVERY:
                     self._wal_checkpoint()
+                if time.monotonic() - self._file_checked >= self.FILE_CHECK_EVERY:
+                    self._watch_file()
             except Exception as e:  # never let the flusher die: report and go on
                 self.report(f"run.db writer: {type(e).__name__}: {limits.one_line(e, 120)}")
 
-    def _wal_checkpoint(self) -> None:
+    def _wal_checkpoint(self, mode: str = "PASSIVE") -> None:
+        """PASSIVE: the flusher's, every CHECKPOINT_EVERY. TRUNCATE: close() after a write that
+        failed for want of room: the WAL's pages move into run.db and the WAL file shrinks to
+        nothing, which may be the room the last writes need."""
         self._last_checkpoint = time.monotonic()
         with self._db_lock:
             try:
                 self._db.execute("PRAGMA busy_timeout = 0")
-                self._db.execute("PRAGMA wal_checkpoint(PASSIVE)")
+                self._db.execute(f"PRAGMA wal_checkpoint({mode})")
             except sqlite3.Error:
                 pass  # a reader holds it back: the next one will do
+
+    def _watch_file(self) -> None:
+        """run.db deleted or replaced under the open connection: said at once (the rows go on
+        to the open file, and close() writes them back to the folder)."""
+        self._file_checked = time.monotonic()
+        if self._gone is not None or not self._ready:
+            return
+        why = _losses.changed(self.path, self._identity)
+        if why is None:
+            return
+        self._gone = why  # not report(): said even during another episode of trouble
+        self._say(f"{why}; the engine keeps every row and writes run.db back when the run ends")
 
     def commit(self, timeout: float = 2.0) -> bool:
         """Write everything queued so far; True once it is on disk. Waits at most `timeout`
@@ -270,29 +304,81 @@ class StoreWriter:
 
     # -- the end -------------------------------------------------------------------------------
     def close(self, timeout: float = 60.0) -> bool:
-        """Write what is queued (retrying for up to `timeout` while run.db is busy), then
-        close. True if everything reached disk; else the loss is reported through on_problem."""
+        """Write what is queued (retrying for up to `timeout` while run.db is busy, DISK_RETRY
+        seconds while it fails otherwise), then close. True if everything reached disk; else
+        `lost` says what did not (also through on_problem), and the run's status is saved
+        alone if it can be. A run.db deleted during the run is written back here."""
         if self._closed:
-            return self.written >= self._queued
+            return not self.lost
         with self._cond:
             self._closing = True
             self._cond.notify_all()
         self._flusher.join(timeout=5)
-        deadline = time.monotonic() + timeout
+        self._watch_file()
+        start = time.monotonic()
         ok = self._write(busy_ms=self.FLUSHER_BUSY_MS, block=True)
-        while not ok and time.monotonic() < deadline:
+        while not ok and time.monotonic() - start < (timeout if self._last_busy else min(timeout, self.DISK_RETRY)):
+            if not self._last_busy:
+                self._wal_checkpoint("TRUNCATE")
             time.sleep(0.2)
             ok = self._write(busy_ms=self.FLUSHER_BUSY_MS, block=True)
         with self._cond:
             self._closed = True
-            lost = self._queued - self.written
-        if lost or self._dropped:
+            left = list(self._ops)
+        self.lost = self._losses(left)
+        if self.lost:
             self._reported = False
-            self.report(f"run.db: {lost + self._dropped} writes could not be saved "
-                        f"({self.problem or 'run.db stayed busy'})")
+            self.report(f"run.db: {self.lost}")
         with self._db_lock:
             try:
                 self._db.close()
             except sqlite3.Error:
                 pass
-        return not lost and not self._dropped
+        return not self.lost
+
+    def _losses(self, left: list[tuple]) -> str:
+        """What did not reach the folder's run.db, in words ("" = nothing). Writes the run's
+        status alone where the rest could not be written, and puts a deleted run.db back."""
+        counts = {"m": self._dropped, "p": 0, "e": 0, "x": 0}
+        for op in left:
+            counts[_losses.kind_of(op)] += 1
+        text = ""
+        with self._db_lock:
+            if left or self._dropped:
+                cause = self._last_error or ("run.db stayed busy" if self._last_busy else "it could not be written")
+                text = f"{_losses.describe(counts)} did not reach run.db ({cause})"
+                info = [op for op in left if op[0] == "x" and str(op[1]).startswith("INSERT OR REPLACE INTO run")]
+                if info and self._write_alone(info + [("x", "INSERT OR REPLACE INTO run VALUES (?, ?)",
+                                                       ("store_lost", json.dumps(text)))]):
+                    text += "; the run's status was saved"
+            if self._gone is not None:
+                why_not = _losses.put_back(self._db, self.path)
+                if why_not is not None:  # everything written since the open went to the deleted file
+                    every = {k: counts[k] + self._on_disk[k] for k in counts}
+                    return f"{_losses.describe(every)} are not in the folder ({self._gone}; not written back: {why_not})"
+                self._say(f"{self._gone}: written back at the end of the run" + ("" if text else ", every row in it"))
+        return text
+
+    def _write_alone(self, ops: list[tuple]) -> bool:
+        """`ops` (the run table's rows) in a transaction of their own: small enough to fit where
+        the whole queue did not."""
+        try:
+            self._db.execute(f"PRAGMA busy_timeout = {int(self.FLUSHER_BUSY_MS)}")
+            self._db.execute("BEGIN IMMEDIATE")
+            apply_ops(self._db, ops, self._moved_cols)
+            self._db.execute("COMMIT")
+            return True
+        except Exception:
+            try:
+                if self._db.in_transaction:
+                    self._db.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass
+            return False
+
+    def _say(self, message: str) -> None:
+        if self.on_problem is not None:
+            try:
+                self.on_problem(message)
+            except Exception:
+                pass
