@@ -10,7 +10,8 @@ alive (`persistent_workers`), start over from there; batches fetched for the old
 are dropped, never trained on.
 
 With 0 workers the batches are fetched in the training thread, as a plain loop would:
-no DataLoader machinery on the hot path of a model that loads from memory.
+no DataLoader machinery on the hot path of a model that loads from memory. How workers
+seed each sample's draws, start under "spawn", and fail: workers.py.
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 import torch
 
 from engine.distributed.devices import to_device
+from .workers import WorkerData, exited_worker, worker_started
 
 Split = Callable[[Sequence[int]], list[list[int]]]
 AUTO_MAX_WORKERS = 4
@@ -32,9 +34,11 @@ class _PlanSampler:
 
     def __init__(self) -> None:
         self.batches: list[list[int]] = []
+        self.epoch = 1
 
-    def __iter__(self) -> Iterator[list[int]]:
-        return iter(list(self.batches))
+    def __iter__(self) -> Iterator[list[tuple[int, int]]]:
+        epoch = self.epoch  # each sample's key: its draws are seeded from (seed, epoch, index)
+        return iter([[(epoch, i) for i in b] for b in self.batches])
 
     def __len__(self) -> int:
         return len(self.batches)
@@ -50,17 +54,18 @@ class Feeder:
             # Its own generator: creating an iterator draws a seed from it, and drawing from the
             # global RNG would change the model's dropout masks with the number of workers.
             self._loader = torch.utils.data.DataLoader(
-                dataset, batch_sampler=self._sampler, collate_fn=collate, num_workers=workers,
+                WorkerData(dataset, seed), batch_sampler=self._sampler, collate_fn=collate, num_workers=workers,
                 pin_memory=device.type == "cuda", persistent_workers=True, prefetch_factor=prefetch,
-                generator=torch.Generator().manual_seed(seed))
+                generator=torch.Generator().manual_seed(seed), worker_init_fn=worker_started)
         self._it: Optional[Iterator[Any]] = None
         self._expected: list[list[int]] = []  # what the iterator will yield next, in order
         self._shares: list[list[int]] = []  # this epoch's windows (this rank's share of each)
         self._split: Optional[Split] = None
 
-    def begin_epoch(self, shares: list[list[int]], split: Split) -> None:
+    def begin_epoch(self, shares: list[list[int]], split: Split, epoch: int = 1) -> None:
         """This rank's share of each of the epoch's windows, and how a share splits now."""
         self._shares, self._split = shares, split
+        self._sampler.epoch = epoch
         self._it, self._expected = None, []
 
     def take(self, k: int, micro: list[list[int]]) -> Iterator[Any]:
@@ -83,6 +88,13 @@ class Feeder:
         self._sampler.batches = list(micro) + rest
         self._expected = list(self._sampler.batches)
         self._it = iter(self._loader)  # persistent workers: a reset, not a new pool
+
+    def explain(self, error: BaseException, step: int) -> BaseException:
+        """What ended the run: a worker that exited, if one did (whatever `error` surfaced as
+        in this process), else `error` itself. Call before close()."""
+        if self._loader is None or isinstance(error, (KeyboardInterrupt, SystemExit)):
+            return error
+        return exited_worker(self._loader, error, step) or error
 
     def _fetch(self, indices: list[int]) -> Any:
         data = self.dataset
