@@ -207,6 +207,8 @@ def config_from_args(ns: argparse.Namespace) -> TrainConfig:
             given["fork_changes"] = tuple(k for k in given if k not in ("fork", "run_dir"))
         if source == "resume":
             saved.pop("max_steps", None)  # the limit that stopped the run is not one for its continuation
+        if "task_args" in given and isinstance(saved.get("task_args"), dict):  # the keys named change, the rest stay
+            given["task_args"] = {**saved["task_args"], **given["task_args"]}
         base = overlay(saved, given)
         try:
             return TrainConfig.from_dict(base).validate()

@@ -109,6 +109,8 @@ class Trainer(TrainerViews):
                 self.config.fork_changes if parts.origin.parent else (), self.step, self.epoch)
         if self.store is not None:
             opening.record_start(self.store, parts, self.progress.step)
+        if parts.origin.state is not None:
+            self._emit_all(opening.resumed_changes(parts, parts.origin.state, self.step, self.epoch))
         if resized is not None:
             self._emit(resized)
         for note in parts.origin.skipped:
