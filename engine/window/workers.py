@@ -120,24 +120,32 @@ _MASKS = (OSError, EOFError, RuntimeError)  # what a dead worker's last batch su
 
 
 def exited_worker(dl: Optional[torch.utils.data.DataLoader], error: BaseException, step: int,
-                  wait: float = 3.0) -> Optional[WorkerExited]:
+                  wait: float = 0.0) -> Optional[WorkerExited]:
     """The WorkerExited that explains `error`, if a worker of `dl` is gone; else None. A
-    worker that died may still be exiting when its half-delivered batch fails here: for the
-    errors that can mask an exit, wait up to `wait` seconds for it to show."""
+    worker that died may still be exiting when its half-delivered batch fails: for an error
+    of the kinds that can mask an exit, wait up to `wait` seconds for it to show."""
     it = getattr(dl, "_iterator", None) if dl is not None else None
     procs = list(getattr(it, "_workers", None) or [])
     if not procs or "Original Traceback" in str(error):  # a worker's own exception: not an exit
         return None
-    deadline = time.monotonic() + (wait if isinstance(error, _MASKS) else 0.0)
-    while True:
-        for wid, proc in enumerate(procs):
-            code = proc.exitcode
-            if code is not None:
-                return WorkerExited(f"DataLoader worker {wid} exited unexpectedly ({exit_reason(code)}) "
-                                    f"at step {step}{_hint(code)}")
-        if time.monotonic() >= deadline:
-            break
-        time.sleep(0.05)
+    masks = isinstance(error, _MASKS) and not isinstance(error, TrainingError)  # ours say what they are
+    deadline = time.monotonic() + (wait if masks else 0.0)
+    found: Optional[tuple[int, int]] = None
+    while found is None:
+        try:
+            found = next(((wid, p.exitcode) for wid, p in enumerate(procs) if p.exitcode is not None), None)
+            if found is None:
+                if time.monotonic() >= deadline:
+                    break
+                time.sleep(0.05)
+        except RuntimeError:  # PyTorch's SIGCHLD handler, raised here as the worker exits: look again
+            if time.monotonic() >= deadline + 1.0:
+                break
+    if found is not None:
+        _let_signal_handlers_run()  # its SIGCHLD handler's error lands here, not in the failure's report
+        wid, code = found
+        return WorkerExited(f"DataLoader worker {wid} exited unexpectedly ({exit_reason(code)}) "
+                            f"at step {step}{_hint(code)}")
     m = _TORCH_EXIT.search(str(error))  # PyTorch saw it go but it was reaped: name it by pid
     if m is None:
         return None
@@ -145,6 +153,16 @@ def exited_worker(dl: Optional[torch.utils.data.DataLoader], error: BaseExceptio
     named = [f"{wid}" for wid, proc in enumerate(procs) if str(proc.pid) in pids] or [f"(pid {', '.join(pids)})"]
     what = "killed by a signal" if "signal" in str(error) else "exit code unknown"
     return WorkerExited(f"DataLoader worker {', '.join(named)} exited unexpectedly ({what}) at step {step}")
+
+
+def _let_signal_handlers_run() -> None:
+    """PyTorch raises "DataLoader worker ... exited unexpectedly" from its SIGCHLD handler, in
+    whatever the main thread runs next: give it a moment here, where it is expected."""
+    for _ in range(3):
+        try:
+            time.sleep(0.01)
+        except RuntimeError:
+            pass
 
 
 def exit_reason(code: int) -> str:
