@@ -33,6 +33,7 @@ import torch
 
 from engine.declarations.outcome import TrainingError
 from engine.tasks import loader
+from engine.tasks.task import TaskError
 
 Key = tuple[int, int]  # (epoch, sample index): what the plan's sampler hands the workers
 
@@ -87,13 +88,17 @@ class WorkerData(torch.utils.data.Dataset):
         """Spawn / forkserver: the task files first (by path), then the data set itself."""
         from multiprocessing.reduction import ForkingPickler  # torch's shared-memory reductions apply
         payload = bytes(ForkingPickler.dumps((self.dataset, self.seed)))
-        return _rebuild, (dict(loader.TASK_FILES), payload)
+        needed = {name: path for name, path in loader.TASK_FILES.items() if name.encode() in payload}
+        return _rebuild, (needed, payload)
 
 
 def _rebuild(task_files: dict[str, str], payload: bytes) -> WorkerData:
     for name, path in task_files.items():
         if name not in sys.modules:
-            loader.import_task_file(path, name)
+            try:
+                loader.import_task_file(path, name)
+            except TaskError:  # then unpickling says which name it could not find
+                pass
     import pickle
     dataset, seed = pickle.loads(payload)
     return WorkerData(dataset, seed)
