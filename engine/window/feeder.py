@@ -128,7 +128,11 @@ class Feeder:
         if self._loader is None or isinstance(error, (KeyboardInterrupt, SystemExit)):
             return error
         wait = 3.0 if self._fetch_failed or "DataLoader worker" in str(error) else 0.0
-        return exited_worker(self._loader, error, step, wait) or error
+        exited = exited_worker(self._loader, error, step, wait)
+        if exited is None:
+            return error
+        exited.__cause__ = error  # run_failed's traceback shows what it surfaced as, too
+        return exited
 
     def _fetch(self, indices: list[int]) -> Any:
         data = self.dataset
