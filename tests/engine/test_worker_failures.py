@@ -133,11 +133,17 @@ def test_a_fork_with_workers_and_random_augmentation_reproduces_its_parent(tmp_p
     path, _ = task_file(tmp_path)
     common = ["--micro-batch", "4", "--accum", "2", "--device", "cpu"]
     parent, fork = tmp_path / "parent", tmp_path / "fork"
-    assert main(["--task", path, "--workers", "2", "--epochs", "2", "--run-dir", str(parent), *common]) == 0
+    assert main(["--task", path, "--workers", "2", "--epochs", "2", "--checkpoint-every", "3", "--run-dir",
+                 str(parent), *common]) == 0
     assert main(["--fork", f"{parent}@epoch-1", "--run-dir", str(fork)]) == 0
     p, f = losses(parent), losses(fork)
     assert sorted(f) == [5, 6, 7, 8]  # epoch 2: 32 samples, 8 a window
     assert [f[s] for s in f] == [p[s] for s in f]  # bit for bit
+    # Mid-epoch too: a sample's draws are a function of (seed, epoch, index), not of the worker's past.
+    mid = tmp_path / "mid"
+    assert main(["--fork", f"{parent}@step-6", "--run-dir", str(mid)]) == 0
+    m = losses(mid)
+    assert sorted(m) == [7, 8] and [m[s] for s in m] == [p[s] for s in m]
     # The same with another number of workers: a sample's draws do not depend on which worker read it.
     other = tmp_path / "one"
     assert main(["--task", path, "--workers", "1", "--epochs", "2", "--run-dir", str(other), *common]) == 0
