@@ -207,6 +207,8 @@ def config_from_args(ns: argparse.Namespace) -> TrainConfig:
             given["fork_changes"] = tuple(k for k in given if k not in ("fork", "run_dir"))
         if source == "resume":
             saved.pop("max_steps", None)  # the limit that stopped the run is not one for its continuation
+        if "task_args" in given and isinstance(saved.get("task_args"), dict):  # the keys named change, the rest stay
+            given["task_args"] = {**saved["task_args"], **given["task_args"]}
         base = overlay(saved, given)
         try:
             return TrainConfig.from_dict(base).validate()
@@ -356,7 +358,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         _say_error(e)
         return EXIT_FAILED
     except Exception as e:  # the task's own code failed mid-run: run.db already holds run_failed
-        _say_error(f"run failed at step {trainer.step}: {type(e).__name__}: {e}")
+        from .loop.failure import failure_message  # the cause and where, as run_failed says it
+        _say_error(f"run failed at step {trainer.step}: {failure_message(e, trainer.ctx, ())}")
         return EXIT_FAILED
     except KeyboardInterrupt:  # raised by the task's own code (Ctrl-C is caught as a stop request)
         _say_error(f"interrupted at step {trainer.step}; what finished is in {trainer.run_dir}")

@@ -21,11 +21,19 @@ class Applied(NamedTuple):
     notes: list[str]  # one per command: '' if applied, else why it was refused
 
 
+def samples_a_window(settings: LiveSettings) -> int:
+    return settings.window_samples
+
+
 @dataclass(frozen=True)
 class CommandRules:
-    """What a run can take: its data set size and its window policy's refusals."""
+    """What a run can take: its data set size and its window policy's refusals. `window_size`
+    is the policy's effective batch under given settings (micro-batch x accum per rank, or,
+    under --token-budget, the budget whatever the micro-batch): the lr scaling rule follows
+    its change, and only its change."""
     data_len: int
     refusal: Callable[[str], Optional[str]] = lambda setting: None
+    window_size: Callable[[LiveSettings], float] = samples_a_window
 
     def apply(self, settings: LiveSettings, commands: Sequence[Command], step: int, epoch: int,
               at: str = "epoch") -> Applied:
@@ -48,7 +56,7 @@ class CommandRules:
                 new = new.with_(**{setting.name: value})
             notes.append(note)
         new, hint = _scale_lr(settings, new, explicit_lr=any(isinstance(c, SetLr) for c in commands),
-                              step=step, epoch=epoch)
+                              step=step, epoch=epoch, size=self.window_size)
         events.extend(hint)
         changes = tuple((s.name, getattr(settings, s.name), getattr(new, s.name))
                         for s in LIVE_SETTINGS if getattr(settings, s.name) != getattr(new, s.name))
@@ -62,11 +70,11 @@ class CommandRules:
         return ""
 
 
-def _scale_lr(before: LiveSettings, after: LiveSettings, explicit_lr: bool, step: int,
-              epoch: int) -> tuple[LiveSettings, list[Event]]:
+def _scale_lr(before: LiveSettings, after: LiveSettings, explicit_lr: bool, step: int, epoch: int,
+              size: Callable[[LiveSettings], float] = samples_a_window) -> tuple[LiveSettings, list[Event]]:
     """The effective batch changed and the user set no lr: apply the lr scaling rule, or
     (rule 'none') suggest what the linear rule would give."""
-    old_eff, new_eff = before.window_samples, after.window_samples
+    old_eff, new_eff = size(before), size(after)
     if new_eff == old_eff or explicit_lr:
         return after, []
     ratio = new_eff / old_eff

@@ -360,7 +360,8 @@ class RunFinished(Event):
 
 @dataclass(frozen=True)
 class RunFailed(Event):
-    error: str
+    error: str  # one line: the cause and where it was raised
+    detail: str = ""  # the full traceback (a DataLoader worker's own inside it), for run.db
     kind: ClassVar[str] = "run_failed"
 
     def message(self) -> str:

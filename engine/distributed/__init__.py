@@ -102,6 +102,31 @@ def share_rank0_model(model: torch.nn.Module, ctx: DistContext, device: torch.de
             in_place(broadcast_from_rank0, x)
 
 
+def check_same_data(lengths: dict[str, int], ctx: DistContext, device: torch.device) -> None:
+    """Every rank must build data sets of the same lengths (-1: none): else each plans other
+    windows from its own length, the ranks fall out of step and one waits in a collective
+    until the timeout. One all-gather; the same one-line ConfigError on every rank if not."""
+    if not ctx.enabled:
+        return
+    names = list(lengths)
+    mine = torch.tensor([lengths[k] for k in names], dtype=torch.int64, device=device)
+    every = [torch.zeros_like(mine) for _ in range(ctx.world)]
+    dist.all_gather(every, mine)
+    table = [t.tolist() for t in every]
+    differ = []
+    for k, name in enumerate(names):
+        by_len: dict[int, list[int]] = {}
+        for rank, row in enumerate(table):
+            by_len.setdefault(int(row[k]), []).append(rank)
+        if len(by_len) > 1:
+            said = "; ".join(f"{'none' if n < 0 else f'{n} samples'} on rank{'s' if len(r) > 1 else ''} "
+                             f"{', '.join(map(str, r))}" for n, r in by_len.items())
+            differ.append(f"{name}: {said}")
+    if differ:
+        raise ConfigError("under torchrun every rank must build the same data sets (each rank plans the "
+                          f"windows from its length): {' / '.join(differ)}")
+
+
 def broadcast_from_rank0(t: torch.Tensor) -> None:
     dist.broadcast(t, src=0)
 

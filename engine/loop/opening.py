@@ -15,7 +15,7 @@ import torch
 from engine.checkpoints import files as ckpt
 from . import run_state
 from engine.declarations.commands import Command
-from engine.declarations.events import EpochEnd, Event, StoreProblem
+from engine.declarations.events import EpochEnd, Event, SettingsApplied, StoreProblem
 from engine.distributed.devices import device_name
 from .progress import Progress
 from engine.declarations.settings import LiveSettings
@@ -37,6 +37,19 @@ def continue_from(parts: RunParts, state: dict[str, Any]) -> tuple[Progress, Liv
         done = parts.policy.plan(progress.epoch, settings, parts.ctx.world)[:progress.window]
         progress.epoch_offset = sum(len(w) for w in done)
     return progress, settings, asked
+
+
+def resumed_changes(parts: RunParts, state: dict[str, Any], step: int, epoch: int) -> list[SettingsApplied]:
+    """A resume whose --task-arg changed the task (the task is built at the start, so the change
+    holds from the first step): a settings change in run.db, as a changed setting is. (A fork
+    records what it changed in its parent record.)"""
+    if parts.origin.parent is not None or not parts.config.resume:
+        return []
+    saved = (state.get("config") or {}).get("task_args")
+    now = dict(parts.config.task_args)
+    if not isinstance(saved, dict) or saved == now:
+        return []
+    return [SettingsApplied(step, epoch, changes=(("task_args", saved, now),), at="start", from_step=step + 1)]
 
 
 def record_start(store: RunStore, parts: RunParts, step: int) -> None:

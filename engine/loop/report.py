@@ -1,5 +1,5 @@
 """From a finished step's numbers to what the user sees: the metrics row, whether the
-window was skipped and why, which parameters went non-finite; and a failure's message."""
+window was skipped and why, which parameters went non-finite. (A failure's message: failure.py.)"""
 from __future__ import annotations
 
 import math
@@ -9,8 +9,6 @@ from typing import Any, Optional
 
 import torch
 
-from engine import distributed as D
-from engine.declarations.config import ConfigError
 from engine.window.grads import dtype_order
 from engine.memory.breakdown import MemoryBreakdown, activations
 from engine.memory.telemetry import MemorySample
@@ -86,26 +84,3 @@ def nonfinite_params(named: list[tuple[str, torch.nn.Parameter]], nums: WindowNu
         held = named
     ordered = [held[k] for k in dtype_order([q for _, q in held])]
     return tuple(n for (n, _), v in zip(ordered, nums.per_param) if not math.isfinite(v))
-
-
-def failure_message(e: BaseException, ctx: D.DistContext, user_errors: tuple[type, ...]) -> str:
-    """One line for run_failed: the user's message for our own errors, else the exception."""
-    if isinstance(e, KeyboardInterrupt):
-        return "interrupted"
-    if ctx.enabled and isinstance(e, RuntimeError) and is_peer_failure(e):
-        first = str(e).strip().splitlines()[0][:200]
-        return f"another rank of this {ctx.world}-process job died or stopped answering ({first})"
-    if isinstance(e, user_errors + (ConfigError,)) and e.args:
-        return str(e.args[0])
-    text = str(e)
-    if "Original Traceback" in text:  # raised in a DataLoader worker: its own last line says what failed
-        lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-        where = lines[0].rstrip(".")  # "Caught ValueError in DataLoader worker process 0"
-        return f"{lines[-1]} ({where.lower()})"
-    return f"{type(e).__name__}: {e}"
-
-
-def is_peer_failure(e: BaseException) -> bool:
-    text = str(e).lower()
-    return any(k in text for k in ("connection closed by peer", "connection reset", "broken pipe", "nccl",
-                                   "timed out", "socket", "gloo"))

@@ -35,7 +35,7 @@ from engine.store.runlock import RunLock
 from engine.control.lr import LrControl
 from engine.control.rules import CommandRules
 from engine.declarations.schedule import LrSchedule
-from engine.tasks.task import Task, TaskError, check_loss_output, default_collate
+from engine.tasks.task import Task, TaskError, check_last_samples, check_loss_output, default_collate
 from engine.tasks.loader import load_task
 from engine.memory.telemetry import MemoryProbe
 from engine.window.policy import FixedWindows, TokenBudgetWindows, WindowPolicy
@@ -86,7 +86,7 @@ class RunParts:
             if setting == "checkpointing" and self.switch is None:
                 return why_no_switch(self.task, self.model)
             return self.policy.refusal(setting)
-        return CommandRules(len(self.task.train_data), refusal)
+        return CommandRules(len(self.task.train_data), refusal, self.policy.window_size)
 
 
 def build(config: TrainConfig, task: Optional[Task], ctx: D.DistContext) -> RunParts:
@@ -110,9 +110,11 @@ def _build(config: TrainConfig, task: Optional[Task], ctx: D.DistContext, claime
         task = load_task(cfg.task, cfg.seed, cfg.task_args)
     if cfg.token_budget is not None and task.sample_length is None:
         raise TaskError(f"task {task.name}: --token-budget needs the task's sample_length")
+    check_last_samples(task)
     if cfg.micro_batch > len(task.train_data):
         raise ConfigError(f"--micro-batch {cfg.micro_batch} is larger than the data set "
                           f"({len(task.train_data)} samples)")
+    check_warmup(cfg, len(task.train_data), ctx.world)
     if device.type == "cuda":
         torch.cuda.set_device(device)
         if cfg.vram_limit is not None:  # before the first allocation
@@ -149,6 +151,9 @@ def _build(config: TrainConfig, task: Optional[Task], ctx: D.DistContext, claime
         check_fits_data(origin, len(task.train_data), cfg)
 
     D.init(ctx, device)  # the process group, once the input is known good
+    val = task.val_data
+    D.check_same_data({"train_data": len(task.train_data), "val_data": len(val) if val is not None else -1},
+                      ctx, device)  # as the model is checked (strategy.build): before any window is planned
     # torchrun: rank 0's model on every rank, wrapped in DDP or sharded with FSDP2 (engine/distributed)
     strategy = build_strategy(cfg.strategy, model, ctx, device, blocks=task.blocks, precision=cfg.precision,
                               fsdp_reduce=cfg.fsdp_reduce, cpu_offload=cfg.cpu_offload, unused=frozenset(unused))
@@ -234,6 +239,19 @@ def planned_samples(cfg: TrainConfig, data_len: int, world: int) -> int:
     if cfg.max_steps is None:
         return by_epochs
     return min(by_epochs, cfg.max_steps * cfg.micro_batch * cfg.accum * world)
+
+
+def check_warmup(cfg: TrainConfig, data_len: int, world: int) -> None:
+    """A warmup in samples longer than the whole run would train every step below the peak lr
+    (at 1e-9 of it, for a warmup of millions on a small run) without a word: refused."""
+    total = planned_samples(cfg, data_len, world)
+    if cfg.warmup_samples > total:
+        by = (f"{cfg.max_steps} steps x {cfg.micro_batch * cfg.accum * world} samples"
+              if cfg.max_steps is not None and total < cfg.epochs * data_len
+              else f"{cfg.epochs} epoch{'s' if cfg.epochs != 1 else ''} x {data_len} samples")
+        raise ConfigError(f"--warmup-samples {cfg.warmup_samples} is longer than the whole run: it trains "
+                          f"{total} samples ({by}), so the lr would never reach its peak; give at most {total}, "
+                          "or --warmup-fraction F for a share of the run")
 
 
 def check_first_batch(task: Task, model: torch.nn.Module, collate: Callable, autocast: Callable,

@@ -42,7 +42,8 @@ from engine.declarations.paths import resolve_task_spec
 from .progress import Progress
 from engine.declarations.settings import LiveSettings, scaled_to_reference
 from .setup import RunParts, build
-from .report import Launched, failure_message, is_peer_failure, skip_events, skip_kind, step_metrics
+from .failure import failure_detail, failure_message, is_peer_failure
+from .report import Launched, skip_events, skip_kind, step_metrics
 from engine.window.step import InFlight, WindowNumbers
 from engine.store import RunStore
 from engine.tasks.task import Task
@@ -114,6 +115,8 @@ class Trainer(TrainerViews):
         if self.store is not None:
             opening.record_start(self.store, parts, self.progress.step)
             self._emit_all(opening.restore_epoch_row(self.store, parts, self.progress))
+        if parts.origin.state is not None:
+            self._emit_all(opening.resumed_changes(parts, parts.origin.state, self.step, self.epoch))
         if resized is not None:
             self._emit(resized)
         for note in parts.origin.skipped:
@@ -158,6 +161,10 @@ class Trainer(TrainerViews):
                 self._fail(failed)
                 raise
         except BaseException as e:
+            cause = parts.feeder.explain(e, self.step)  # a DataLoader worker that exited, whatever surfaced
+            if cause is not e:
+                self._fail(cause)
+                raise cause from e
             self._fail(e)
             if isinstance(e, SystemExit):  # task code called sys.exit(): a failed run, said in one line
                 raise TrainingError(f"the task's code called sys.exit({e.code!r}) at step {self.step}") from None
@@ -219,7 +226,7 @@ class Trainer(TrainerViews):
         settings cut them; the feeder's workers start loading them."""
         plan = parts.policy.plan(self.epoch, self.settings, self.ctx.world, start=self.progress.epoch_offset)
         parts.feeder.begin_epoch([W.rank_share(w, self.ctx.rank, self.ctx.world) for w in plan],
-                                 lambda share: parts.policy.split(share, self.settings))
+                                 lambda share: parts.policy.split(share, self.settings), self.epoch)
         return plan
 
     def _roll_back(self, parts: RunParts) -> None:
@@ -406,7 +413,7 @@ class Trainer(TrainerViews):
                 self._save_checkpoint()
         except Exception as save_error:  # the disk may be the problem: say so, keep the old checkpoint
             msg += f" (checkpoint not written: {save_error})"
-        self._emit(RunFailed(self.step, self.epoch, error=msg), safe=True)
+        self._emit(RunFailed(self.step, self.epoch, error=msg, detail=failure_detail(e)), safe=True)
         self._finish("failed", safe=True)
 
     def _close_inbox(self) -> None:

@@ -14,6 +14,10 @@ from engine.tasks import builtin
 from engine.declarations.paths import BUILTIN_TASKS
 from .task import Task, TaskError, check_task
 
+# Task files loaded in this process, by the private module name each was loaded under: a spawned
+# DataLoader worker loads them again by path before it unpickles the data set (engine/window/workers.py).
+TASK_FILES: dict[str, str] = {}
+
 
 def resolve_builder(spec: str) -> tuple[Callable[[int], Any], str]:
     """Find the build_task function for a task spec: a built-in name, a .py path or module:attr."""
@@ -62,6 +66,21 @@ def _import(mod_name: str, spec: str):
 
 
 def _builder_from_file(path: str) -> Callable[[int], Any]:
+    module = import_task_file(path)
+    fn = getattr(module, "build_task", None)
+    if not callable(fn):
+        raise TaskError(f"task file {path}: defines no build_task(seed) function")
+    return fn
+
+
+def task_module_name(path: str) -> str:
+    """The private name a task file is loaded under (never a clash with an installed module)."""
+    return "headroom_task_" + os.path.splitext(os.path.basename(path))[0].replace("-", "_")
+
+
+def import_task_file(path: str, mod_name: Optional[str] = None) -> Any:
+    """Load a task file as a module (its folder first on the import path) and register it in
+    sys.modules and TASK_FILES. TaskError if it is missing or its import fails."""
     if not os.path.isfile(path):
         raise TaskError(f"task file {path}: no such file")
     # As `python path/to/task.py` would: the file's folder is on the import path, so the task
@@ -69,7 +88,7 @@ def _builder_from_file(path: str) -> Callable[[int], Any]:
     folder = os.path.dirname(os.path.abspath(path))
     if folder not in sys.path:
         sys.path.insert(0, folder)
-    mod_name = "headroom_task_" + os.path.splitext(os.path.basename(path))[0].replace("-", "_")
+    mod_name = mod_name or task_module_name(path)
     spec = importlib.util.spec_from_file_location(mod_name, path)
     if spec is None or spec.loader is None:
         raise TaskError(f"task file {path}: not a Python file")
@@ -83,10 +102,8 @@ def _builder_from_file(path: str) -> Callable[[int], Any]:
     except BaseException as e:  # noqa: BLE001 - user code, report anything (SystemExit too)
         sys.modules.pop(mod_name, None)
         raise TaskError(f"task file {path}: importing it failed: {type(e).__name__}: {e}") from None
-    fn = getattr(module, "build_task", None)
-    if not callable(fn):
-        raise TaskError(f"task file {path}: defines no build_task(seed) function")
-    return fn
+    TASK_FILES[mod_name] = os.path.abspath(path)
+    return module
 
 
 def load_task(spec: str, seed: int = 0, task_args: Optional[dict[str, Any]] = None) -> Task:

@@ -71,6 +71,24 @@ def check_task(task: Task) -> None:
         raise TaskError(f"task {name}: blocks must be callable as blocks(model) -> the modules to shard")
 
 
+def check_last_samples(task: Task) -> None:
+    """Read the last sample of each set once: a __len__ larger than what __getitem__ holds is
+    bad input now, not a failure at step 0 (train) or after a whole epoch (validation, and
+    again at every resume)."""
+    for label, data in (("train_data", task.train_data), ("val_data", task.val_data)):
+        if data is None:
+            continue
+        n = dataset_len(task.name, label, data)
+        if n <= 0:
+            continue
+        try:
+            with torch.random.fork_rng(devices=[]):  # a check: the run's random stream stays as it was
+                data[n - 1]
+        except Exception as e:  # IndexError, KeyError, a file that is not there, ...
+            raise TaskError(f"task {task.name}: {label} says it holds {n} samples (len) but reading the last, "
+                            f"{label}[{n - 1}], failed: {type(e).__name__}: {e}") from None
+
+
 def dataset_len(name: str, label: str, data: Any) -> int:
     """len(data), or a TaskError if __len__ fails or is not a non-negative integer."""
     try:

@@ -31,6 +31,10 @@ class WindowPolicy(Protocol):
     def refusal(self, setting: str) -> Optional[str]:
         """Why this policy cannot take a change of `setting`, or None if it can."""
 
+    def window_size(self, settings: LiveSettings) -> float:
+        """The effective batch per rank under `settings`, in the policy's own unit (what the
+        lr scaling rule compares before and after a change)."""
+
 
 class FixedWindows:
     """micro-batch x accumulation x world size samples a window; the last may be short."""
@@ -46,6 +50,9 @@ class FixedWindows:
 
     def refusal(self, setting: str) -> Optional[str]:
         return None
+
+    def window_size(self, settings: LiveSettings) -> float:
+        return settings.window_samples
 
 
 class TokenBudgetWindows:
@@ -84,3 +91,6 @@ class TokenBudgetWindows:
             return (f"accumulation follows from --token-budget {self.budget} (a window closes when it holds "
                     f"{self.budget} counted items); change the micro-batch instead")
         return None
+
+    def window_size(self, settings: LiveSettings) -> float:
+        return self.budget  # the micro-batch only splits a window: the effective batch stays
