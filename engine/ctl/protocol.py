@@ -16,6 +16,8 @@ other line is a record with a "kind":
   status     {run_dir, live, writer, status, step, epoch, loss, settings, eta_s, ...}
   command    {id, command, payload, status, applied_step, from_step, note}
   run        {path, name, status, live, step, task, started}   one line of `runs`
+  started    {run_dir, started, pid, host, detach, session, console, command}   `start`: the engine
+             holds its run folder (started false: still starting when the wait ran out)
   error      {"message": TEXT, "exit": CODE}   the command failed; the process exits CODE
 
 Numbers are JSON numbers; a non-finite one is written NaN, Infinity or -Infinity (as Python's

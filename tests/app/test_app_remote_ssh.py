@@ -16,18 +16,10 @@ from app_helpers import ROOT
 
 sys.path.insert(0, os.path.join(ROOT, "tests", "ctl"))
 import sshkit  # noqa: E402
+from sshkit import sshd  # noqa: E402,F401 (the fixture)
 from ctlkit import LiveRun, db_rows, written_run  # noqa: E402
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def sshd(tmp_path_factory):
-    server, why = sshkit.start(tmp_path_factory.mktemp("sshd"))
-    if server is None:
-        pytest.skip(why)
-    yield server
-    server.stop()
 
 
 @pytest.fixture

@@ -16,20 +16,12 @@ import sys
 import pytest
 
 import sshkit
+from sshkit import sshd  # noqa: F401 (the fixture)
 from ctlkit import (LiveRun, Stream, ctl, db_events, db_rows, hold_lock, one_error_line, records, replay,
                     written_run)
 from testkit import wait_until
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def sshd(tmp_path_factory):
-    server, why = sshkit.start(tmp_path_factory.mktemp("sshd"))
-    if server is None:
-        pytest.skip(why)
-    yield server
-    server.stop()
 
 
 def remote(run_dir: str) -> str:
