@@ -119,17 +119,11 @@ def _start(args: argparse.Namespace) -> Iterator[dict[str, Any]]:
     """`start`: here, or through engine.ctl on the host; the run folder of HOST:DIR or DIR is the
     engine's --run-dir (given once)."""
     target = parse_target(args.where) if args.where else None
-    path = target.path if target is not None else args.where
-    flags = list(args.engine_flags)
-    if path:
-        if any(f == "--run-dir" or f.startswith("--run-dir=") for f in flags):
-            raise CtlError(f"start: the run folder is given twice ({args.where} and --run-dir): give one")
-        flags.append(f"--run-dir={path}")
+    flags = starting.with_run_dir(args.engine_flags, target.path if target is not None else args.where, args.where)
     if target is None:
         yield from starting.start(flags, args.detach, args.timeout or starting.WAIT_S)
         return
-    ctl_args = ["start", "--json", "--protocol", str(PROTOCOL), "--detach", args.detach]
-    ctl_args += (["--timeout", repr(args.timeout)] if args.timeout is not None else []) + ["--", *flags]
+    ctl_args = starting.request(flags, args.detach, args.timeout)
     for record in remote_records(target, args.remote_python, ctl_args):
         if record.get("kind") == "started":  # named as this side reaches it
             record = dict(record, target=f"{target.host}:{record.get('run_dir')}")

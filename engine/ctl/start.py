@@ -106,6 +106,22 @@ def plan(flags: list[str], python: str = sys.executable) -> Plan:
     return Plan(argv, run_dir, bool(config.resume))
 
 
+def with_run_dir(flags: list[str], path: str, where: str = "") -> list[str]:
+    """The engine's flags with the run folder of DIR or HOST:DIR as its --run-dir (given once)."""
+    if not path:
+        return list(flags)
+    if any(f == "--run-dir" or f.startswith("--run-dir=") for f in flags):
+        raise CtlError(f"start: the run folder is given twice ({where or path} and --run-dir): give one")
+    return [*flags, f"--run-dir={path}"]  # with `=`: a folder named like an option stays a folder
+
+
+def request(flags: list[str], how: str = "auto", wait_s: Optional[float] = None) -> list[str]:
+    """engine.ctl's words for `start` on another machine (the app sends these too)."""
+    from .protocol import PROTOCOL
+    out = ["start", "--json", "--protocol", str(PROTOCOL), "--detach", how]
+    return out + (["--timeout", repr(wait_s)] if wait_s is not None else []) + ["--", *flags]
+
+
 # -- detaching ---------------------------------------------------------------------------------
 class Detached:
     """An engine started away from this process: whether it has ended yet."""
@@ -272,4 +288,4 @@ def _remove(path: str) -> None:
         pass
 
 
-__all__ = ["DETACH", "WAIT_S", "CONSOLE", "Plan", "plan", "start", "script"]
+__all__ = ["DETACH", "WAIT_S", "CONSOLE", "Plan", "plan", "start", "script", "with_run_dir", "request"]
