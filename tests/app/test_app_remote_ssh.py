@@ -17,8 +17,9 @@ from app_helpers import ROOT
 
 sys.path.insert(0, os.path.join(ROOT, "tests", "ctl"))
 import sshkit  # noqa: E402
-from sshkit import sshd  # noqa: E402,F401 (the fixture)
 from ctlkit import LiveRun, db_rows, written_run  # noqa: E402
+
+sshd = sshkit.sshd  # the shared server fixture (tests/ctl/sshkit.py)
 
 pytestmark = pytest.mark.slow
 

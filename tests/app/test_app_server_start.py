@@ -17,14 +17,15 @@ from app_helpers import FAST, ROOT
 
 sys.path.insert(0, os.path.join(ROOT, "tests", "ctl"))
 import sshkit  # noqa: E402
-from sshkit import sshd  # noqa: E402,F401 (the fixture)
 from ctlkit import db_rows  # noqa: E402
+
+sshd = sshkit.sshd  # the shared server fixture (tests/ctl/sshkit.py)
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture
-def server(sshd, monkeypatch, tmp_path):  # noqa: F811 (the fixture)
+def server(sshd, monkeypatch, tmp_path):
     monkeypatch.delenv("HEADROOM_SSH_COMMAND", raising=False)  # the preference, typed into the dialog
     runs, tmux_dir = tmp_path / "server-runs", tmp_path / "tmux"
     tmux_dir.mkdir()

@@ -16,10 +16,11 @@ import sys
 import pytest
 
 import sshkit
-from sshkit import sshd  # noqa: F401 (the fixture)
 from ctlkit import (LiveRun, Stream, ctl, db_events, db_rows, hold_lock, one_error_line, records, replay,
                     written_run)
 from testkit import wait_until
+
+sshd = sshkit.sshd  # the shared server fixture (tests/ctl/sshkit.py)
 
 pytestmark = pytest.mark.slow
 

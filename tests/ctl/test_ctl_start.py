@@ -14,10 +14,11 @@ import time
 import pytest
 
 import sshkit
-from sshkit import sshd  # noqa: F401 (the fixture)
 from ctlkit import ctl, db_rows, one_error_line, records, replay
 from engine.store import RunReader
 from testkit import wait_until
+
+sshd = sshkit.sshd  # the shared server fixture (tests/ctl/sshkit.py)
 
 pytestmark = pytest.mark.slow
 
@@ -25,7 +26,7 @@ FLAGS = ("--task", "mlp", "--micro-batch", "8", "--accum", "2", "--seed", "3")
 
 
 @pytest.fixture(scope="module")
-def server(sshd, tmp_path_factory):  # noqa: F811 (the fixture)
+def server(sshd, tmp_path_factory):
     """The server's runs root and tmux socket folder (a tmux server of its own), set for the
     remote python as a user's --remote-python would set them."""
     folder = tmp_path_factory.mktemp("server")

@@ -7,26 +7,24 @@ the run training: it was started detached from the connection."""
 from __future__ import annotations
 
 import logging
-import threading
 from typing import Any, Callable, Optional
 
-from PySide6.QtCore import QObject, QTimer
+from PySide6.QtCore import QObject
 from PySide6.QtGui import QFontDatabase
 from PySide6.QtWidgets import QDialog, QDialogButtonBox, QFormLayout, QLineEdit, QPlainTextEdit, QVBoxLayout, QWidget
 
-from engine.ctl.protocol import CtlError
 from engine.declarations.config import ConfigError
 from engine.declarations.paths import BUILTIN_TASKS
 
 from app.core.preferences import Preferences
 from app.session.server_start import ServerRun, command_line, start
+from app.ui.shell.background import Background
 from app.ui.shell.remote_fields import RemoteFields
 
 log = logging.getLogger("headroom.server")
 
 # The last server started on, and each server's task file (preference keys).
 SERVER_LAST, SERVER_TASKS = "server_last", "server_task"
-POLL_MS = 100
 MIN_WIDTH = 560
 
 
@@ -122,10 +120,7 @@ class ServerStarter(QObject):
         self.dialog: Optional[ServerStartDialog] = None
         self.starting: Optional[ServerRun] = None  # the run being started now
         self.started: list[str] = []  # host:run folder of each run started
-        self._result: list[Any] = []
-        self._timer = QTimer(self)
-        self._timer.setInterval(POLL_MS)
-        self._timer.timeout.connect(self._check)
+        self.background = Background(self)
 
     def open(self, flags_for: Callable[[str], list[str]], form_task: str) -> ServerStartDialog:
         d = ServerStartDialog(self.parent_widget, self.prefs, flags_for, form_task)
@@ -147,31 +142,16 @@ class ServerStarter(QObject):
             self.error("Cannot start on the server", f"A run is still starting on {self.starting.host}: "
                                                      "wait for it to open.")
             return False
-        self.starting, self._result = run, []
+        self.starting = run
         self.say(f"Starting a run on {run.host}...")
-        threading.Thread(target=self._start, args=(run, flags), name="server-start", daemon=True).start()
-        self._timer.start()
+        self.background.run(lambda: start(run, flags), self._done, "server-start")
         return True
 
-    def _start(self, run: ServerRun, flags: list[str]) -> None:
-        try:
-            self._result.append(start(run, flags))
-        except CtlError as e:
-            self._result.append(e)
-        except Exception as e:  # a bug: said, not lost in a thread
-            log.exception("starting on %s failed", run.host)
-            self._result.append(e)
-
-    def _check(self) -> None:
-        if not self._result:
-            return
-        self._timer.stop()
+    def _done(self, result: Any) -> None:
         run, self.starting = self.starting, None
-        result = self._result[0]
         if isinstance(result, Exception):
             self.say("")
-            host = run.host if run is not None else "the server"
-            self.error("Could not start on the server", f"{host}: {result}")
+            self.error("Could not start on the server", f"{run.host if run else 'the server'}: {result}")
             return
         self.started.append(result)
         self.say(f"Started {result}; it trains on there whether or not this window follows it")
