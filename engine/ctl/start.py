@@ -64,7 +64,15 @@ class Plan:
     before: float = field(default_factory=time.time)  # a writer lock taken after this is our engine's
 
 
-def plan(flags: list[str], python: str = sys.executable) -> Plan:
+def engine_command() -> list[str]:
+    """How this machine runs the engine: this python's `-m engine`, or in the packaged build
+    (build_spec.spec) the headroom-train executable beside this one."""
+    if getattr(sys, "frozen", False):
+        return [os.path.join(os.path.dirname(sys.executable), "headroom-train")]
+    return [sys.executable, "-m", "engine"]
+
+
+def plan(flags: list[str]) -> Plan:
     """The engine's flags checked by its own parser, the run folder chosen and checked. CtlError
     (exit 2) for anything the engine would refuse as input; nothing is made."""
     if any(f in ("-h", "--help") for f in flags):
@@ -80,7 +88,7 @@ def plan(flags: list[str], python: str = sys.executable) -> Plan:
         raise CtlError(f"engine flags: {limits.one_line(e)}") from None
     except SystemExit:  # argparse's own exit (a flag it handles itself)
         raise CtlError("start: the engine's flags did not parse") from None
-    argv = [python, "-m", "engine", *flags]
+    argv = [*engine_command(), *flags]
     task = getattr(ns, "task", None)
     if task is not None:  # a path arrives unexpanded through ssh: the engine gets it as the shell would give it
         spec = os.path.expanduser(task)
@@ -243,7 +251,7 @@ def start(flags: list[str], how: str = "auto", wait_s: float = WAIT_S) -> Iterat
 def _record(p: Plan, d: Detached, console: str, held: Optional[dict[str, Any]]) -> dict[str, Any]:
     return {"kind": "started", "run_dir": p.run_dir, "started": held is not None,
             "pid": (held or {}).get("pid"), "host": (held or {}).get("host"), "detach": d.how,
-            "session": d.session, "console": console, "command": p.argv[1:]}
+            "session": d.session, "console": console, "command": p.argv}
 
 
 def _took_folder(p: Plan) -> Optional[dict[str, Any]]:
