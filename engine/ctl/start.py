@@ -48,8 +48,9 @@ WAIT_S = 120.0  # how long the engine may take to import torch, load the task an
 POLL_S = 0.1
 CONSOLE = "console.log"
 SESSION_PREFIX = "headroom-"
-# Variables the engine does not inherit from this process: the shell's own, tmux's of the caller.
-_NOT_EXPORTED = {"PWD", "OLDPWD", "SHLVL", "_", "TMUX", "TMUX_PANE"}
+# Variables the engine does not inherit from this process: the shell's own, tmux's of the caller,
+# the terminal's (the pane has its own).
+_NOT_EXPORTED = {"PWD", "OLDPWD", "SHLVL", "_", "TMUX", "TMUX_PANE", "TERM", "COLUMNS", "LINES"}
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _PLAIN = re.compile(r"[A-Za-z0-9_./-]+")
 
@@ -59,7 +60,6 @@ class Plan:
     """What to start: the engine's command line, its folder, and whether this made the folder."""
     argv: list[str]
     run_dir: str
-    resume: bool
     made: bool = False
     before: float = field(default_factory=time.time)  # a writer lock taken after this is our engine's
 
@@ -111,7 +111,7 @@ def plan(flags: list[str]) -> Plan:
     holder = runlock.holder(run_dir) if os.path.isdir(run_dir) else None
     if holder is not None:
         raise CtlError(f"{runlock.describe(run_dir, holder)}: a run folder has one writer")
-    return Plan(argv, run_dir, bool(config.resume))
+    return Plan(argv, run_dir)
 
 
 def with_run_dir(flags: list[str], path: str, where: str = "") -> list[str]:
