@@ -16,6 +16,7 @@ from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtGui import QCloseEvent
 from PySide6.QtWidgets import QApplication, QDockWidget, QMainWindow, QMessageBox, QStackedWidget, QWidget
 
+from engine.declarations.config import ConfigError
 from engine.declarations.paths import default_runs_root
 
 from .core import assets, logs
@@ -23,7 +24,9 @@ from .core.preferences import Preferences
 from .model.runmodel import RunModel
 from .model.title import window_title
 from .session.controller import RunController
+from .session.configs import launch_config
 from .session.launcher import Launch
+from .session.server_start import server_flags
 from .ui import actions, export
 from .ui.shell import dialogs, layout, wheel, window_prefs
 from .ui.alerts import AlertsPanel
@@ -33,6 +36,8 @@ from .ui.runs.what_fits import LeversPanel
 from .ui.shell.loading import LoadingPlots
 from .ui.shell.pacing import TICK_MS
 from .ui.controls.run_starter import RunStarter
+from .ui.controls.server_dialog import ServerStarter
+from .ui.shell.remote_fields import use_ssh_preference
 from .ui.runs.tree_views import RunTreeViews
 from .ui.runs.form_sync import FormFollowsRun
 from .ui.runs.views import RunViews
@@ -58,6 +63,7 @@ class MainWindow(QMainWindow):
         super().__init__()
         logs.setup()
         self.preferences = preferences or Preferences()
+        use_ssh_preference(self.preferences)  # the ssh command for remote runs, when HEADROOM_SSH_COMMAND is unset
         self.base_config = dict(base_config or {})
         self.theme = theme if theme in THEMES else (self.preferences.theme() or system_theme())
         self.controller = RunController(self)
@@ -127,6 +133,7 @@ class MainWindow(QMainWindow):
         self.pacer = self.views.pacer
         self.starter = RunStarter(self, self.controller, self.controls, self.preferences, self.base_config,
                                   self.show_error)
+        self.server = ServerStarter(self, self.preferences, self.open_run, self.show_error, self.status.say)
         self.tree = RunTreeViews(self.controller, self.history, self.levers, lambda: self.plots, self.start_fork,
                                  self.show_error, self)
         self.plot_listeners.append(self.tree.plots_built)
@@ -171,6 +178,7 @@ class MainWindow(QMainWindow):
                                                                 self.views.shown_dir)),
                              (aa.quit, self.close), (aa.fit, lambda: self.plots.fit()),
                              (aa.torchrun, self.run_on_gpus_dialog), (aa.open_log, self.launcher.open_log),
+                             (aa.start_server, self.start_on_server_dialog),
                              (aa.about, self.show_about)):
             action.triggered.connect(lambda *_, slot=slot: slot())
         aa.log_scale.toggled.connect(lambda on: self._plots.set_log_scale(on) if self._plots else None)
@@ -301,6 +309,19 @@ class MainWindow(QMainWindow):
     def run_on_gpus_dialog(self) -> Any:
         """The Run on N GPUs dialog, opened (None with fewer than 2 GPUs)."""
         return self.starter.launch_dialog()
+
+    def start_on_server_dialog(self) -> Any:
+        """Run > Start on server...: the form's settings (every declared setting) on another
+        machine, started there detached, then followed (None when the form cannot start)."""
+        values, err = self.controls.values()
+        try:
+            if values is None:
+                raise ConfigError(err)
+            config = launch_config(self.base_config, values)
+        except ConfigError as e:
+            self.show_error("Cannot start on a server", str(e))
+            return None
+        return self.server.open(lambda task: server_flags(config, task), str(values.get("task") or ""))
 
     def pause_run(self) -> None:
         self.controller.pause()

@@ -66,11 +66,14 @@ def test_every_engine_command_line_parses():
 
 
 def test_every_headroom_ctl_line_parses():
-    from engine.ctl.cli import parser
+    from engine.ctl.cli import parser, split_engine_flags
     lines = [l for l in shell_lines() if l.startswith("headroom-ctl ")]
     assert len(lines) >= 5
     for line in lines:
-        parser().parse_args(shlex.split(line)[1:])  # raises CtlError on an unknown command or flag
+        args, engine_flags = split_engine_flags(shlex.split(line)[1:])  # start ... -- ENGINE_FLAGS
+        parser().parse_args(args)  # raises CtlError on an unknown command or flag
+        if engine_flags is not None:
+            build_parser().parse_args(engine_flags)  # the engine's flags, by the engine's parser
 
 
 def test_flag_table_matches_the_cli():

@@ -95,6 +95,9 @@ class AppActions(QObject):
         self.torchrun = make_action(parent, "Run on N GPUs...", icon="start")
         self.torchrun.setEnabled(False)
         self.torchrun.setToolTip("Checking how many GPUs torch sees...")
+        self.start_server = make_action(parent, "Start on server...", icon="start",
+                                        tip="Start the form's settings on another machine through ssh, detached "
+                                            "there (tmux), and follow it")
         self.open_log = make_action(parent, "Open launch log", icon="open",
                                     tip="Open the torchrun output of the last run started on N GPUs")
         self.open_log.setEnabled(False)
@@ -122,7 +125,7 @@ def install(window: QMainWindow, run: RunActions, app: AppActions, docks: list[Q
     mb = window.menuBar()
     _menu(mb.addMenu("&File"), (app.open_run, app.open_remote, app.open_task, None, app.csv, app.png, None, app.ask_close, app.quit))
     run_menu = _menu(mb.addMenu("&Run"), (run.start, run.pause, run.resume, run.stop, run.cont, None, run.apply, None,
-                                          app.torchrun, app.open_log))
+                                          app.torchrun, app.open_log, app.start_server))
     run_menu.setToolTipsVisible(True)  # the disabled "Run on N GPUs..." says why
     _menu(mb.addMenu("&View"), (app.log_scale, app.fit, app.theme, None, *docks))
     _menu(mb.addMenu("&Help"), (app.about,))

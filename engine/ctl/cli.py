@@ -6,6 +6,7 @@ machine or on another through ssh.
     headroom-ctl pause|unpause|stop RUN [--wait [--timeout S]]
     headroom-ctl follow RUN [--from-step N [--after-event ID]] [--json]
     headroom-ctl runs [DIR | HOST:[DIR]]
+    headroom-ctl start [DIR | HOST:[DIR]] [--detach auto|tmux|setsid] -- ENGINE_FLAGS...
 
 RUN is a run folder or `[user@]host:path` (engine/ctl/remote.py). Exit codes: 0 done, 2 bad
 input (one `error: ...` line, nothing sent), 3 a change refused (set --wait), 4 no live run (or
@@ -18,7 +19,7 @@ import argparse
 import sys
 from typing import Any, Iterator, NoReturn, Optional
 
-from . import local
+from . import local, start as starting
 from .follow import follow
 from .output import ClientGone, Output
 from .protocol import (EXIT_BAD_INPUT, EXIT_FAILED, EXIT_NOT_LIVE, EXIT_OK, EXIT_REFUSED, EXIT_REMOTE, PROTOCOL,
@@ -92,7 +93,41 @@ def parser() -> argparse.ArgumentParser:
     r = command("runs", "the runs under a runs folder, with their state", run=False)
     r.add_argument("where", nargs="?", default="", metavar="DIR|HOST:[DIR]",
                    help="a runs folder, here or on a host (default: the runs root, $HEADROOM_RUNS)")
+    st = command("start", "start `python -m engine ENGINE_FLAGS` detached (in tmux when there is one), here or on "
+                          "a host, and return once it holds its run folder", run=False)
+    st.add_argument("where", nargs="?", default="", metavar="DIR|HOST:[DIR]",
+                    help="the run folder, here or on a host (default: a new one under that machine's runs root)")
+    st.add_argument("--detach", choices=starting.DETACH, default="auto",
+                    help="how the run is kept going when the terminal or the ssh connection ends: inside tmux, or "
+                         "in a session of its own with its output in the run folder's console.log (default: tmux "
+                         "when installed)")
+    st.add_argument("--timeout", type=_seconds, default=None, metavar="S",
+                    help=f"wait at most S seconds for the engine to take its folder (default {starting.WAIT_S:g})")
+    st.set_defaults(engine_flags=[])
     return p
+
+
+def split_engine_flags(argv: list[str]) -> tuple[list[str], Optional[list[str]]]:
+    """`start ... -- ENGINE_FLAGS`: headroom-ctl's words, and the engine's after the first `--`."""
+    if argv[:1] != ["start"] or "--" not in argv:
+        return argv, None
+    i = argv.index("--")
+    return argv[:i], argv[i + 1:]
+
+
+def _start(args: argparse.Namespace) -> Iterator[dict[str, Any]]:
+    """`start`: here, or through engine.ctl on the host; the run folder of HOST:DIR or DIR is the
+    engine's --run-dir (given once)."""
+    target = parse_target(args.where) if args.where else None
+    flags = starting.with_run_dir(args.engine_flags, target.path if target is not None else args.where, args.where)
+    if target is None:
+        yield from starting.start(flags, args.detach, args.timeout or starting.WAIT_S)
+        return
+    ctl_args = starting.request(flags, args.detach, args.timeout)
+    for record in remote_records(target, args.remote_python, ctl_args):
+        if record.get("kind") == "started":  # named as this side reaches it
+            record = dict(record, target=f"{target.host}:{record.get('run_dir')}")
+        yield record
 
 
 def _remote_args(args: argparse.Namespace, path: str) -> list[str]:
@@ -116,6 +151,9 @@ def _remote_args(args: argparse.Namespace, path: str) -> list[str]:
 
 
 def _records(args: argparse.Namespace, out: Output) -> Iterator[dict[str, Any]]:
+    if args.command == "start":
+        yield from _start(args)
+        return
     where = args.run if args.command != "runs" else args.where
     target = parse_target(where) if where else None
     if target is not None:
@@ -175,11 +213,16 @@ def _run(args: argparse.Namespace, out: Output) -> int:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    argv, engine_flags = split_engine_flags(list(sys.argv[1:] if argv is None else argv))
     out = Output(sys.stdout, as_json="--json" in argv)
     try:
         out.hello()  # first, always: a client checks it before anything else
-        args = parser().parse_args(argv)
+        args, unknown = parser().parse_known_args(argv)
+        if unknown:
+            hint = " (start: the engine's flags go after --)" if args.command == "start" else ""
+            raise CtlError(f"unrecognized arguments: {' '.join(unknown)}{hint}")
+        if engine_flags is not None:
+            args.engine_flags = engine_flags
         return _run(args, out)
     except CtlError as e:
         return _fail(out, str(e), e.code)

@@ -266,7 +266,8 @@ def runs(root: str = "") -> Iterator[dict[str, Any]]:
                 state = "interrupted"
             yield {"kind": "run", "path": path, "name": name, "status": state, "live": writer is not None,
                    "step": last[0]["step"] if last else None, "task": info.get("task"),
-                   "started": info.get("started")}
+                   "started": info.get("started"), "finished": info.get("finished"),
+                   "loss": finite_or_none(last[0].get("loss")) if last else None}
         except StoreError as e:
             yield {"kind": "run", "path": path, "name": name, "status": "unreadable", "live": False,
                    "note": limits.one_line(e)}

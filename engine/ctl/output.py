@@ -5,6 +5,7 @@ session that ended) is `ClientGone`, never a traceback. Torch-free.
 from __future__ import annotations
 
 import math
+import shlex
 import os
 import sys
 import time
@@ -133,6 +134,21 @@ def _run(r: dict[str, Any]) -> str:
     return f"{r.get('name')}  {r.get('status')}{live}  step {_num(r.get('step'))}  {r.get('task') or ''}  {when}".rstrip()
 
 
+def _started(r: dict[str, Any]) -> str:
+    where = r.get("target") or r.get("run_dir") or ""
+    if not r.get("started"):
+        return (f"starting: {where} (the engine has not taken its folder yet; what it says is in "
+                f"{r.get('console')})")
+    host = f" on {r['host']}" if r.get("host") else ""
+    lines = [f"started: {where} (pid {r.get('pid')}{host})"]
+    if r.get("session"):
+        lines.append(f"  in tmux session {r['session']} (on that machine: tmux attach -t {r['session']})")
+    else:
+        lines.append(f"  detached; its output goes to {r.get('console')}")
+    lines.append(f"  follow it: headroom-ctl follow {shlex.quote(where)}")
+    return "\n".join(lines)
+
+
 def render(record: dict[str, Any]) -> Optional[str]:
     """The line(s) a person reads for a record; None for those only a program needs."""
     kind = record.get("kind")
@@ -150,4 +166,6 @@ def render(record: dict[str, Any]) -> Optional[str]:
         return f"run ended: {record.get('status')} at step {record.get('step')}"
     if kind == "run":
         return _run(record)
+    if kind == "started":
+        return _started(record)
     return None  # hello, info, heartbeat, kinds a newer engine added

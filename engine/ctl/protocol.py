@@ -15,7 +15,9 @@ other line is a record with a "kind":
   end        {"status": S, "step": N, "last_event": ID}   the run ended; the stream ends here
   status     {run_dir, live, writer, status, step, epoch, loss, settings, eta_s, ...}
   command    {id, command, payload, status, applied_step, from_step, note}
-  run        {path, name, status, live, step, task, started}   one line of `runs`
+  run        {path, name, status, live, step, task, started, finished, loss}   one line of `runs`
+  started    {run_dir, started, pid, host, detach, session, console, command}   `start`: the engine
+             holds its run folder (started false: still starting when the wait ran out)
   error      {"message": TEXT, "exit": CODE}   the command failed; the process exits CODE
 
 Numbers are JSON numbers; a non-finite one is written NaN, Infinity or -Infinity (as Python's

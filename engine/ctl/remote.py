@@ -65,13 +65,26 @@ def is_remote(text: str) -> bool:
         return True
 
 
+# The ssh command when HEADROOM_SSH_COMMAND is not set: the app's preference (set_ssh_fallback).
+_fallback = ""
+
+
+def set_ssh_fallback(text: str) -> None:
+    """The ssh command to use when HEADROOM_SSH_COMMAND is not set ('' : `ssh`). The app sets its
+    "ssh command" preference here; the environment variable still wins, as for headroom-ctl."""
+    global _fallback
+    _fallback = (text or "").strip()
+
+
 def ssh_command() -> list[str]:
-    """The ssh client's command: HEADROOM_SSH_COMMAND split as a shell would, else `ssh`."""
-    text = os.environ.get(SSH_ENV, "").strip()
+    """The ssh client's command: HEADROOM_SSH_COMMAND split as a shell would, else the app's
+    preference, else `ssh`."""
+    env = os.environ.get(SSH_ENV, "").strip()
+    text, source = (env, SSH_ENV) if env else (_fallback, "the ssh command preference")
     try:
         argv = shlex.split(text) if text else ["ssh"]
     except ValueError as e:
-        raise CtlError(f"{SSH_ENV}: {e}") from None
+        raise CtlError(f"{source}: {e}") from None
     return argv or ["ssh"]
 
 

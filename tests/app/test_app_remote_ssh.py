@@ -11,6 +11,7 @@ import sys
 
 import numpy as np
 import pytest
+from PySide6.QtCore import Qt
 
 from app_helpers import ROOT
 
@@ -18,16 +19,9 @@ sys.path.insert(0, os.path.join(ROOT, "tests", "ctl"))
 import sshkit  # noqa: E402
 from ctlkit import LiveRun, db_rows, written_run  # noqa: E402
 
+sshd = sshkit.sshd  # the shared server fixture (tests/ctl/sshkit.py)
+
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def sshd(tmp_path_factory):
-    server, why = sshkit.start(tmp_path_factory.mktemp("sshd"))
-    if server is None:
-        pytest.skip(why)
-    yield server
-    server.stop()
 
 
 @pytest.fixture
@@ -88,3 +82,36 @@ def test_a_live_remote_run_steered_through_a_dropped_connection(qtbot, make_wind
         assert os.path.exists(os.path.join(run.run_dir, "checkpoints", "last.pt"))
     finally:
         run.end()
+
+
+def test_run_history_lists_the_hosts_runs_and_compare_overlays_one_with_a_local_run(qtbot, make_window, over_ssh,
+                                                                                      monkeypatch, tmp_path):
+    """A remote run open: "Runs on HOST" in the run history (its runs root, and the folder of the
+    run opened); ticking Compare on one of them overlays its loss, read through its follow, beside
+    a local run's."""
+    server_runs = tmp_path / "server-runs"  # the server's runs root (HEADROOM_RUNS there)
+    monkeypatch.setenv("HEADROOM_REMOTE_PYTHON", over_ssh.python_with(HEADROOM_RUNS=str(server_runs)))
+    a, b = written_run(str(server_runs / "a"), 30), written_run(str(server_runs / "b; 'b'"), 20)
+    shown = written_run(str(tmp_path / "elsewhere" / "c"), 10)
+    local = written_run(str(tmp_path / "runs" / "here"), 15)  # this machine's runs root
+    w = make_window()
+    assert w.open_run(f"{sshkit.HOST}:{shown}")
+    qtbot.waitUntil(lambda: w.history.remote is not None and w.history.remote[2] == "", timeout=60_000)
+    host, runs, _note = w.history.remote
+    assert host == sshkit.HOST
+    assert sorted(r.path for r in runs) == sorted(f"{sshkit.HOST}:{p}" for p in (a, b, shown))
+    assert {r.name: r.steps for r in runs} == {"a": 30, "b; 'b'": 20, "c": 10}
+    listed = [it.data(1, Qt.ItemDataRole.UserRole) for it in w.history.items()]
+    assert f"{sshkit.HOST}:{b}" in listed and local in listed  # this machine's runs, and the host's
+
+    w.history.set_checked(f"{sshkit.HOST}:{b}", True)
+    w.history.set_checked(local, True)
+    name = f"{sshkit.HOST}:b; 'b'"
+    qtbot.waitUntil(lambda: name in w.plots.overlays and "here" in w.plots.overlays, timeout=60_000)
+    np.testing.assert_array_equal(w.plots.overlays[name][0].view("loss"), [m["loss"] for m in db_rows(b)])
+    np.testing.assert_array_equal(w.plots.overlays["here"][0].view("loss"), [m["loss"] for m in db_rows(local)])
+    w.history.set_checked(f"{sshkit.HOST}:{b}", False)
+    assert name not in w.plots.overlays
+
+    w.history.open_requested.emit(f"{sshkit.HOST}:{a}")  # View / double-click on a host's run
+    assert shown_steps(w) == list(range(1, 31))

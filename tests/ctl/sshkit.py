@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import getpass
 import os
+import shlex
 import shutil
 import socket
 import subprocess
@@ -15,6 +16,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
+
+import pytest
 
 from testkit import ROOT
 
@@ -32,6 +35,13 @@ class Sshd:
 
     def ctl_args(self) -> list[str]:
         return ["--remote-python", self.remote_python]
+
+    def python_with(self, **env: str) -> str:
+        """The remote python with these variables set on the server (sshd passes on none of the
+        client's: a test's HEADROOM_RUNS reaches the server this way, as it would in a user's
+        --remote-python)."""
+        return " ".join(["env", f"PYTHONPATH={ROOT}", *(shlex.quote(f"{k}={v}") for k, v in env.items()),
+                         sys.executable])
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -105,3 +115,13 @@ def start(folder: Path) -> tuple[Optional[Sshd], str]:
         server.stop()
         raise RuntimeError(f"ssh to the test sshd failed: {probe.stderr.strip()[-500:]}")
     return server, ""
+
+
+@pytest.fixture(scope="module")
+def sshd(tmp_path_factory):
+    """The server for a test module (import this fixture into the module: `from sshkit import sshd`)."""
+    server, why = start(tmp_path_factory.mktemp("sshd"))
+    if server is None:
+        pytest.skip(why)
+    yield server
+    server.stop()

@@ -182,3 +182,15 @@ def test_headroom_ctl_runs_without_torch(tmp_path):
     assert ctl("status", run_dir, env=env).returncode == 0
     r = subprocess.run([os.sys.executable, "-c", "import torch"], env=dict(os.environ, **env), capture_output=True)
     assert r.returncode != 0  # the negative control: torch really is not importable there
+
+
+def test_start_refuses_bad_input_before_anything_is_made(tmp_path):
+    """headroom-ctl start checks the engine's flags and the run folder first (no engine starts)."""
+    old = written_run(str(tmp_path / "old"), 2)
+    for args, said in (([tmp_path / "a", "--", "--task", "mlp", "--run-dir", tmp_path / "b"], "given twice"),
+                       ([tmp_path / "a", "--task", "mlp"], "after --"),
+                       ([tmp_path / "a", "--", "--task", "mlp", "--epochs", "0"], "--epochs"),
+                       ([old, "--", "--task", "mlp"], "already holds a run")):
+        r = ctl("start", *args)
+        assert r.returncode == 2 and said in one_error_line(r), r.stderr
+    assert sorted(os.listdir(tmp_path)) == ["old"]

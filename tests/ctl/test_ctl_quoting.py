@@ -66,3 +66,24 @@ def test_a_local_folder_named_with_a_colon_stays_local(tmp_path, monkeypatch):
     (tmp_path / "exp:1").mkdir()
     assert parse_target("exp:1") is None
     assert parse_target("exp:2") is not None
+
+
+def test_the_tmux_script_runs_the_engine_command_word_for_word(tmp_path, monkeypatch):
+    """`start` in tmux: the script tmux runs (engine/ctl/start.py) gives the engine every word and
+    this process's environment as they are, whatever the shell would make of them."""
+    from engine.ctl.start import script
+    printer = tmp_path / "printargs"
+    printer.write_text(f"#!{sys.executable}\nimport json, os, sys\n"
+                       "print(json.dumps([sys.argv[1:], os.environ.get('HEADROOM_ODD')]))\n")
+    printer.chmod(0o755)
+    monkeypatch.setenv("HEADROOM_ODD", "a'b $(touch pwned) \"c\"")
+    console = tmp_path / "run x; 'q'" / "console.log"
+    console.parent.mkdir()
+    path = tmp_path / "start.sh"
+    path.write_text(script([str(printer), *NASTY], str(console)))
+    r = subprocess.run(["sh", str(path)], cwd=tmp_path, capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(console.read_text()) == [NASTY, "a'b $(touch pwned) \"c\""]
+    assert json.loads(r.stdout) == [NASTY, "a'b $(touch pwned) \"c\""]  # and in the tmux pane
+    assert not path.exists()  # the script removes itself
+    assert not (tmp_path / "pwned").exists() and not (tmp_path / "q").exists()

@@ -20,16 +20,9 @@ from ctlkit import (LiveRun, Stream, ctl, db_events, db_rows, hold_lock, one_err
                     written_run)
 from testkit import wait_until
 
+sshd = sshkit.sshd  # the shared server fixture (tests/ctl/sshkit.py)
+
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def sshd(tmp_path_factory):
-    server, why = sshkit.start(tmp_path_factory.mktemp("sshd"))
-    if server is None:
-        pytest.skip(why)
-    yield server
-    server.stop()
 
 
 def remote(run_dir: str) -> str:
@@ -196,7 +189,8 @@ def test_a_remote_speaking_another_protocol_is_named(sshd, tmp_path):
 def test_a_remote_engine_without_engine_ctl_is_named(sshd, tmp_path):
     (tmp_path / "engine").mkdir()  # Headroom from before headroom-ctl: an engine package, no engine.ctl
     (tmp_path / "engine" / "__init__.py").write_text("__version__ = '0.0.1'\n")
-    r = ctl("follow", f"{sshkit.HOST}:/x", "--remote-python", f"env PYTHONPATH={tmp_path} {sys.executable}",
+    # -S: without site, so an editable install of this tree (its import hook) cannot lend it engine.ctl
+    r = ctl("follow", f"{sshkit.HOST}:/x", "--remote-python", f"env PYTHONPATH={tmp_path} {sys.executable} -S",
             env=sshd.env)
     assert r.returncode == 5
     line = one_error_line(r)

@@ -15,6 +15,7 @@ a rebuild. CI runs it.
 """
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sqlite3
@@ -32,6 +33,7 @@ from testkit import ROOT
 DIST = ROOT / "dist" / "headroom"
 APP = DIST / "headroom"
 TRAIN = DIST / "headroom-train"
+CTL = DIST / "headroom-ctl"
 BUILD_LOG = ROOT / "build" / "package-build.log"
 INPUTS = ["build_spec.spec", "pyproject.toml", "app", "engine", "resources"]
 SIZE_LIMIT = 800 * 10**6  # bytes unpacked, CPU torch
@@ -57,9 +59,9 @@ def _newest_input() -> float:
 def _up_to_date() -> bool:
     if os.environ.get("HEADROOM_REBUILD_PACKAGE") == "1":
         return False
-    if not (APP.is_file() and TRAIN.is_file()):
+    if not (APP.is_file() and TRAIN.is_file() and CTL.is_file()):
         return False
-    return min(APP.stat().st_mtime, TRAIN.stat().st_mtime) > _newest_input()
+    return min(APP.stat().st_mtime, TRAIN.stat().st_mtime, CTL.stat().st_mtime) > _newest_input()
 
 
 def _build_command() -> list[str]:
@@ -92,6 +94,7 @@ def dist() -> Path:
         print(f"\npackaged build: {took:.0f} s")
     assert APP.is_file() and os.access(APP, os.X_OK)
     assert TRAIN.is_file() and os.access(TRAIN, os.X_OK)
+    assert CTL.is_file() and os.access(CTL, os.X_OK)
     return DIST
 
 
@@ -198,9 +201,23 @@ def test_frozen_trainer_runs_the_readme_example(dist: Path, tmp_path: Path) -> N
     assert "run completed" in out.stderr
 
 
-@pytest.mark.parametrize("exe", ["headroom-train", "headroom"])
+def test_frozen_ctl_starts_a_run_detached_and_follows_it_to_its_end(dist: Path, tmp_path: Path) -> None:
+    """headroom-ctl in the packaged folder: start runs headroom-train beside it, detached."""
+    run_dir = tmp_path / "runs" / "started"
+    out = _run([CTL, "start", run_dir, "--detach", "setsid", "--", "--task", "mlp", "--max-steps", "5",
+                "--device", "cpu"], tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.startswith(f"started: {run_dir} (pid ")
+    out = _run([CTL, "follow", run_dir, "--json"], tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    end = json.loads(out.stdout.splitlines()[-1])
+    assert end["kind"] == "end" and end["status"] == "finished" and end["step"] == 5
+
+
+@pytest.mark.parametrize("exe", ["headroom-train", "headroom", "headroom-ctl"])
 def test_frozen_bad_flag_is_one_error_line_and_exit_2(dist: Path, tmp_path: Path, exe: str) -> None:
-    out = _run([DIST / exe, "--epochs", "1", "--no-such-flag"], tmp_path, timeout=120)
+    args = ["status", tmp_path, "--no-such-flag"] if exe == "headroom-ctl" else ["--epochs", "1", "--no-such-flag"]
+    out = _run([DIST / exe, *args], tmp_path, timeout=120)
     assert out.returncode == 2
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error:"), out.stderr

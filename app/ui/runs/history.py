@@ -52,6 +52,8 @@ class HistoryPanel(QWidget):
         self.extra: list[str] = []
         self.runs: list[RunSummary] = []
         self.nodes: dict[str, lineage.RunNode] = {}
+        # Another machine's runs (a remote run is open): (host, its runs, a note: listing, or why not)
+        self.remote: Optional[tuple[str, list[RunSummary], str]] = None
         self._filling = False
         self.root_label = QLabel()
         self.root_label.setObjectName("hint")
@@ -69,7 +71,7 @@ class HistoryPanel(QWidget):
         for c in range(len(COLUMNS)):
             h.setSectionResizeMode(c, QHeaderView.ResizeMode.ResizeToContents)
         h.setSectionResizeMode(CHANGE, QHeaderView.ResizeMode.Stretch)
-        self.tree.itemDoubleClicked.connect(lambda item, _c: self.open_requested.emit(item.data(RUN, PATH_ROLE)))
+        self.tree.itemDoubleClicked.connect(lambda item, _c: self._open(item.data(RUN, PATH_ROLE)))
         self.tree.itemChanged.connect(self._item_changed)
         self.tree.currentItemChanged.connect(lambda *_: self._show_checkpoints())
         open_b = QPushButton(assets.icon("open"), "View")
@@ -163,12 +165,45 @@ class HistoryPanel(QWidget):
                     items[up].addChild(items[r.path])
                 else:
                     self.tree.addTopLevelItem(items[r.path])
+            items.update(self._add_remote())
             self.tree.expandAll()
             if current in items:
                 self.tree.setCurrentItem(items[current])
         finally:
             self._filling = False
         self._show_checkpoints()
+
+    # -- another machine's runs --------------------------------------------------------------
+    def set_remote(self, host: str, runs: list[RunSummary], note: str = "") -> None:
+        """Show host's runs in a section of their own ("Runs on HOST"), each as host:path."""
+        self.remote = (host, list(runs), note)
+        self.refresh()
+
+    def clear_remote(self) -> None:
+        if self.remote is not None:
+            self.remote = None
+            self.refresh()
+
+    def _add_remote(self) -> dict[str, QTreeWidgetItem]:
+        if self.remote is None:
+            return {}
+        host, runs, note = self.remote
+        head = QTreeWidgetItem(["", f"Runs on {host}" + (f" ({note})" if note else "")])
+        font = head.font(RUN)
+        font.setBold(True)
+        head.setFont(RUN, font)
+        head.setToolTip(RUN, f"The runs under {host}'s runs root and beside the run opened there, listed with "
+                             "headroom-ctl runs over ssh; Compare reads a run's loss through its follow")
+        self.tree.addTopLevelItem(head)
+        items = {}
+        for r in runs:
+            items[r.path] = self._item(r, None, {})
+            head.addChild(items[r.path])
+        return items
+
+    def _open(self, path: Optional[str]) -> None:
+        if path:  # not a section's heading
+            self.open_requested.emit(path)
 
     def _item(self, r: RunSummary, node: Optional[lineage.RunNode], names: dict[str, str]) -> QTreeWidgetItem:
         when = time.strftime("%m-%d %H:%M", time.localtime(r.started)) if r.started else ""
@@ -222,9 +257,7 @@ class HistoryPanel(QWidget):
         return lineage.family(path, self.nodes)
 
     def _open_selected(self) -> None:
-        path = self.selected_path()
-        if path:
-            self.open_requested.emit(path)
+        self._open(self.selected_path())
 
     def _family(self) -> None:
         path = self.selected_path()
@@ -257,6 +290,10 @@ class HistoryPanel(QWidget):
         self.checkpoint_list.clear()
         if not path:
             self.checkpoint_label.setText("Checkpoints (select a run)")
+            self._sync_fork_button()
+            return
+        if self.remote is not None and path.startswith(self.remote[0] + ":"):  # not read over ssh
+            self.checkpoint_label.setText("Checkpoints: on the server (fork there with headroom-ctl start --fork)")
             self._sync_fork_button()
             return
         cps = lineage.checkpoints(path)

@@ -12,12 +12,18 @@ from typing import Any, Callable, Optional
 
 from PySide6.QtCore import QObject
 
+from engine.ctl.remote import default_python, is_remote
 from engine.declarations.commands import Command
 from engine.store import StoreError
 
+from app.core.preferences import Preferences
+from app.session import remote_runs
 from app.session.controller import RunController
+from app.session.remote_source import RemoteSource
 from app.session.sources import read_metrics
 from app.model import lineage
+from app.ui.shell.background import Background
+from app.ui.shell.remote_fields import host_of, remembered_python
 from .forking import ForkFlow
 from .history import HistoryPanel
 from .what_fits import LeversPanel, split_commands
@@ -27,6 +33,9 @@ log = logging.getLogger("headroom.tree")
 
 
 def run_name(path: str) -> str:
+    """The name an overlay goes by: the folder's, with its host for a run on another machine."""
+    if is_remote(path):
+        return f"{host_of(path)}:{os.path.basename(path.partition(':')[2].rstrip('/'))}"
     return os.path.basename(os.path.normpath(path))
 
 
@@ -40,6 +49,7 @@ class RunTreeViews(QObject):
         self.controller, self.session = controller, controller.session
         self.history, self.levers, self._plots, self.error = history, levers, plots, error
         self.forks = ForkFlow(parent_widget, start, error)
+        self.background = Background(self)  # another machine's runs and overlays, read over ssh
         s = controller.signals
         history.fork_requested.connect(lambda path, ckpt: self.forks.open(path, ckpt))
         history.overlay_toggled.connect(self.set_overlay)
@@ -47,6 +57,7 @@ class RunTreeViews(QObject):
         history.compare_cleared.connect(self.clear_compare)
         s.run_started.connect(lambda info: self.align_shown(str(info.get("run_dir") or "")))
         controller.folder_opened.connect(self.align_shown)
+        controller.folder_opened.connect(self.list_host_runs)
         s.memory_levers.connect(levers.set_levers)
         s.model_replaced.connect(self._on_model_replaced)
         s.state_changed.connect(lambda state: levers.set_live(state.is_live))
@@ -89,6 +100,10 @@ class RunTreeViews(QObject):
         if not on:
             panel.remove_overlay(name)
             return
+        if is_remote(path):  # its rows through its follow over ssh, off the GUI thread
+            self.background.run(lambda: remote_runs.read_metrics(path, self.python_for(path)),
+                                lambda buf: self._remote_overlay(path, buf), "remote-overlay")
+            return
         try:
             buf = read_metrics(path)
         except StoreError as e:
@@ -96,6 +111,41 @@ class RunTreeViews(QObject):
             return
         columns(buf).set_offsets(lineage.axis_offsets(path))
         panel.add_overlay(name, buf, run_dir=path)
+
+    def _remote_overlay(self, path: str, buf: Any) -> None:
+        if isinstance(buf, Exception):
+            self.history.set_checked(path, False)
+            self.error("Cannot overlay the run", str(buf))
+        elif path in self.history.checked:  # still wanted (not unticked while it was read)
+            self._plots().add_overlay(run_name(path), buf)
+
+    # -- another machine's runs ------------------------------------------------------------
+    def python_for(self, target: str) -> str:
+        """The python on target's host: the run shown's, if it is there; else the one remembered."""
+        src = self.session.source
+        if isinstance(src, RemoteSource) and src.remote.host == host_of(target):
+            return src.remote_python
+        return remembered_python(Preferences(), host_of(target)) or default_python()
+
+    def list_host_runs(self, path: str) -> None:
+        """A run on another machine opened: the run history shows that host's runs too (those of a
+        host are gone once a run on this machine is opened)."""
+        if not is_remote(path):
+            self.history.clear_remote()
+            return
+        host, python = host_of(path), self.python_for(path)
+        self.history.set_remote(host, [], "listing...")
+        beside = path.partition(":")[2]
+        self.background.run(lambda: remote_runs.list_runs(host, python, beside),
+                            lambda runs: self._host_runs(host, runs), "remote-runs")
+
+    def _host_runs(self, host: str, runs: Any) -> None:
+        if self.history.remote is None or self.history.remote[0] != host:
+            return  # another run was opened meanwhile
+        if isinstance(runs, Exception):
+            self.history.set_remote(host, [], f"could not list them: {runs}")
+        else:
+            self.history.set_remote(host, runs)
 
     def _built(self) -> Any:
         return getattr(self, "_panel", None)
@@ -118,6 +168,9 @@ class RunTreeViews(QObject):
     def compare_family(self, path: str) -> list[str]:
         """Show `path` with its ancestors, siblings and forks overlaid (it is opened first when
         this window is not training; otherwise it is overlaid too)."""
+        if is_remote(path):  # no family tree for another machine's runs: the run itself
+            self.history.set_checked(path, True)
+            return []
         path = os.path.abspath(path)
         shown = self.shown_run_dir()
         if shown is None or os.path.abspath(shown) != path:

@@ -7,10 +7,12 @@ import os
 from typing import Any, Optional
 
 from PySide6.QtCore import Qt
-from PySide6.QtWidgets import QApplication, QFileDialog, QInputDialog, QMessageBox, QWidget
+from PySide6.QtWidgets import (QApplication, QDialog, QDialogButtonBox, QFileDialog, QFormLayout, QLineEdit,
+                               QMessageBox, QVBoxLayout, QWidget)
 
 from app.core import assets
 from app.core.preferences import Preferences
+from . import remote_fields
 
 log = logging.getLogger("headroom.window")
 
@@ -66,35 +68,50 @@ def ask_run_folder(parent: QWidget, start: str) -> str:
     return QFileDialog.getExistingDirectory(parent, "Open a run folder", start)
 
 
-# A remote run: the last one opened, and each host's python (the app remembers it per host).
-REMOTE_LAST, REMOTE_PYTHONS = "remote_last", "remote_python"
-
-
 def remote_python_for(target: str) -> str:
     """The python remembered for target's host ('' if none: headroom-ctl's default)."""
-    saved = Preferences().get_json(REMOTE_PYTHONS, {})
-    return str(saved.get(target.partition(":")[0]) or "") if isinstance(saved, dict) else ""
+    return remote_fields.remembered_python(Preferences(), remote_fields.host_of(target))
+
+
+class RemoteRunDialog(QDialog):
+    """File > Open remote run...: [user@]host:path, the python there (remembered per host) and
+    the ssh command (a preference)."""
+
+    def __init__(self, parent: Optional[QWidget], prefs: Preferences) -> None:
+        from engine.ctl.remote import SSH_ENV
+        super().__init__(parent)
+        self.setWindowTitle("Open remote run")
+        self.setObjectName("remote_run_dialog")
+        self.setMinimumWidth(520)
+        self.prefs = prefs
+        self.target = QLineEdit(str(prefs.get_json(remote_fields.REMOTE_LAST, "") or ""))
+        self.target.setObjectName("remote_target")
+        self.target.setPlaceholderText("[user@]host:path/to/run")
+        self.target.setToolTip(f"A run on another machine, reached with your ssh and its config ({SSH_ENV} or the "
+                               "ssh command below changes the command); a relative path starts in the remote home")
+        form = QFormLayout()
+        form.addRow("Run", self.target)
+        self.fields = remote_fields.RemoteFields(prefs, form)
+        self.fields.host_changed(remote_fields.host_of(self.target.text()))
+        self.target.editingFinished.connect(lambda: self.fields.host_changed(remote_fields.host_of(self.target.text())))
+        buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Open | QDialogButtonBox.StandardButton.Cancel)
+        buttons.accepted.connect(self.accept)
+        buttons.rejected.connect(self.reject)
+        lay = QVBoxLayout(self)
+        lay.addLayout(form)
+        lay.addWidget(buttons)
+
+    def chosen(self) -> str:
+        """The run, with the python and ssh command remembered; '' if none was given."""
+        target = self.target.text().strip()
+        if not target or not self.fields.python.text().strip():
+            return ""
+        self.fields.save(remote_fields.host_of(target))
+        self.prefs.set_json(remote_fields.REMOTE_LAST, target)
+        return target
 
 
 def ask_remote_run(parent: QWidget) -> str:
-    """[user@]host:path of a run on another machine, and (remembered for that host) the python
-    that has Headroom there. '' if cancelled."""
-    from engine.ctl.remote import SSH_ENV, default_python
-    prefs = Preferences()
-    target, ok = QInputDialog.getText(parent, "Open remote run", "A run on another machine, as [user@]host:path\n"
-                                      f"(reached with your ssh and its config; {SSH_ENV} changes the command):",
-                                      text=str(prefs.get_json(REMOTE_LAST, "") or ""))
-    target = target.strip()
-    if not ok or not target:
-        return ""
-    host = target.partition(":")[0]
-    saved = prefs.get_json(REMOTE_PYTHONS, {})
-    saved = saved if isinstance(saved, dict) else {}
-    python, ok = QInputDialog.getText(parent, "Open remote run", f"The python with Headroom on {host}:",
-                                      text=str(saved.get(host) or default_python()))
-    if not ok or not python.strip():
-        return ""
-    saved[host] = python.strip()
-    prefs.set_json(REMOTE_PYTHONS, saved)
-    prefs.set_json(REMOTE_LAST, target)
-    return target
+    """[user@]host:path of a run on another machine ('' if cancelled)."""
+    dlg = RemoteRunDialog(parent, Preferences())
+    return dlg.chosen() if dlg.exec() == QDialog.DialogCode.Accepted else ""
