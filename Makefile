@@ -38,8 +38,11 @@ demo-headless: $(STAMP)
 TEST_WORKERS ?= auto
 PARALLEL := -n $(TEST_WORKERS) --maxprocesses=4 --dist loadfile
 
+# The ddp tests start several processes each (torchrun, gloo): they run after the others, one
+# at a time, so their ranks never share the cores with another worker's tests.
 test: $(STAMP)
-	QT_QPA_PLATFORM=offscreen $(PY) -m pytest -q $(PARALLEL) tests
+	QT_QPA_PLATFORM=offscreen $(PY) -m pytest -q $(PARALLEL) -m "not ddp" tests
+	QT_QPA_PLATFORM=offscreen $(PY) -m pytest -q -m ddp tests
 
 # The quick loop: every test but the slow, multi-process, packaging and CUDA ones (under 3 min on 2 cores).
 test-fast: $(STAMP)

@@ -3,8 +3,10 @@ the test's tmp_path (never the user's), and the markers' rules. Shared helpers: 
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -28,6 +30,18 @@ def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     return tmp_path
+
+
+@pytest.fixture(autouse=True)
+def sigchld_kept() -> Any:
+    """A test that runs the engine in this process's main thread leaves PyTorch's SIGCHLD handler
+    installed, holding the worker pids it knew: a later test's unrelated child exiting would then
+    raise "DataLoader worker ... exited unexpectedly" in whatever the main thread is doing (a
+    Qt slot of the next app test). Each test starts and ends with the handler it found."""
+    before = signal.getsignal(signal.SIGCHLD)
+    yield
+    if signal.getsignal(signal.SIGCHLD) is not before:
+        signal.signal(signal.SIGCHLD, before)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

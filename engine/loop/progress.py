@@ -63,9 +63,9 @@ class Progress:
         if "epoch_sums" in state and "epoch_loss" not in state:
             p.epoch_loss, p.epoch_count = (float(x) for x in state["epoch_sums"])
         p.step, p.epoch, p.window, p.epoch_offset = int(p.step), int(p.epoch), int(p.window), int(p.epoch_offset)
-        rng = state.get("rng") or {}
-        if "torch" in rng:
+        rng = state.get("rng") or {}  # checked by engine/checkpoints/contents.py: a None is no state
+        if rng.get("torch") is not None:
             torch.set_rng_state(rng["torch"])
-        if "cuda" in rng and device.type == "cuda":
+        if rng.get("cuda") is not None and device.type == "cuda":
             torch.cuda.set_rng_state(rng["cuda"], device)
         return p
