@@ -104,7 +104,8 @@ def test_cosine_schedule_draws_the_planned_lr_ahead_of_the_run(qtbot, make_windo
     x, y = w.plots.curve_data("lr_planned")
     last = _cum_samples(w)[-1]
     assert len(x) > 5 and x[-1] == 2 * 4096 and (x > last).sum() >= 3  # the plan ahead of the last trained sample
-    assert np.all(np.diff(y[1:]) <= 1e-12)  # past the warmup: the cosine only goes down
+    peak = int(np.argmax(y))  # the plan may start inside the warmup (a loaded machine trains slower)
+    assert np.all(np.diff(y[:peak + 1]) >= -1e-12) and np.all(np.diff(y[peak:]) <= 1e-12)  # up, then only down
     assert abs(y[-1] - 0.05 * 0.002) < 1e-9  # to min ratio x the new peak
     px, py = w.plots.curve_data("lr_peak_changes")
     assert len(px) == 1 and px[0] <= last and 0 < py[0] <= 0.002
