@@ -10,8 +10,7 @@ import logging
 from typing import Any, Callable, Optional
 
 from PySide6.QtCore import QObject
-from PySide6.QtGui import QFontDatabase
-from PySide6.QtWidgets import QDialog, QDialogButtonBox, QFormLayout, QLineEdit, QPlainTextEdit, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QDialog, QDialogButtonBox, QFormLayout, QLineEdit, QVBoxLayout, QWidget
 
 from engine.declarations.config import ConfigError
 from engine.declarations.paths import BUILTIN_TASKS
@@ -20,6 +19,7 @@ from app.core.preferences import Preferences
 from app.session.server_start import ServerRun, command_line, start
 from app.ui.shell.background import Background
 from app.ui.shell.remote_fields import RemoteFields
+from .gpu_dialog import CommandView
 
 log = logging.getLogger("headroom.server")
 
@@ -57,11 +57,7 @@ class ServerStartDialog(QDialog):
         self.fields = RemoteFields(prefs, form)
         form.addRow("Task file there", self.task)
         form.addRow("Run folder there", self.run_dir)
-        self.command_text = QPlainTextEdit()  # the whole command, selectable, in a few scrolled lines
-        self.command_text.setObjectName("command")
-        self.command_text.setReadOnly(True)
-        self.command_text.setFont(QFontDatabase.systemFont(QFontDatabase.SystemFont.FixedFont))
-        self.command_text.setFixedHeight(self.command_text.fontMetrics().lineSpacing() * 5 + 16)
+        self.command_text = CommandView()  # the whole command, selectable, in a few scrolled lines
         self.buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
         self.buttons.button(QDialogButtonBox.StandardButton.Ok).setText("Start")
         self.buttons.accepted.connect(self.accept)
