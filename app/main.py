@@ -242,7 +242,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             QTimer.singleShot(0, win.close_now)
             QTimer.singleShot(0, lambda: app.exit(0))
 
-        win.placeholder.paint_listeners.insert(0, shown)
+        win.central.placeholder.paint_listeners.insert(0, shown)
         win.plot_listeners.append(lambda panel: panel.canvas.paint_listeners.append(plotted))
 
     if ns.open:

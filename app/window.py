@@ -9,14 +9,12 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 from typing import Any, Callable, Optional
 
 from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtGui import QCloseEvent
-from PySide6.QtWidgets import QApplication, QDockWidget, QMainWindow, QMessageBox, QStackedWidget, QWidget
+from PySide6.QtWidgets import QApplication, QMainWindow, QMessageBox
 
-from engine.declarations.config import ConfigError
 from engine.declarations.paths import default_runs_root
 
 from .core import assets, logs
@@ -24,16 +22,14 @@ from .core.preferences import Preferences
 from .model.runmodel import RunModel
 from .model.title import window_title
 from .session.controller import RunController
-from .session.configs import launch_config
 from .session.launcher import Launch
-from .session.server_start import server_flags
 from .ui import actions, export
 from .ui.shell import dialogs, layout, wheel, window_prefs
 from .ui.alerts import AlertsPanel
 from .ui.controls.panel import ControlsPanel
 from .ui.runs.history import HistoryPanel
 from .ui.runs.what_fits import LeversPanel
-from .ui.shell.loading import LoadingPlots
+from .ui.shell.loading import PlotsArea
 from .ui.shell.pacing import TICK_MS
 from .ui.controls.run_starter import RunStarter
 from .ui.controls.server_dialog import ServerStarter
@@ -41,9 +37,9 @@ from .ui.shell.remote_fields import use_ssh_preference
 from .ui.runs.tree_views import RunTreeViews
 from .ui.runs.form_sync import FormFollowsRun
 from .ui.runs.views import RunViews
-from .ui.shell.statusbar import ElidedLabel, StatusBar
+from .ui.shell.statusbar import LiveLabel, StatusBar
 from .ui.theme import THEMES, apply_stylesheet, system_theme
-from .ui.shell.close_question import CloseQuestion
+from .ui.shell.close_question import CloseQuestion, stop_engine
 from .ui.shell.field_notices import FieldNotices
 from .ui.shell.view_prefs import ViewPrefs
 
@@ -83,20 +79,9 @@ class MainWindow(QMainWindow):
         apply_stylesheet(self.theme)
         wheel.install(QApplication.instance())  # the wheel changes no setting it passes over
 
-        # The plots (pyqtgraph) are built just after the window first paints: pyqtgraph's import is
-        # the largest part of start-up, and the controls are usable before it is done.
-        self._plots: Any = None
         self.plot_listeners: list[Callable[[Any], None]] = []  # called once the plots exist
-        self.placeholder = LoadingPlots()
-        self.placeholder.paint_listeners.append(lambda _t: QTimer.singleShot(0, self._build_plots))
-        # One central widget for the window's life: the plots take the placeholder's place inside
-        # it. (QMainWindow re-fits its docks around a new central widget, and while the plots'
-        # size hints were not in yet the docks took the room: plots a strip, Alerts the window.)
-        self.central = QStackedWidget()
-        self.central.setObjectName("plots_area")
-        self.central.addWidget(self.placeholder)
+        self.central = PlotsArea(self._make_plots, self._plots_built)  # "Loading plots...", then the plots
         self.setCentralWidget(self.central)
-        QTimer.singleShot(250, self._build_plots)  # in case the window is never painted (hidden)
 
         self.run_actions = actions.RunActions(self)
         self.app_actions = actions.AppActions(self)
@@ -106,16 +91,13 @@ class MainWindow(QMainWindow):
         self.levers = LeversPanel()
         self.status = StatusBar(self)
         self.setStatusBar(self.status)
-        # Who writes the run shown, while it is going: "live: pid N on HOST" (this process for
-        # its own run; the holder of the run folder's writer lock for a run trained elsewhere).
-        self.live_label = ElidedLabel("")
-        self.live_label.setObjectName("live_writer")
+        self.live_label = LiveLabel()  # "live: pid N on HOST" while the run shown is going
         self.status.addPermanentWidget(self.live_label)
         self.setCorner(Qt.Corner.BottomLeftCorner, Qt.DockWidgetArea.LeftDockWidgetArea)
-        self.controls_dock = self._dock("Controls", "controls", self.controls, Qt.DockWidgetArea.LeftDockWidgetArea)
-        self.alerts_dock = self._dock("Alerts", "alerts", self.alerts, Qt.DockWidgetArea.BottomDockWidgetArea)
-        self.history_dock = self._dock("Run history", "history", self.history, Qt.DockWidgetArea.BottomDockWidgetArea)
-        self.levers_dock = self._dock("What fits", "levers", self.levers, Qt.DockWidgetArea.BottomDockWidgetArea)
+        self.controls_dock = layout.make_dock(self, "Controls", "controls", self.controls, Qt.DockWidgetArea.LeftDockWidgetArea)
+        self.alerts_dock = layout.make_dock(self, "Alerts", "alerts", self.alerts, Qt.DockWidgetArea.BottomDockWidgetArea)
+        self.history_dock = layout.make_dock(self, "Run history", "history", self.history, Qt.DockWidgetArea.BottomDockWidgetArea)
+        self.levers_dock = layout.make_dock(self, "What fits", "levers", self.levers, Qt.DockWidgetArea.BottomDockWidgetArea)
         self.tabifyDockWidget(self.alerts_dock, self.history_dock)
         self.tabifyDockWidget(self.history_dock, self.levers_dock)
         self.alerts_dock.raise_()
@@ -164,9 +146,6 @@ class MainWindow(QMainWindow):
         self.views.sync_state()
 
     # -- construction ----------------------------------------------------------------------
-    def _dock(self, title: str, name: str, widget: QWidget, area: Qt.DockWidgetArea) -> QDockWidget:
-        return layout.make_dock(self, title, name, widget, area)
-
     def _wire(self) -> None:
         ra, aa, ctl = self.run_actions, self.app_actions, self.controller
         for action, slot in ((ra.start, self.start_run), (ra.pause, self.pause_run), (ra.resume, self.resume_run),
@@ -206,23 +185,21 @@ class MainWindow(QMainWindow):
     @property
     def plots(self) -> Any:
         """The PlotPanel, built now if the event loop has not built it yet."""
-        if self._plots is None:
-            self._build_plots()
-        return self._plots
+        return self.central.build()
 
-    def _build_plots(self) -> None:
-        if self._plots is not None:
-            return
+    @property
+    def _plots(self) -> Any:
+        """The PlotPanel, or None while it is not built yet."""
+        return self.central.panel
+
+    def _make_plots(self) -> Any:
         from .ui.plots.panel import PlotPanel  # pyqtgraph loads here
-        panel = PlotPanel(self.theme)
-        self._plots = panel
+        return PlotPanel(self.theme)
+
+    def _plots_built(self, panel: Any) -> None:
         panel.log_scale_changed.connect(self.log_action.setChecked)
         if self.log_action.isChecked():
             panel.set_log_scale(True)
-        self.central.addWidget(panel)
-        self.central.setCurrentWidget(panel)
-        self.central.removeWidget(self.placeholder)
-        self.placeholder.deleteLater()
         panel.set_model(self.model)
         panel.set_live(self.session.state.is_live)
         self.view_prefs.bind_plots(panel, self.history)
@@ -314,14 +291,7 @@ class MainWindow(QMainWindow):
         """Run > Start on server...: the form's settings (every declared setting) on another
         machine, started there detached, then followed (None when the form cannot start)."""
         values, err = self.controls.values()
-        try:
-            if values is None:
-                raise ConfigError(err)
-            config = launch_config(self.base_config, values)
-        except ConfigError as e:
-            self.show_error("Cannot start on a server", str(e))
-            return None
-        return self.server.open(lambda task: server_flags(config, task), str(values.get("task") or ""))
+        return self.server.open_for_form(values, err, self.base_config)
 
     def pause_run(self) -> None:
         self.controller.pause()
@@ -367,10 +337,7 @@ class MainWindow(QMainWindow):
         return self.live_label.text()
 
     def _sync_live(self) -> None:
-        text = self.session.live_text()
-        if text != self.live_label.text():
-            self.live_label.setText(text)
-            self.live_label.setVisible(bool(text))
+        self.live_label.show_text(self.session.live_text())
 
     def _on_run_dir(self, path: str) -> None:
         self.history.add_extra(path)
@@ -456,18 +423,12 @@ class MainWindow(QMainWindow):
             event.ignore()
             return
         if self.runner.is_busy() and not self._really_closing:
-            self.runner.stop()  # at the next micro-batch, with a checkpoint
-            t0 = time.perf_counter()
-            if not self.runner.join(JOIN_S):
-                # Still inside something it cannot leave yet (torch loading, a long micro-batch):
-                # never terminate() it; hide and close once it has stopped.
-                log.warning("engine thread still busy after %.1fs; closing when it stops", JOIN_S)
+            if not stop_engine(self.runner, JOIN_S):  # never terminated: hidden, closed once it stops
                 self._close_when_done = True
                 self.save_preferences()
                 self.hide()
                 event.ignore()
                 return
-            log.info("engine thread joined in %.2fs", time.perf_counter() - t0)
             self.tick()
         self.timer.stop()
         self.controller.close()

@@ -54,7 +54,6 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
 try:
-    import transformers
     from transformers import Trainer, TrainerCallback
 except ImportError as e:  # pragma: no cover - the extra is not installed
     raise ImportError("engine.integrations.transformers needs Hugging Face transformers: "
@@ -64,16 +63,15 @@ import torch
 
 from engine.declarations.commands import Command, SetClip, SetLr
 from engine.declarations.events import ScalerSkip
-from engine.window.grads import clip_params_by_host_norm_
+from . import _hf_wrap
 from ._exactness import WindowCheck
 from ._hf_loss import exact_loss
 from ._hf_meter import GRAD_CHECKS, Meter
 from ._loop_rows import read_to_host
-from .loop import HeadroomRun, IntegrationError, clean, end_reason, set_lr
+from .loop import HeadroomRun, IntegrationError, end_reason, set_lr
 
 __all__ = ["HeadroomCallback", "exact_loss"]
 
-_MARK = "_headroom_wrapped"
 MAX_PENDING = 256  # steps kept at most before their rows are written, whatever the interval
 REFUSED = {
     "set_accum": ("the Trainer sizes its epochs and its lr schedule from gradient_accumulation_steps when "
@@ -120,47 +118,6 @@ class _Step:
     seconds: float
     scaler_skipped: bool
     window: _Window
-
-
-def _unwrap(trainer: Any) -> None:
-    wrapped = trainer.__dict__.pop(_MARK, None)
-    if wrapped is not None:
-        trainer.__dict__.pop("training_step", None)
-        trainer.__dict__.pop("compute_loss", None)
-        wrapped[1].__dict__.pop("clip_grad_norm_", None)
-        wrapped[1].__dict__.pop("backward", None)
-
-
-def _unwrapped(trainer: Trainer) -> Any:
-    """The model itself: out of Accelerate's wrapper and a PEFT adapter."""
-    m = trainer.model
-    try:
-        m = trainer.accelerator.unwrap_model(m)
-    except Exception:
-        pass
-    base = getattr(m, "get_base_model", None)
-    return base() if callable(base) else m
-
-
-def _training_trainer(state: Any) -> Optional[Trainer]:
-    """The Trainer whose train() is calling on_train_begin, for a callback given as
-    `callbacks=[HeadroomCallback()]` without attach(). The hook runs a fixed few frames
-    below Trainer._inner_training_loop (CallbackHandler.on_train_begin -> call_event ->
-    the hook); a frame counts only if its `self` is a Trainer whose state is the very
-    `state` the hook was given, so no other Trainer can be taken for it."""
-    import sys
-    frame = sys._getframe(2)
-    for _ in range(_TRAINER_FRAMES):
-        if frame is None:
-            return None
-        owner = frame.f_locals.get("self")
-        if isinstance(owner, Trainer) and owner.state is state:
-            return owner
-        frame = frame.f_back
-    return None
-
-
-_TRAINER_FRAMES = 6  # on_train_begin is 3 frames below the training loop in transformers 4.46-5.x
 
 
 class HeadroomCallback(TrainerCallback):
@@ -220,7 +177,7 @@ class HeadroomCallback(TrainerCallback):
         """Trainer(..., callbacks=[HeadroomCallback()]): its Trainer is found here, at the end of
         its __init__, so that train() itself can be guarded (below) before it is ever called."""
         if self._trainer is None:
-            self._trainer = _training_trainer(state)
+            self._trainer = _hf_wrap.training_trainer(state)
         if self._trainer is not None:
             self._take(self._trainer)
 
@@ -233,35 +190,9 @@ class HeadroomCallback(TrainerCallback):
         if others:
             raise IntegrationError("two HeadroomCallbacks in one Trainer: each would write a run of the same "
                                    "training and neither would be whole; keep one")
-        if getattr(trainer.train, "_headroom_guard", None) is self:
-            return
-        train = trainer.train
-        cb = self
-
-        def guarded_train(*a: Any, **kw: Any) -> Any:
-            try:
-                return train(*a, **kw)
-            except BaseException as e:
-                cb._failed(e, final=True)
-                raise
-
-        guarded_train._headroom_guard = self  # type: ignore[attr-defined]
-        trainer.train = guarded_train  # an instance attribute: the class's method is untouched
+        _hf_wrap.guard_train(trainer, self, lambda e: self._failed(e, final=True))
 
     # -- set-up --------------------------------------------------------------------------------------
-    def _config(self, args: Any, state: Any, trainer: Trainer) -> dict:
-        precision = "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32"
-        epochs = getattr(state, "num_train_epochs", None) or args.num_train_epochs
-        cfg = dict(micro_batch=args.per_device_train_batch_size, accum=args.gradient_accumulation_steps,
-                   lr=args.learning_rate, clip=args.max_grad_norm or 0.0, epochs=clean(epochs),
-                   max_steps=state.max_steps if state.max_steps and state.max_steps > 0 else None,
-                   optimizer=clean(args.optim), precision=precision, device=str(args.device), seed=args.seed,
-                   lr_schedule=clean(args.lr_scheduler_type), warmup=clean(args.warmup_steps),
-                   output_dir=args.output_dir, framework="transformers",
-                   framework_version=transformers.__version__)
-        cfg.update(self.extra_config)
-        return cfg
-
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
         if self.run is not None and not self.run.finished:  # a previous train() that never reached on_train_end
             self.run.fail("train() ended without on_train_end (an exception?)")
@@ -272,7 +203,7 @@ class HeadroomCallback(TrainerCallback):
         self._steps = []
         self._reset_window()
         if self._trainer is None:  # Trainer(..., callbacks=[HeadroomCallback()]): the documented one-liner
-            self._trainer = _training_trainer(state)
+            self._trainer = _hf_wrap.training_trainer(state)
         trainer = self._trainer
         if trainer is None:
             raise IntegrationError("HeadroomCallback needs the Trainer it reads, which the callback API does not "
@@ -285,18 +216,18 @@ class HeadroomCallback(TrainerCallback):
         steering = "" if world == 1 else (f"this run trains in {world} processes: a setting applied on process 0 "
                                           "alone would make them diverge")
         task = self.task or f"hf-{type(model if model is not None else trainer.model).__name__}"
-        run = HeadroomRun(self.run_dir_arg, task=task, config=self._config(args, state, trainer), device=args.device,
+        run = HeadroomRun(self.run_dir_arg, task=task, config=_hf_wrap.run_config(args, state, self.extra_config), device=args.device,
                           world_size=world, steering=steering, integration="transformers",
                           commit_interval=self.commit_interval, poll_interval=self.poll_interval,
                           refusal=lambda cmd: self._refusal(cmd, args))
         run.start(step=int(state.global_step), epoch=int(math.floor((state.epoch or 0) + 1e-9)) + 1)
         run.set_info(checkpoint_dir=args.output_dir)
         self.run, self.run_dir = run, run.run_dir
-        self._meter.begin(_unwrapped(trainer), args)
+        self._meter.begin(_hf_wrap.unwrapped_model(trainer), args)
         self._wrap(trainer)
 
     def _wrap(self, trainer: Trainer) -> None:
-        _unwrap(trainer)  # left by a train() that raised
+        _hf_wrap.unwrap(trainer)  # left by a train() that raised
         step_fn = trainer.training_step
         cb = self
 
@@ -319,38 +250,21 @@ class HeadroomCallback(TrainerCallback):
         training_step._headroom = True  # type: ignore[attr-defined]
         trainer.training_step = training_step  # an instance attribute: the class's method is untouched
         acc = trainer.accelerator
-        clip_fn = acc.clip_grad_norm_
         kind = getattr(acc.distributed_type, "value", acc.distributed_type)
         plain = kind not in ("FSDP", "DEEPSPEED", "XLA") and hasattr(torch.nn.utils, "get_total_norm")
         self._meter.wrap(trainer, plain and acc.num_processes == 1)
-
-        def clip_grad_norm_(parameters: Any, max_norm: Any, norm_type: Any = 2, *a: Any, **kw: Any) -> Any:
-            """Accelerate's clip_grad_norm_, which on one device or under DDP is torch's
-            (get_total_norm, then clip_grads_with_norm_): the same here, bit for bit, with the
-            norm read to the host once (the row needs it) and the clip coefficient computed
-            there. FSDP, DeepSpeed, XLA, DTensor gradients, another norm: Accelerate's own."""
-            params = list(parameters)
-            grads = [p.grad for p in params if p.grad is not None]
-            cb._meter.finish_probe([m.true_count for m in cb._mb])  # before the unscale and the clip
-            if not (plain and grads and norm_type == 2 and not a and not kw
-                    and all(type(g) is torch.Tensor for g in grads)):
-                norm = clip_fn(params, max_norm, norm_type, *a, **kw)
-                cb._norm, cb._norm_f = norm, None
-                return norm
-            acc.unscale_gradients()  # fp16: what Accelerate does first (nothing without a scaler)
-            norm = torch.nn.utils.get_total_norm(grads)
-            norm_f = float(norm)
-            clip_params_by_host_norm_(params, float(max_norm), norm, norm_f)
-            cb._norm, cb._norm_f = norm, norm_f
-            return norm
-
-        acc.clip_grad_norm_ = clip_grad_norm_
-        setattr(trainer, _MARK, (trainer, acc))
+        acc.clip_grad_norm_ = _hf_wrap.host_norm_clip(
+            acc, plain, before=lambda: cb._meter.finish_probe([m.true_count for m in cb._mb]),
+            seen=self._norm_seen)
+        setattr(trainer, _hf_wrap.MARK, (trainer, acc))
         self._wrapped = True
+
+    def _norm_seen(self, norm: Any, norm_f: Optional[float]) -> None:
+        self._norm, self._norm_f = norm, norm_f  # before clipping; norm_f: already on the host
 
     def _unwrap(self) -> None:
         if self._trainer is not None and self._wrapped:
-            _unwrap(self._trainer)
+            _hf_wrap.unwrap(self._trainer)
         self._wrapped = False
 
     def _failed(self, e: BaseException, final: bool = False) -> None:

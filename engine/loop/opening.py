@@ -15,7 +15,8 @@ import torch
 from engine.checkpoints import files as ckpt
 from . import run_state
 from engine.declarations.commands import Command
-from engine.declarations.events import EpochEnd, Event, SettingsApplied, StoreProblem
+from engine.declarations.config import TrainConfig
+from engine.declarations.events import EpochEnd, Event, RunStarted, SettingsApplied, StoreProblem
 from engine.distributed.devices import device_name
 from .progress import Progress
 from engine.declarations.settings import LiveSettings
@@ -29,6 +30,15 @@ def open_store(parts: RunParts, on_problem: Callable[[str], None]) -> RunStore:
     # Commands an earlier engine never read are not this engine's to apply (a stale stop).
     store.expire_pending_commands()
     return store
+
+
+def run_started(parts: RunParts, config: TrainConfig, step: int, epoch: int) -> RunStarted:
+    """The run's first event: its folder, task, device and whole config (run.db keeps it)."""
+    return RunStarted(step, epoch, run_dir=os.path.abspath(parts.run_dir), task=parts.task.name,
+                      device=str(parts.device), device_name=device_name(parts.device),
+                      torch_version=torch.__version__, world_size=parts.ctx.world,
+                      resumed=parts.resume_state is not None, config=config.to_dict(),
+                      forked_from=config.fork or "")
 
 
 def continue_from(parts: RunParts, state: dict[str, Any]) -> tuple[Progress, LiveSettings, list[Command]]:

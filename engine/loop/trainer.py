@@ -5,13 +5,11 @@ the policy plans the epoch's windows, `step_window` trains one (accumulate.py do
 the micro-batches, step.py the optimizer step), `_report` turns its numbers into
 metrics and alerts, and commands are applied only at boundaries, so no window is
 ever split between two settings. Set-up is setup.py (run when the Trainer is made),
-checkpoints run_state.py, commands engine.control (inbox, rules, boundaries; lr, the one
+checkpoints run_state.py, the run's end closing.py, commands engine.control (inbox, rules, boundaries; lr, the one
 writer of the optimizer's learning rate), alerts watchers.py. No Qt here.
 """
 from __future__ import annotations
 
-import logging
-import os
 import queue
 import threading
 import time
@@ -21,7 +19,7 @@ from typing import Callable, Optional
 import torch
 
 from engine import distributed as D
-from . import opening, run_state
+from . import closing, opening, run_state
 from engine.window import sampling as W
 from engine.window.accumulate import StopRequested, train_window
 from .autopilot import MAX_IN_A_ROW, Autopilot, roll_back
@@ -29,11 +27,10 @@ from .saving import Checkpointer
 from engine.control.boundaries import Boundaries
 from engine.declarations.commands import Command, Stop
 from engine.declarations.config import TrainConfig
-from engine.distributed.devices import device_name
 from engine.distributed.world import keep_effective_batch
 from .evaluate import validation_loss
 from engine.declarations.events import (CheckpointSaved, EpochEnd, Event, LrPlanned, MemorySnapshot,
-    OomRecovered, RunFailed, RunFinished, RunStarted, StoreProblem)
+    OomRecovered, RunFailed, RunFinished, StoreProblem)
 from .finder import NothingFits, find_micro_batch
 from engine.control.inbox import CommandInbox
 from engine.memory.forecast import MemoryModel
@@ -51,9 +48,6 @@ from .views import TrainerViews
 from engine.declarations.outcome import (CheckpointFailed, NonFiniteStop, OutOfMemoryStop, RunResult,
     StepNotRedoable, TrainingError)
 from .watchers import BatchNormWatcher, Watcher, run_watchers
-
-log = logging.getLogger("headroom.trainer")
-
 
 class Trainer(TrainerViews):
     """One run: built when the Trainer is made (setup.build: everything that can fail on bad
@@ -128,11 +122,7 @@ class Trainer(TrainerViews):
         reason, message = "completed", ""
         try:
             self._open(parts)
-            self._emit(RunStarted(self.step, self.epoch, run_dir=os.path.abspath(parts.run_dir),
-                                  task=parts.task.name, device=str(parts.device),
-                                  device_name=device_name(parts.device), torch_version=torch.__version__,
-                                  world_size=self.ctx.world, resumed=parts.resume_state is not None,
-                                  config=self.config.to_dict(), forked_from=self.config.fork or ""))
+            self._emit(opening.run_started(parts, self.config, self.step, self.epoch))
             if self.config.find_micro_batch and parts.resume_state is None:
                 try:
                     found = find_micro_batch(parts, self.progress, self.memory_model)
@@ -416,20 +406,10 @@ class Trainer(TrainerViews):
         self._emit(RunFailed(self.step, self.epoch, error=msg, detail=failure_detail(e)), safe=True)
         self._finish("failed", safe=True)
 
-    def _close_inbox(self) -> None:
-        """No command row is left "received": those sent since the last look are read (one
-        process only: other ranks may be gone, and this is no place for a collective)."""
-        try:
-            if not self.ctx.enabled:
-                self.inbox.poll(self.step, self.epoch, self.epoch, force=True)
-            self.inbox.close(self.step, self.epoch)
-        except Exception as e:  # noqa: BLE001 - the store's own trouble is reported where it writes
-            log.warning("could not mark the commands left at the end: %s", e)
-
     def _finish(self, status: str, safe: bool = False) -> None:
         try:
             if self.store is not None:
-                self._close_inbox()
+                closing.close_inbox(self.inbox, self.ctx, self.step, self.epoch)
                 self.store.set_info(status=status, finished=time.time(), step=self.step)
                 store, self.store = self.store, None
                 self.inbox.store = None
@@ -440,14 +420,7 @@ class Trainer(TrainerViews):
             if not safe:
                 raise
         finally:
-            parts = self.parts
-            if parts.lock is not None:
-                parts.lock.release()  # after the store closed: the folder is free for the next writer
-            parts.probe.close()
-            parts.snapshots.stop()
-            parts.feeder.close()
-            D.shutdown(self.ctx, clean=status == "finished")
-            parts.window.strategy.release()  # the DDP wrapper holds the group and gloo's threads
+            closing.release(self.parts, self.ctx, clean=status == "finished")
 
     # -- events ---------------------------------------------------------------------------
     def _emit(self, event: Event, safe: bool = False) -> None:

@@ -16,7 +16,8 @@ from engine.declarations.config import ConfigError
 from engine.declarations.paths import BUILTIN_TASKS
 
 from app.core.preferences import Preferences
-from app.session.server_start import ServerRun, command_line, start
+from app.session.configs import launch_config
+from app.session.server_start import ServerRun, command_line, server_flags, start
 from app.ui.shell.background import Background
 from app.ui.shell.remote_fields import RemoteFields
 from .gpu_dialog import CommandView
@@ -125,6 +126,19 @@ class ServerStarter(QObject):
         self.dialog = d
         d.open()
         return d
+
+    def open_for_form(self, values: Optional[dict[str, Any]], form_error: str,
+                      base_config: dict[str, Any]) -> Optional[ServerStartDialog]:
+        """The dialog for the form's settings (every declared setting, over the command line's
+        base config), or the form's refusal said (None)."""
+        try:
+            if values is None:
+                raise ConfigError(form_error)
+            config = launch_config(base_config, values)
+        except ConfigError as e:
+            self.error("Cannot start on a server", str(e))
+            return None
+        return self.open(lambda task: server_flags(config, task), str(values.get("task") or ""))
 
     def _accepted(self, d: ServerStartDialog) -> None:
         if not d.preview():

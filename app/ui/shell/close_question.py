@@ -6,13 +6,17 @@ does not ask: a signal (Ctrl+C, SIGTERM), --quit-when-done, or a window opened w
 user's preferences (tests, benchmarks)."""
 from __future__ import annotations
 
-from typing import Callable, Optional
+import logging
+import time
+from typing import Any, Callable, Optional
 
 from PySide6.QtCore import Qt, QTimer
 from PySide6.QtGui import QAction
 from PySide6.QtWidgets import QCheckBox, QMessageBox, QPushButton, QWidget
 
 from app.core.preferences import Preferences
+
+log = logging.getLogger("headroom.window")
 
 ASK_KEY = "ask_before_closing_a_run"
 QUESTION = "A run is training in this window. Stop it (a checkpoint is written: Continue run goes on from there) " \
@@ -65,3 +69,16 @@ class CloseQuestion:
         self.box = box
         box.open()
         return box
+
+
+def stop_engine(runner: Any, wait_s: float) -> bool:
+    """Stop the window's engine at its next micro-batch (with a checkpoint) and wait up to
+    wait_s for its thread. False: still inside something it cannot leave yet (torch loading,
+    a long micro-batch); it is never terminated, the window closes once it has stopped."""
+    runner.stop()
+    t0 = time.perf_counter()
+    if not runner.join(wait_s):
+        log.warning("engine thread still busy after %.1fs; closing when it stops", wait_s)
+        return False
+    log.info("engine thread joined in %.2fs", time.perf_counter() - t0)
+    return True

@@ -1,11 +1,12 @@
-"""What stands where the plots go while pyqtgraph loads, just after the window first shows."""
+"""The window's central widget: what stands where the plots go while pyqtgraph loads, just
+after the window first shows, then the plots."""
 from __future__ import annotations
 
 import time
-from typing import Callable
+from typing import Any, Callable
 
-from PySide6.QtCore import Qt
-from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
+from PySide6.QtCore import Qt, QTimer
+from PySide6.QtWidgets import QLabel, QStackedWidget, QVBoxLayout, QWidget
 
 
 class LoadingPlots(QWidget):
@@ -23,3 +24,33 @@ class LoadingPlots(QWidget):
         listeners, self.paint_listeners = self.paint_listeners, []
         for fn in listeners:
             fn(time.perf_counter())
+
+
+class PlotsArea(QStackedWidget):
+    """The window's central widget for its whole life: "Loading plots..." until the plots are
+    built, just after the window first paints (pyqtgraph's import is the largest part of
+    start-up, and the controls are usable before it is done), then the plots in its place.
+    One widget throughout: QMainWindow re-fits its docks around a new central widget, and
+    while the plots' size hints were not in yet the docks took the room (plots a strip,
+    Alerts the window)."""
+
+    def __init__(self, make_panel: Callable[[], Any], on_built: Callable[[Any], None]) -> None:
+        super().__init__()
+        self.setObjectName("plots_area")
+        self.panel: Any = None  # the plots, once built
+        self._make_panel, self._on_built = make_panel, on_built
+        self.placeholder = LoadingPlots()
+        self.placeholder.paint_listeners.append(lambda _t: QTimer.singleShot(0, self.build))
+        self.addWidget(self.placeholder)
+        QTimer.singleShot(250, self.build)  # in case the window is never painted (hidden)
+
+    def build(self) -> Any:
+        """The plots, built now if the event loop has not built them yet."""
+        if self.panel is None:
+            self.panel = self._make_panel()
+            self.addWidget(self.panel)
+            self.setCurrentWidget(self.panel)
+            self.removeWidget(self.placeholder)
+            self.placeholder.deleteLater()
+            self._on_built(self.panel)
+        return self.panel

@@ -13,7 +13,7 @@ from app.ui.elided import ElidedLabel
 from app.model.state import RunState
 from app.model.epoch_progress import EpochProgress, ProgressTracker, fmt_duration, fmt_eta
 
-__all__ = ["ElidedLabel", "StatusBar", "fmt_duration", "state_text"]
+__all__ = ["ElidedLabel", "LiveLabel", "StatusBar", "fmt_duration", "state_text"]
 
 
 def state_text(view_state: str, state: RunState, model: RunModel) -> str:
@@ -36,6 +36,20 @@ def torch_version_quietly() -> str:
         return version("torch")
     except Exception:
         return "not installed"
+
+
+class LiveLabel(ElidedLabel):
+    """Who writes the run shown, while it is going: "live: pid N on HOST" (this process for
+    its own run; the holder of the run folder's writer lock for a run trained elsewhere)."""
+
+    def __init__(self) -> None:
+        super().__init__("")
+        self.setObjectName("live_writer")
+
+    def show_text(self, text: str) -> None:
+        if text != self.text():
+            self.setText(text)
+            self.setVisible(bool(text))
 
 
 class StatusBar(QStatusBar):
