@@ -2,7 +2,7 @@
 
 --resume, --fork and a rollback read it back, so its values pass the same declarations every
 flag and command passes (engine/declarations): the live settings against their ranges and
-choices (limits.RANGES, config.CHOICES, through config.check_value), where a run is against
+choices (config.RANGES, config.CHOICES, through config.check_value), where a run is against
 limits.PROGRESS_RANGES, and the numbers the optimizer and scaler go on with must be finite. A
 value out of range is a damaged or edited file: files.load refuses it (naming the file and the
 field), and nothing trains from it or writes over it.

@@ -1,4 +1,34 @@
-"""Run configuration: one frozen dataclass, validated in one place.
+"""Run configuration: one frozen dataclass whose fields declare every setting, validated in one place.
+
+Each field a user sets is declared with `setting(...)` (engine/declarations/_declare.py): its
+name, type and default, and in the same call its flag, help line, option group, the app's
+label, whether it is live and recorded every step, and its range or its words. Adding a
+setting is adding a field here; settings.py, cli.py, commands.py, events.StepMetrics and the
+app read it from here (tests/engine/test_declarations.py checks every surface has it).
+
+Why the ranges are what they are (the upper bounds are where a number stops meaning a
+training run and starts meaning a typo, an overflow, or an attack on the process; all fit
+SQLite's 64-bit INTEGER and a float64 exactly):
+
+- micro-batch 1..2**20: samples in one forward/backward. A million samples of even 1 KiB
+  each is a GiB of input before activations; nothing trainable holds more at once.
+- accum 1..2**20: micro-batches per optimizer step; with the micro-batch bound the window
+  is at most 2**40 samples, more than any data set has.
+- epochs 1..10**6 and max-steps 1..10**12: a million passes over the data, or a trillion
+  optimizer steps (31 years at one per millisecond), are already beyond any real run.
+- lr 0..1e4 (finite): SGD on some losses uses lr 20 or 100; above 1e4 the first step moves
+  every weight by four orders of magnitude more than the gradient: a typo (1e-4 -> 1e4
+  is allowed, 1e39 overflows float32 at once and is not).
+- clip 0..1e6 (0 = off): a gradient-norm threshold above a million clips nothing a finite
+  fp16/bf16 run can produce that is still worth training.
+- vram-limit 1 MiB..1 PiB: below a MiB no CUDA context fits; above a PiB is no card.
+- token-budget, micro-tokens, effective-batch, reference-batch 1..2**40: the window bound.
+- seed 0..2**63-1: what torch.manual_seed and SQLite's INTEGER both hold.
+- memory-margin [0, 1): a fraction of the card kept free.
+- warmup-samples 0..2**40 (the window bound) or warmup-fraction 0..1 (at most the whole run).
+- checkpoint-every 1..10**9 steps, keep-checkpoints 1..10**4 (each is a full copy).
+- spike-factor 1.01..1e6: F <= 1 would call every step a spike.
+- workers 0..64: past 64 a workstation spends more on IPC than it gains.
 
 Torch-free on purpose: the app imports this at start-up, before torch loads.
 """
@@ -6,10 +36,16 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import InitVar, asdict, dataclass, field, fields, replace
+import typing
+from dataclasses import InitVar, asdict, dataclass, fields, replace
 from typing import Any, Optional
 
 from . import limits
+from ._declare import (BATCH, BOUNDS, CHECKPOINTS, GPUS, MEMORY, NONFINITE, OPTIMIZER, OUTPUT, PRECISION, SETTING,
+    TASK, bounded, default_of, setting)
+# (ConfigError and the parsers are read from here too.)
+from ._reading import (MAX_TASK_ARG_CHARS, MAX_TASK_ARGS, ConfigError, check_task_args, parse_size,  # noqa: F401
+    parse_task_arg, read_task_arg, read_workers)
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 OPTIMIZERS = ("adamw", "sgd")
@@ -20,63 +56,160 @@ MEMORY_SNAPSHOTS = ("off", "on-oom")
 STRATEGIES = ("ddp", "fsdp")  # under torchrun: DistributedDataParallel, or FSDP2 sharding (engine/distributed)
 FSDP_REDUCES = ("last", "every")  # fsdp: reduce-scatter the gradients at the window's last micro-batch, or at each
 DEFAULT_TASK = "mlp"
-# The fields that take one of a fixed set of words, and the words (the flags' choices, the app's lists).
-CHOICES: dict[str, tuple[str, ...]] = {
-    "optimizer": OPTIMIZERS, "precision": PRECISIONS, "lr_scaling": LR_SCALINGS, "nonfinite": NONFINITE_MODES,
-    "lr_schedule": LR_SCHEDULES, "memory_snapshot": MEMORY_SNAPSHOTS, "strategy": STRATEGIES,
-    "fsdp_reduce": FSDP_REDUCES,
-}
 # Linear warmup is one of two fields: a number of samples or a fraction of the run's samples.
 WARMUP_FIELDS = ("warmup_samples", "warmup_fraction")
 
 
-class ConfigError(ValueError):
-    """A value the user gave is out of range; the message is one line for `error: ...`."""
-
-
 @dataclass(frozen=True)
 class TrainConfig:
-    task: str = DEFAULT_TASK
-    micro_batch: int = 16
-    accum: int = 4
-    lr: float = 1e-3
-    clip: float = 1.0  # 0 = off
-    epochs: int = 3
-    max_steps: Optional[int] = None  # optimizer steps
-    optimizer: str = "adamw"
-    precision: str = "fp32"
-    device: str = "auto"
-    seed: int = 0
-    run_dir: Optional[str] = None
-    resume: Optional[str] = None
-    nonfinite: str = "skip"
-    lr_scaling: str = "none"
-    token_budget: Optional[int] = None
-    find_micro_batch: bool = False
-    effective_batch: Optional[int] = None
-    memory_margin: float = 0.0
-    oom_recovery: bool = True
-    vram_limit: Optional[int] = None  # bytes
-    vram_low_fraction: float = 0.10
-    lr_schedule: str = "constant"  # constant | linear | cosine, over samples seen (engine/declarations/schedule.py)
-    warmup_samples: int = 0  # linear warmup over this many samples (or warmup_fraction; not both)
-    warmup_fraction: float = 0.0  # linear warmup over this fraction of the run's planned samples
-    min_lr_ratio: float = 0.1  # linear and cosine end at this x the peak
-    workers: Optional[int] = None  # DataLoader workers; None = auto (engine/window/feeder.py)
-    micro_tokens: Optional[int] = None  # under --token-budget: a micro-batch's counted items at most
-    task_args: dict = field(default_factory=dict)  # --task-arg KEY=VALUE: build_task(seed, **task_args)
-    checkpointing: bool = False  # activation checkpointing (a live setting: set_checkpointing)
-    memory_snapshot: str = "off"  # off | on-oom: allocator history, dumped at every out-of-memory error
-    fork: Optional[str] = None  # DIR[@last|@epoch-N|@step-S]: a new run from that checkpoint
-    fork_changes: tuple = ()  # the fields the user set for the fork (else: those that differ from the parent's)
-    checkpoint_every: Optional[int] = None  # optimizer steps between step checkpoints (step-S.pt)
-    keep_checkpoints: int = 3  # step checkpoints kept (epoch checkpoints are all kept)
-    spike_factor: Optional[float] = None  # a window loss above F x the loss EMA is a spike (rollback)
-    rollback_lr_factor: float = 0.5  # a rollback multiplies the lr peak by this
-    reference_batch: Optional[int] = None  # the effective batch --lr was tuned for (with --lr-scaling)
-    strategy: str = "ddp"  # under torchrun: ddp (a replica per rank) | fsdp (parameters, gradients, state sharded)
-    fsdp_reduce: str = "last"  # fsdp: last (one reduce-scatter a window) | every (one per micro-batch)
-    cpu_offload: bool = False  # fsdp: the shards and the optimizer step on the CPU (CPUOffloadPolicy)
+    # Task and data
+    task: str = setting(
+        DEFAULT_TASK, TASK, "built-in name (mlp, charlm, cnn-bn), path/to/file.py or module:attr",
+        label="Task", metavar="NAME|FILE|MODULE:ATTR")
+    task_args: dict = setting(
+        {}, TASK, "passed to build_task(seed, KEY=VALUE, ...); VALUE is read as JSON where it parses "
+        "(repeatable)",
+        label="Task args", flag="--task-arg", read=read_task_arg, metavar="KEY=VALUE", repeat=True)
+    epochs: int = setting(
+        3, TASK, "passes over the training data", label="Epochs", metavar="E", low=1, high=limits.MAX_EPOCHS)
+    max_steps: Optional[int] = setting(
+        None, TASK, "stop after N optimizer steps",
+        metavar="N", none_means="no limit", low=1, high=limits.MAX_STEPS)
+    seed: int = setting(
+        0, TASK, "seeds the model, the sample order and the data workers",
+        metavar="S", low=0, high=limits.WHOLE_INT)
+    workers: Optional[int] = setting(
+        None, TASK, "DataLoader worker processes (auto: 0 for data in memory, up to 4 for slow loading)",
+        label="Workers", read=read_workers, metavar="N|auto", none_means="auto", low=0, high=64)
+
+    # Batch and accumulation
+    micro_batch: int = setting(
+        16, BATCH, "samples per forward/backward",
+        label="Micro-batch", live=True, per_step=True, short="micro-batch", metavar="B", low=1, high=2**20)
+    accum: int = setting(
+        4, BATCH, "micro-batches per optimizer step (one accumulation window)",
+        label="Accumulation", live=True, per_step=True, metavar="K", low=1, high=2**20)
+    token_budget: Optional[int] = setting(
+        None, BATCH, "close a window once it holds N counted items (tokens)",
+        label="Token budget", metavar="N", none_means="off", low=1, high=2**40)
+    micro_tokens: Optional[int] = setting(
+        None, BATCH, "under --token-budget: close a micro-batch before it would exceed N counted items",
+        label="Micro-tokens", metavar="N", none_means="off", low=1, high=2**40)
+    find_micro_batch: bool = setting(
+        False, BATCH, "before training, probe the largest micro-batch that fits in memory and set accumulation to "
+        "keep --effective-batch",
+        label="Find micro-batch", switch=True)
+    effective_batch: Optional[int] = setting(
+        None, BATCH, "samples per optimizer step that --find-micro-batch keeps (micro-batch x accumulation)",
+        metavar="N", low=1, high=2**40)
+    memory_margin: float = setting(
+        0.0, BATCH, "with --find-micro-batch: the fraction of the card's memory left free",
+        metavar="F", low=0.0, high=1.0, high_open=True)
+
+    # Optimizer and schedule
+    lr: float = setting(
+        1e-3, OPTIMIZER, "learning rate (the schedule's peak)",
+        label="Learning rate", live=True, per_step=True, metavar="LR", low=0.0, high=1e4)
+    clip: float = setting(
+        1.0, OPTIMIZER, "clip the total gradient norm at C, 0 = off",
+        label="Clip norm", live=True, per_step=True, metavar="C", low=0.0, high=1e6, note="0 = off")
+    lr_scaling: str = setting(
+        "none", OPTIMIZER, "how lr follows the effective batch when micro-batch or accumulation changes without a new "
+        "lr",
+        label="lr scaling", live=True, short="lr scaling", choices=LR_SCALINGS)
+    optimizer: str = setting("adamw", OPTIMIZER, "the optimizer, unless the task brings its own", choices=OPTIMIZERS)
+    reference_batch: Optional[int] = setting(
+        None, OPTIMIZER, "the effective batch --lr was tuned for: with --lr-scaling the lr is scaled to the run's",
+        metavar="B", low=1, high=2**40)
+    lr_schedule: str = setting(
+        "constant", OPTIMIZER, "lr over samples seen: constant, or linear or cosine decay to --min-lr-ratio x lr",
+        label="Schedule", choices=LR_SCHEDULES)
+    warmup_samples: int = setting(
+        0, OPTIMIZER, "linear warmup from 0 to the peak over the first N samples",
+        label="Warmup samples", metavar="N", low=0, high=2**40)
+    warmup_fraction: float = setting(
+        0.0, OPTIMIZER, "linear warmup over the first F of the run's samples (0.05 = 5%)",
+        label="Warmup fraction", metavar="F", low=0.0, high=1.0)
+    min_lr_ratio: float = setting(
+        0.1, OPTIMIZER, "where linear and cosine decay end, as a fraction of the peak",
+        label="Min lr ratio", metavar="R", low=0.0, high=1.0)
+
+    # Precision and device
+    precision: str = setting(
+        "fp32", PRECISION, "autocast precision (fp16 with a GradScaler)",
+        label="Precision", choices=PRECISIONS)
+    device: str = setting(
+        "auto", PRECISION, "auto, cpu, cuda or cuda:N (auto picks CUDA when present)",
+        label="Device", metavar="DEVICE")
+
+    # Memory
+    checkpointing: bool = setting(
+        False, MEMORY, "activation checkpointing: recompute activations in the backward pass (the task's switch or a "
+        "Hugging Face model's own)",
+        label="Activation checkpointing", live=True, flag="--activation-checkpointing", old_flags=("--checkpointing",),
+        metavar="on|off")
+    oom_recovery: bool = setting(
+        True, MEMORY, "on an out-of-memory error, halve the micro-batch, double accumulation and redo the window",
+        metavar="on|off")
+    vram_limit: Optional[int] = setting(
+        None, MEMORY, "simulate a smaller card, e.g. 24GiB",
+        read=parse_size, metavar="SIZE", none_means="the whole card", low=2**20, high=2**50, unit="bytes")
+    memory_snapshot: str = setting(
+        "off", MEMORY, "on-oom: record allocator history and write RUN_DIR/memory/oom-step-S.pickle at every "
+        "out-of-memory error (open it at pytorch.org/memory_viz)",
+        choices=MEMORY_SNAPSHOTS)
+
+    # Several GPUs (torchrun)
+    strategy: str = setting(
+        "ddp", GPUS, "under torchrun: ddp (a replica per rank, PyTorch's DistributedDataParallel) or fsdp "
+        "(parameters, gradients and optimizer state sharded over the ranks, FSDP2)",
+        label="Strategy", choices=STRATEGIES)
+    fsdp_reduce: str = setting(
+        "last", GPUS, "fsdp: reduce-scatter the gradients once a window, in its last micro-batch (parameters and "
+        "gradients stay whole during the window), or in every micro-batch (less memory, more traffic)",
+        label="FSDP gradient reduction", choices=FSDP_REDUCES)
+    cpu_offload: bool = setting(
+        False, GPUS, "fsdp on CUDA: keep the parameter shards and the optimizer step on the CPU",
+        label="CPU offload", metavar="on|off")
+
+    # Checkpoints and forks
+    resume: Optional[str] = setting(
+        None, CHECKPOINTS, "continue the run in DIR from its last checkpoint",
+        metavar="DIR")
+    fork: Optional[str] = setting(
+        None, CHECKPOINTS, "a new run from DIR's checkpoint (last, epoch-N or step-S; default last) with any setting "
+        "flag given here changed",
+        metavar="DIR[@CHECKPOINT]")
+    checkpoint_every: Optional[int] = setting(
+        None, CHECKPOINTS, "also write checkpoints/step-S.pt every N optimizer steps",
+        metavar="N", none_means="off", low=1, high=10**9)
+    keep_checkpoints: int = setting(
+        3, CHECKPOINTS, "step checkpoints kept (epoch checkpoints are all kept)",
+        metavar="K", low=1, high=10**4)
+
+    # Non-finite steps
+    nonfinite: str = setting(
+        "skip", NONFINITE, "a non-finite window: skip it, stop, or roll back to the newest good checkpoint when skips "
+        "repeat",
+        choices=NONFINITE_MODES)
+    spike_factor: Optional[float] = setting(
+        None, NONFINITE, "with --nonfinite rollback: a window loss above F x the loss EMA rolls back too",
+        metavar="F", none_means="off", low=1.01, high=1e6)
+    rollback_lr_factor: float = setting(
+        0.5, NONFINITE, "a rollback multiplies the lr peak by F",
+        metavar="F", low=1e-6, high=1.0)
+
+    # Output
+    run_dir: Optional[str] = setting(
+        None, OUTPUT, "folder for run.db and checkpoints",
+        metavar="DIR", none_means="a new folder under $HEADROOM_RUNS")
+
+    # Not flags: set in code or kept in a saved config
+    # the free fraction of the card below which VRAM is called low (an alert)
+    vram_low_fraction: float = bounded(0.10, low=0.0, high=1.0, high_open=True)
+    # the fields the user set for the fork (else: those that differ from the parent's)
+    fork_changes: tuple = ()
+
     # The old single warmup field (< 1 a fraction, >= 1 samples): TrainConfig(warmup=W) still works and
     # sets warmup_fraction or warmup_samples. An argument only, never stored: read those two fields.
     warmup: InitVar[Optional[float]] = None
@@ -90,9 +223,9 @@ class TrainConfig:
             object.__setattr__(self, name, value)
 
     def validate(self) -> "TrainConfig":
-        """Every field against its declared range (engine/declarations/limits.py) or choices
-        (CHOICES), the same the commands and the app's fields use; a field whose default is None
-        may be None. One-line ConfigError for the first that is out."""
+        """Every field against its declared range (RANGES) or choices (CHOICES), the same the
+        commands and the app's fields use; a field whose default is None may be None. One-line
+        ConfigError for the first that is out."""
         for f in fields(self):
             value = getattr(self, f.name)
             if value is None and f.default is None:
@@ -138,10 +271,30 @@ class TrainConfig:
         return replace(self, **changes)
 
 
+_HINTS = typing.get_type_hints(TrainConfig)
+
+
+def value_type(name: str) -> type:
+    """A TrainConfig field's type, Optional[...] unwrapped."""
+    hint = _HINTS[name]
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    return args[0] if typing.get_origin(hint) is typing.Union and len(args) == 1 else typing.get_origin(hint) or hint
+
+
+# What each field may hold, from its declaration: a number's range, a word's choices.
+RANGES: dict[str, limits.Range] = {
+    f.name: limits.Range(f.name, value_type(f.name), b.low, b.high, b.high_open, b.unit, b.note)
+    for f in fields(TrainConfig) if (b := f.metadata.get(BOUNDS)) is not None}
+CHOICES: dict[str, tuple[str, ...]] = {
+    f.name: f.metadata[SETTING].choices for f in fields(TrainConfig)
+    if SETTING in f.metadata and f.metadata[SETTING].choices}
+_DEFAULTS: dict[str, Any] = {f.name: default_of(f) for f in fields(TrainConfig)}
+
+
 def split_warmup(warmup: Any, who: str = "--warmup") -> dict[str, Any]:
     """The old single warmup value as the two fields: below 1 a fraction of the run, 1 or more
     a number of samples (rounded to a whole sample)."""
-    high = limits.RANGES["warmup_samples"].high
+    high = RANGES["warmup_samples"].high
     if isinstance(warmup, bool) or not isinstance(warmup, (int, float)) or not math.isfinite(warmup) \
             or not 0 <= warmup <= high:
         raise ConfigError(f"{who} must be a number from 0 to 2**40 (below 1: a fraction of the run's samples, "
@@ -178,56 +331,16 @@ def overlay(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
 
 
 def check_value(name: str, value: Any, who: Optional[str] = None) -> Any:
-    """A value of TrainConfig field `name` against what it may hold: its range (limits.RANGES),
-    its choices (CHOICES) or, for a switch, true or false. ConfigError with one line if not."""
+    """A value of TrainConfig field `name` against what it may hold: its range (RANGES), its
+    choices (CHOICES) or, for a switch, true or false. ConfigError with one line if not."""
     said = who or "--" + name.replace("_", "-")
-    if name in limits.RANGES:
-        return limits.check(name, value, who, ConfigError)
+    if name in RANGES:
+        return RANGES[name].check(value, who, ConfigError)
     if name in CHOICES:
         _choice(said, value, CHOICES[name])
     elif isinstance(_DEFAULTS.get(name), bool) and not isinstance(value, bool):
         raise ConfigError(f"{said} must be on or off (true or false), got {limits.quote(value)}")
     return value
-
-
-_DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(TrainConfig)}
-
-MAX_TASK_ARGS = 64  # options of one task; more is not a configuration
-MAX_TASK_ARG_CHARS = 1024  # one value as JSON text: options, not data
-
-
-def check_task_args(args: Any) -> dict:
-    """Task arguments are keyword arguments of build_task: identifiers, JSON-able values."""
-    import json
-    if not isinstance(args, dict):
-        raise ConfigError(f"--task-arg: task arguments must be KEY=VALUE pairs, got {limits.quote(args)}")
-    if len(args) > MAX_TASK_ARGS:
-        raise ConfigError(f"--task-arg: at most {MAX_TASK_ARGS} task arguments, got {len(args)}")
-    for k, v in args.items():
-        if not (isinstance(k, str) and k.isidentifier() and k != "seed"):
-            raise ConfigError(f"--task-arg: {limits.quote(k)} is not a keyword name (letters, digits, _; not seed)")
-        try:
-            text = json.dumps(v)
-        except (TypeError, ValueError):
-            raise ConfigError(f"--task-arg {k}: the value must be plain data (JSON), got {limits.quote(v)}") from None
-        if len(text) > MAX_TASK_ARG_CHARS:
-            raise ConfigError(f"--task-arg {k}: the value is {len(text)} characters (at most {MAX_TASK_ARG_CHARS})")
-    return args
-
-
-def parse_task_arg(text: str) -> tuple[str, Any]:
-    """'KEY=VALUE' -> (KEY, VALUE), VALUE as a JSON literal where it parses, else the string."""
-    import json
-    key, sep, raw = str(text).partition("=")
-    key = key.strip()
-    if not sep or not key:
-        raise ConfigError(f"--task-arg must be KEY=VALUE, got {limits.quote(text)}")
-    try:
-        value = json.loads(raw)
-    except ValueError:
-        value = raw
-    check_task_args({key: value})
-    return key, value
 
 
 def _choice(who: str, value: str, choices: tuple[str, ...]) -> None:
@@ -236,44 +349,22 @@ def _choice(who: str, value: str, choices: tuple[str, ...]) -> None:
 
 
 def check_lr(lr: Any, who: str = "--lr") -> float:
-    return limits.check("lr", lr, who, ConfigError)
+    return RANGES["lr"].check(lr, who, ConfigError)
 
 
 def check_clip(clip: Any, who: str = "--clip") -> float:
-    return limits.check("clip", clip, who, ConfigError)
+    return RANGES["clip"].check(clip, who, ConfigError)
 
 
 def check_range(name: str, value: Any, who: Optional[str] = None) -> Any:
-    """Any TrainConfig field against its range in engine/declarations/limits.py (ConfigError if out)."""
-    return limits.check(name, value, who, ConfigError)
+    """Any TrainConfig field against its declared range (ConfigError if out)."""
+    return RANGES[name].check(value, who, ConfigError)
 
 
 def check_device_name(device: str) -> str:
     if not isinstance(device, str) or not re.fullmatch(r"auto|cpu|cuda(:\d{1,4})?", device):
         raise ConfigError(f"--device must be auto, cpu, cuda or cuda:N, got {limits.quote(device)}")
     return device
-
-
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
-_UNITS = {"": 1, "B": 1, "K": 1000, "M": 1000**2, "G": 1000**3, "T": 1000**4,
-          "KI": 1024, "MI": 1024**2, "GI": 1024**3, "TI": 1024**4}
-
-
-def parse_size(text: str) -> int:
-    """'24GiB' -> bytes. Accepts B, K/M/G/T (powers of 1000) and Ki/Mi/Gi/Ti (powers of 1024).
-
-    Exact arithmetic (no float): a 400-digit number is a (huge) int, never an overflow; the
-    range a run can use is checked by validate() (engine/declarations/limits.py)."""
-    text = str(text)
-    m = _SIZE.match(text) if len(text) <= 200 else None
-    if not m:
-        raise ConfigError(f"cannot read a memory size from {limits.quote(text)} (try 24GiB)")
-    unit = (m.group(2) or "").upper().rstrip("B")
-    whole, _, frac = m.group(1).partition(".")
-    value = (int(whole) * 10**len(frac) + int(frac or 0)) * _UNITS[unit] // 10**len(frac)
-    if value < 1:
-        raise ConfigError(f"memory size must be positive, got {limits.quote(text)}")
-    return value
 
 
 def format_bytes(n: float) -> str:

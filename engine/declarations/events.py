@@ -9,8 +9,11 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, ClassVar, Optional
+
+from ._declare import SETTING
+from .config import TrainConfig, value_type
 
 
 @dataclass(frozen=True)
@@ -46,9 +49,27 @@ class RunStarted(Event):
         return f"{how} {self.task} on {self.device_name} ({self.device}), world size {self.world_size}"
 
 
+def _with_setting_columns(cls: type) -> type:
+    """A column for every per-step setting (a TrainConfig field declared `per_step=True`) that
+    StepMetrics does not name itself: the value the step trained with, None where the row's
+    writer does not know it (an integration). Added before @dataclass makes the fields."""
+    notes = cls.__dict__["__annotations__"]
+    added = []
+    for f in fields(TrainConfig):
+        declared = f.metadata.get(SETTING)
+        if declared is not None and declared.per_step and f.name not in notes:
+            notes[f.name] = f"Optional[{value_type(f.name).__name__}]"
+            setattr(cls, f.name, None)
+            added.append(f.name)
+    cls.setting_columns = tuple(added)  # type: ignore[attr-defined]
+    return cls
+
+
 @dataclass(frozen=True)
+@_with_setting_columns
 class StepMetrics(Event):
-    """One optimizer step (one accumulation window)."""
+    """One optimizer step (one accumulation window). After the fields below, a column per
+    other per-step setting (_with_setting_columns)."""
     loss: float
     grad_norm: float  # total norm before clipping
     clipped: bool
@@ -72,6 +93,7 @@ class StepMetrics(Event):
     mem_optimizer: Optional[int] = None  # bytes of the optimizer's state tensors
     mem_activations: Optional[int] = None  # CUDA: the window's peak minus the three above; None on CPU
     kind: ClassVar[str] = "step"
+    setting_columns: ClassVar[tuple[str, ...]] = ()  # the columns of the other per-step settings (set below)
 
     def message(self) -> str:
         return f"loss {self.loss:.4g} norm {self.grad_norm:.3g}"

@@ -1,32 +1,13 @@
-"""The ranges a training run can actually hold, declared once.
+"""What any value from outside may be: the `Range` a setting's number is checked against (each
+setting declares its own bounds on its TrainConfig field: engine/declarations/config.py, with
+the reasons), the bounds on command rows, and refusals that quote at most a short prefix of
+what was given, in one line.
 
-Every value a user can give — a command-line flag, a field in the app, a command row in
-run.db's `commands` table — is checked by `check(name, value)` against the one `Range`
-declared here, so the three ways in can never disagree. A refusal is one line that names
-the setting, gives the range and quotes at most a short prefix of what was given.
+Every value a user can give (a command-line flag, a field in the app, a command row in
+run.db's `commands` table, a checkpoint read back) is checked against the one `Range` its
+setting declares, so the ways in can never disagree.
 
-Why these bounds (the upper ones are where a number stops meaning a training run and starts
-meaning a typo, an overflow, or an attack on the process; all fit SQLite's 64-bit INTEGER
-and a float64 exactly):
-
-- micro-batch 1..2**20: samples in one forward/backward. A million samples of even 1 KiB
-  each is a GiB of input before activations; nothing trainable holds more at once.
-- accum 1..2**20: micro-batches per optimizer step; with the micro-batch bound the window
-  is at most 2**40 samples, more than any data set has.
-- epochs 1..10**6 and max-steps 1..10**12: a million passes over the data, or a trillion
-  optimizer steps (31 years at one per millisecond), are already beyond any real run.
-- lr 0..1e4 (finite): SGD on some losses uses lr 20 or 100; above 1e4 the first step moves
-  every weight by four orders of magnitude more than the gradient — a typo (1e-4 -> 1e4
-  is allowed, 1e39 overflows float32 at once and is not).
-- clip 0..1e6 (0 = off): a gradient-norm threshold above a million clips nothing a finite
-  fp16/bf16 run can produce that is still worth training.
-- vram-limit 1 MiB..1 PiB: below a MiB no CUDA context fits; above a PiB is no card.
-- token-budget and effective-batch 1..2**40: the window bound above, in counted items.
-- seed 0..2**63-1: what torch.manual_seed and SQLite's INTEGER both hold.
-- memory-margin [0, 1): a fraction of the card kept free.
-- warmup-samples 0..2**40 (the window bound) or warmup-fraction 0..1 (at most the whole run).
-
-Torch-free: the app imports this at start-up for its field validators.
+Torch-free and import-free: config, commands and the store all use it.
 """
 from __future__ import annotations
 
@@ -105,55 +86,26 @@ class Range:
         return float(value) if self.kind is float else value
 
 
-RANGES: dict[str, Range] = {r.name: r for r in (
-    Range("micro_batch", int, 1, 2**20),
-    Range("accum", int, 1, 2**20),
-    Range("epochs", int, 1, 10**6),
-    Range("max_steps", int, 1, 10**12),
-    Range("token_budget", int, 1, 2**40),
-    Range("effective_batch", int, 1, 2**40),
-    Range("seed", int, 0, 2**63 - 1),
-    Range("vram_limit", int, 2**20, 2**50, unit="bytes"),
-    Range("lr", float, 0.0, 1e4),
-    Range("clip", float, 0.0, 1e6, note="0 = off"),
-    Range("memory_margin", float, 0.0, 1.0, high_open=True),
-    Range("vram_low_fraction", float, 0.0, 1.0, high_open=True),
-    # Linear warmup: a number of samples (up to the window bound), or a fraction of the run's samples.
-    Range("warmup_samples", int, 0, 2**40),
-    Range("warmup_fraction", float, 0.0, 1.0),
-    Range("min_lr_ratio", float, 0.0, 1.0),
-    # Step checkpoints: every 1..10**9 steps, keeping 1..10**4 of them (each is a full copy).
-    Range("checkpoint_every", int, 1, 10**9),
-    Range("keep_checkpoints", int, 1, 10**4),
-    # A spike is a window loss above F x its running average; F <= 1 would call every step one.
-    Range("spike_factor", float, 1.01, 1e6),
-    Range("rollback_lr_factor", float, 1e-6, 1.0),
-    Range("reference_batch", int, 1, 2**40),
-    # DataLoader worker processes; past 64 a workstation spends more on IPC than it gains.
-    Range("workers", int, 0, 64),
-    # A micro-batch's counted items under a token budget (the window bound above).
-    Range("micro_tokens", int, 1, 2**40),
-)}
-
-
-def check(name: str, value: Any, who: Optional[str] = None, error: type[Exception] = LimitError) -> Any:
-    """Check `value` against the range declared for `name` (a TrainConfig field)."""
-    return RANGES[name].check(value, who, error)
+# The largest values the run's own counters reach (config.py declares the same bounds for the
+# settings: max_steps, epochs, seed).
+MAX_STEPS = 10**12
+MAX_EPOCHS = 10**6
+WHOLE_INT = 2**63 - 1  # what SQLite's INTEGER holds
 
 
 # Where a run is, as a checkpoint stores it (engine/loop/progress.py): what a run within the
 # ranges above can reach, no more. A checkpoint is input read back (--resume, --fork, a
-# rollback), checked by engine/checkpoints/contents.py against these as a flag is against RANGES.
-_WHOLE_INT = RANGES["seed"].high  # 2**63 - 1: what SQLite's INTEGER holds
+# rollback), checked by engine/checkpoints/contents.py against these as a flag is against its Range.
+_WHOLE_INT = WHOLE_INT
 _FINITE = 1.7976931348623157e308  # the largest finite float64
 PROGRESS_RANGES: dict[str, Range] = {r.name: r for r in (
-    Range("step", int, 0, RANGES["max_steps"].high),
-    Range("epoch", int, 1, RANGES["epochs"].high + 1),  # epochs + 1: every epoch done
+    Range("step", int, 0, MAX_STEPS),
+    Range("epoch", int, 1, MAX_EPOCHS + 1),  # epochs + 1: every epoch done
     Range("window", int, 0, _WHOLE_INT),
     Range("epoch_offset", int, 0, _WHOLE_INT),
     Range("samples", int, 0, _WHOLE_INT),
-    Range("nonfinite_steps", int, 0, RANGES["max_steps"].high),
-    Range("scaler_skips", int, 0, RANGES["max_steps"].high),
+    Range("nonfinite_steps", int, 0, MAX_STEPS),
+    Range("scaler_skips", int, 0, MAX_STEPS),
     Range("epoch_loss", float, -_FINITE, _FINITE, note="the epoch's sum of loss x count"),
     Range("epoch_count", float, 0.0, _FINITE),
     Range("world_size", int, 1, 2**20),  # ranks: far past any cluster

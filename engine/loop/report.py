@@ -65,7 +65,8 @@ def step_metrics(launched: Launched, nums: WindowNumbers, skip: str) -> StepMetr
         throughput=nums.count / step_time if step_time > 0 else 0.0, nonfinite=skip == "nonfinite",
         scaler_skipped=skip == "scaler", mem_allocated=mem.allocated, mem_reserved=mem.reserved,
         mem_peak=mem.peak, mem_used=mem.used, mem_total=mem.total,
-        **_breakdown_columns(launched.breakdown, mem.peak, launched.device))
+        **_breakdown_columns(launched.breakdown, mem.peak, launched.device),
+        **{name: getattr(s, name) for name in StepMetrics.setting_columns})  # any other per-step setting
 
 
 def _breakdown_columns(b: Optional[MemoryBreakdown], peak: Optional[int],

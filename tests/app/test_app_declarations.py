@@ -8,7 +8,7 @@ from PySide6.QtWidgets import QAbstractButton, QFormLayout
 
 from engine.declarations.commands import SetAccum
 from engine.declarations.events import CommandReceived, Paused
-from engine.declarations.limits import RANGES
+from engine.declarations.config import RANGES
 from engine.declarations.settings import LAUNCH_GROUP, LIVE_SETTINGS, SETTINGS
 
 from app.model.notes import Note

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from engine.declarations.commands import SetAccum, SetLr
-from engine.declarations.limits import RANGES
+from engine.declarations.config import RANGES
 from engine.store import RunReader
 
 from app_helpers import run_to_end, start, wait_until

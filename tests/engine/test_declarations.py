@@ -17,7 +17,7 @@ from engine.declarations import limits
 from engine.declarations.commands import (COMMANDS, OLD_FIELDS, SETTING_COMMANDS, SetAccum, SetCheckpointing, SetClip,
     SetLr, SetLrScaling, SetMicroBatch, Unpause, command_for, command_from_json, payload_value, setting_change,
     setting_of)
-from engine.declarations.config import CHOICES, ConfigError, TrainConfig
+from engine.declarations.config import CHOICES, RANGES, ConfigError, TrainConfig
 from engine.declarations.events import SettingsApplied, StepMetrics, Unpaused
 from engine.declarations.settings import (GROUPS, LIVE_SETTINGS, SETTINGS, LiveSettings, scale_lr,
     scaled_to_reference)
@@ -51,7 +51,7 @@ def test_every_setting_has_a_flag_with_help_and_its_default_in_its_group(s):
 @pytest.mark.parametrize("s", SETTINGS, ids=lambda s: s.name)
 def test_every_number_has_a_range_and_every_word_its_choices(s):
     if s.type in (int, float):
-        r = limits.RANGES[s.name]
+        r = RANGES[s.name]
         assert r.flag == s.option and r.kind is s.type
         with pytest.raises(ConfigError, match=s.option):  # one below the range: refused, the flag named
             TrainConfig(**{s.name: s.type(r.low) - 1}).validate()

@@ -14,7 +14,7 @@ from typing import Any, Optional
 from PySide6.QtWidgets import QLineEdit, QSpinBox, QWidget
 
 from engine.declarations import limits
-from engine.declarations.limits import RANGES
+from engine.declarations.config import RANGES
 from engine.declarations.settings import BY_NAME
 
 from .validators import for_range
@@ -31,7 +31,7 @@ def _mark(w: QWidget, refused: str) -> None:
 def engine_refusal(name: str, value: Any) -> str:
     """The engine's one line for `value` of setting `name`, or "" if it is in range."""
     try:
-        limits.check(name, value)
+        RANGES[name].check(value)
     except limits.LimitError as e:
         return str(e)
     return ""

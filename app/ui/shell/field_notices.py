@@ -14,7 +14,7 @@ from typing import Optional
 from PySide6.QtCore import QEvent, QObject, QPoint
 from PySide6.QtWidgets import QAbstractSpinBox, QFormLayout, QLabel, QLineEdit, QToolTip, QWidget
 
-from engine.declarations.limits import RANGES
+from engine.declarations.config import RANGES
 
 from app.model.fields import words
 

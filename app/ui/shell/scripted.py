@@ -19,7 +19,7 @@ from typing import Any, Optional
 
 from engine.declarations.commands import APPLY_AT, command_for
 from engine.declarations.config import ConfigError
-from engine.declarations.limits import RANGES
+from engine.declarations.config import RANGES
 from engine.declarations.settings import BY_NAME, LIVE_NAMES
 
 from app.model.x_axis import X_AXES
