@@ -2,6 +2,8 @@
 the app imports no torch until About opens, and names its desktop file."""
 from __future__ import annotations
 
+import pytest
+
 import os
 import subprocess
 import sys
@@ -9,6 +11,7 @@ import sys
 from app_helpers import ROOT
 
 
+@pytest.mark.slow
 def test_about_dialog_shows_the_versions(qtbot, make_window):
     import PySide6
     from PySide6.QtCore import qVersion

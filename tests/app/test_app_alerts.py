@@ -1,10 +1,13 @@
 """Alerts: one entry per occurrence, with time, step and details; never a dialog."""
 from __future__ import annotations
 
+import pytest
+
 from app_helpers import run_to_end, start
 from app_tasks import tiny_task
 
 
+@pytest.mark.slow
 def test_nan_task_raises_alert_entries_and_marks_the_steps(qtbot, make_window, tmp_path):
     # 1024 samples / (64 x 2) = 8 steps an epoch. Loss calls 5 and 12 are NaN: steps 3 and 6.
     task = tiny_task(tmp_path, n=1024, bad_calls=(5, 12))
@@ -31,6 +34,7 @@ def test_nan_task_raises_alert_entries_and_marks_the_steps(qtbot, make_window, t
     assert w.alerts.table.item(0, 0).text().count(":") == 2
 
 
+@pytest.mark.slow
 def test_batchnorm_small_batch_alert(qtbot, make_window, tmp_path):
     w = make_window()
     start(w, task="cnn-bn", micro_batch=8, accum=1, max_steps=1, epochs=1, run_dir=str(tmp_path / "run"))

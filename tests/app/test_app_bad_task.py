@@ -2,12 +2,15 @@
 inside the engine thread reaches the GUI as a dialog with the message (traceback in the log)."""
 from __future__ import annotations
 
+import pytest
+
 import os
 
 from app_helpers import run_button, run_to_end, start
 from app_tasks import broken_task, tiny_task
 
 
+@pytest.mark.slow
 def test_bad_task_file_shows_an_error_and_the_app_stays_usable(qtbot, make_window, tmp_path):
     w = make_window()
     start(w, task=broken_task(tmp_path))
@@ -28,6 +31,7 @@ def test_bad_task_file_shows_an_error_and_the_app_stays_usable(qtbot, make_windo
     assert outcome["status"] == "finished" and w.model.step == 3
 
 
+@pytest.mark.slow
 def test_error_in_the_engine_thread_is_a_dialog_with_the_message(qtbot, make_window, tmp_path):
     # 1024 samples, 2 micro-batches a step: loss call 5 raises, in step 3.
     task = tiny_task(tmp_path, raise_at=5)

@@ -32,6 +32,7 @@ def test_find_micro_batch_runs_the_finder_and_shows_what_it_chose(qtbot, make_wi
     assert w.controls.fits.text() == "fits: no GPU"  # a CPU run
 
 
+@pytest.mark.slow
 def test_find_micro_batch_unticked_sends_no_finder_flags(make_window):
     w = make_window()
     values, _ = w.controls.values()
@@ -39,6 +40,7 @@ def test_find_micro_batch_unticked_sends_no_finder_flags(make_window):
 
 
 # -- "what fits" -----------------------------------------------------------------------------
+@pytest.mark.slow
 def test_memory_forecast_event_shows_what_fits(qtbot, make_window):
     from engine.declarations.events import MemoryForecast, RunStarted
 

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import pytest
-from PySide6.QtCore import Qt
 from PySide6.QtGui import QValidator
 
 from engine.declarations.events import StepMetrics
@@ -25,6 +24,7 @@ def test_validators_keep_out_what_the_engine_refuses():
         assert d.validate(text, 0)[0] == state, text
 
 
+@pytest.mark.slow
 def test_typing_cannot_enter_an_invalid_lr(qtbot, make_window):
     w = make_window()
     lr = w.controls.lr
@@ -37,6 +37,7 @@ def test_typing_cannot_enter_an_invalid_lr(qtbot, make_window):
     assert not w.start_run() and w.last_error[1].startswith("Learning rate")
 
 
+@pytest.mark.slow
 def test_effective_batch_and_buttons(qtbot, make_window):
     w = make_window()
     c = w.controls
@@ -52,6 +53,7 @@ def test_effective_batch_and_buttons(qtbot, make_window):
     assert w.resume_action.shortcut().toString() == SHORTCUTS["resume"]
 
 
+@pytest.mark.slow
 def test_each_run_action_is_one_button_in_the_window(qtbot, make_window):
     """Start, Pause, Unpause and Stop are shown once as buttons (the toolbar), not again in the
     Controls panel; the Run menu has them too, as menus do."""

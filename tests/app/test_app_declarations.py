@@ -4,6 +4,8 @@ field of the live group that Apply sends, with the engine's range; old spellings
 or config with `warmup`, a run.db row of kind "resumed", a receipt with {"steps": N}) still work."""
 from __future__ import annotations
 
+import pytest
+
 from PySide6.QtWidgets import QAbstractButton, QFormLayout
 
 from engine.declarations.commands import SetAccum
@@ -67,6 +69,7 @@ def test_an_old_saved_form_with_warmup_fills_the_two_warmup_fields(qtbot, make_w
     assert "warmup 256 samples" in w.controls.schedule.summary()
 
 
+@pytest.mark.slow
 def test_both_warmups_in_the_form_cannot_start(qtbot, make_window):
     w = make_window()
     w.controls.warmup_samples.setText("100")

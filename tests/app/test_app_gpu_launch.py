@@ -31,6 +31,7 @@ def _flag(cmd: list[str], flag: str):
     return cmd[cmd.index(flag) + 1] if flag in cmd else None
 
 
+@pytest.mark.slow
 def test_the_dialog_offers_the_launch_settings_with_their_declared_labels_and_help(qtbot, make_window):
     w = make_window()
     w.controls.set_values(FAST)
@@ -56,6 +57,7 @@ def test_the_dialog_offers_the_launch_settings_with_their_declared_labels_and_he
     d.reject()
 
 
+@pytest.mark.slow
 def test_the_command_carries_the_choices_and_the_engine_reads_them_back(qtbot, make_window):
     from engine.cli import build_parser, config_from_args
     w = make_window(base_config={"max_steps": 3})
@@ -115,6 +117,7 @@ def test_every_declared_setting_reaches_the_launched_engine(tmp_path):
     assert config_from_args(build_parser().parse_args(plain[8:])) == TrainConfig(run_dir=run_dir)
 
 
+@pytest.mark.slow
 def test_the_dialog_starts_from_the_windows_strategy_flags(qtbot, make_window):
     w = make_window(base_config={"strategy": "fsdp", "fsdp_reduce": "every"})
     w.controls.set_values(FAST)
@@ -140,6 +143,7 @@ def _run_folder(path, world: int, strategy: str, device: str = "cuda:0") -> str:
     return str(path)
 
 
+@pytest.mark.slow
 def test_the_title_of_a_distributed_run_names_its_gpus_and_strategy(qtbot, make_window, tmp_path):
     w = make_window()
     assert w.open_run(_run_folder(tmp_path / "sharded", 2, "fsdp"))

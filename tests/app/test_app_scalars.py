@@ -2,6 +2,8 @@
 and in the CSV export."""
 from __future__ import annotations
 
+import pytest
+
 import csv
 import os
 
@@ -32,6 +34,7 @@ def scalar_run(path, steps: int = 12) -> str:
     return str(path)
 
 
+@pytest.mark.slow
 def test_scalars_plot_picker_kept_per_run_and_csv(qtbot, make_window, tmp_path):
     run = scalar_run(tmp_path / "run")
     w = make_window()
@@ -62,6 +65,7 @@ def test_scalars_plot_picker_kept_per_run_and_csv(qtbot, make_window, tmp_path):
     QApplication.processEvents()
 
 
+@pytest.mark.slow
 def test_an_engine_run_has_no_scalars_plot(qtbot, make_window, tmp_path):
     from test_window_layout import synthetic_run
     w = make_window()
@@ -70,6 +74,7 @@ def test_an_engine_run_has_no_scalars_plot(qtbot, make_window, tmp_path):
     assert not w.plots.scalars.isVisible() and w.plots.scalars.picked == []
 
 
+@pytest.mark.slow
 def test_compare_draws_the_other_runs_scalars_too(qtbot, make_window, tmp_path):
     """Ticking another run in Compare overlays its loss and, dashed in the Scalars plot, its
     picked scalars on the same x axis; unticking takes both away."""

@@ -5,6 +5,8 @@ machine said to have 4 GPUs, the count passed in), written to a run folder by th
 and opened in the window; a one-GPU machine's table has no such rows."""
 from __future__ import annotations
 
+import pytest
+
 import os
 import time
 
@@ -38,6 +40,7 @@ def _run(path, gpus: int) -> None:
     store.close()
 
 
+@pytest.mark.slow
 def test_the_what_fits_panel_shows_the_sharding_estimates_of_a_four_gpu_machine(qtbot, make_window, tmp_path):
     w = make_window()
     _run(tmp_path / "four", gpus=4)

@@ -16,6 +16,7 @@ def clean_fallback(monkeypatch):
     remote.set_ssh_fallback("")  # process-wide: no other test inherits this one's
 
 
+@pytest.mark.slow
 def test_the_ssh_command_preference_round_trips_and_is_used(qtbot, make_window, clean_fallback, monkeypatch):
     from app.core.preferences import Preferences
     from app.ui.shell.dialogs import RemoteRunDialog

@@ -3,6 +3,8 @@ again" kept in the preferences and File > "Ask before closing during a run" to t
 on; Ctrl+Q asks the same; a window without the user's preferences (tests) never asks."""
 from __future__ import annotations
 
+import pytest
+
 import os
 
 from PySide6.QtWidgets import QMessageBox
@@ -10,6 +12,7 @@ from PySide6.QtWidgets import QMessageBox
 from app_helpers import run_to_end, start, wait_until
 
 
+@pytest.mark.slow
 def test_closing_during_a_run_asks_and_dont_ask_again_is_kept(qtbot, make_window, tmp_path):
     w = make_window(restore_settings=True)
     run = tmp_path / "run"
@@ -39,6 +42,7 @@ def test_closing_during_a_run_asks_and_dont_ask_again_is_kept(qtbot, make_window
     assert make_window(restore_settings=True).close_question.enabled()
 
 
+@pytest.mark.slow
 def test_a_window_without_the_users_preferences_never_asks(qtbot, make_window, tmp_path):
     w = make_window()  # restore_settings=False: tests, benchmarks
     start(w, epochs=50, run_dir=str(tmp_path / "run"))

@@ -2,10 +2,13 @@
 off, and "Clear compare" (plots toolbar and Run history) takes them off at once."""
 from __future__ import annotations
 
+import pytest
+
 from test_plot_outliers import diverged_run
 from test_window_layout import synthetic_run
 
 
+@pytest.mark.slow
 def test_overlays_go_with_the_view_and_clear_compare_clears_them(qtbot, make_window, tmp_path):
     a = synthetic_run(tmp_path / "runs" / "a")
     b = synthetic_run(tmp_path / "runs" / "b")

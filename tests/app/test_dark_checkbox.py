@@ -3,6 +3,8 @@ dark, so "Log scale" and "Ignore outliers" looked like bare labels), and ticked 
 not ticked."""
 from __future__ import annotations
 
+import pytest
+
 from PySide6.QtGui import QColor
 from PySide6.QtWidgets import QStyle, QStyleOptionButton
 
@@ -20,6 +22,7 @@ def _indicator_colours(box) -> tuple[list[QColor], QColor]:
     return pixels, img.pixelColor(img.width() - 2, img.height() // 2)
 
 
+@pytest.mark.slow
 def test_dark_check_boxes_are_visible_ticked_or_not(qtbot, make_window):
     w = make_window()
     w.set_theme("dark")

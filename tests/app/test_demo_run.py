@@ -2,6 +2,8 @@
 (its defaults raise no alert), and Stop ends it cleanly with a checkpoint."""
 from __future__ import annotations
 
+import pytest
+
 import math
 import re
 import shlex
@@ -40,6 +42,7 @@ def test_the_demo_lasts_minutes_on_a_laptop_cpu():
     assert seconds >= 120, f"the demo lasts about {seconds:.0f} s on a laptop"
 
 
+@pytest.mark.slow
 def test_the_demo_raises_no_alert_and_stops_cleanly(qtbot, make_window, tmp_path):
     _ns, base = demo_config()
     # The same windows in one micro-batch each (exact accumulation: the same gradient, so the same

@@ -3,6 +3,8 @@ epoch 1"), after it the pace is the steps' own (a pause between two steps does n
 ETA); a run stopped mid-epoch says so beside the epoch's share."""
 from __future__ import annotations
 
+import pytest
+
 from app.model.epoch_progress import seconds_per_window
 from app.model.notes import Note
 from app.model.runmodel import RunModel
@@ -26,6 +28,7 @@ def paused_model() -> RunModel:
     return m
 
 
+@pytest.mark.slow
 def test_a_pause_does_not_change_the_pace_and_a_paused_run_says_so(qtbot, make_window):
     m = paused_model()
     assert abs(seconds_per_window(m) - 1.0) < 1e-9  # one second a step, the pause aside
@@ -40,6 +43,7 @@ def test_a_pause_does_not_change_the_pace_and_a_paused_run_says_so(qtbot, make_w
     assert w.status.epoch_text.text().endswith("paused")
 
 
+@pytest.mark.slow
 def test_a_run_stopped_mid_epoch_says_it_stopped_there(qtbot, make_window, tmp_path):
     w = make_window()
     start(w, epochs=2, run_dir=str(tmp_path / "run"))  # 32 steps an epoch

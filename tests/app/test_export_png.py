@@ -2,6 +2,8 @@
 them; the message that says where it went has its own place in the status bar."""
 from __future__ import annotations
 
+import pytest
+
 from PySide6.QtGui import QColor, QImage
 from PySide6.QtWidgets import QFileDialog
 
@@ -9,6 +11,7 @@ from app.ui.export import HEADER_PX, plot_title
 from test_window_layout import synthetic_run
 
 
+@pytest.mark.slow
 def test_exported_plots_name_the_run_and_leave_out_the_toolbar(qtbot, make_window, tmp_path, monkeypatch):
     w = make_window()
     assert w.open_run(synthetic_run(tmp_path / "named-run"))

@@ -2,11 +2,14 @@
 its name, and the form as the user filled it."""
 from __future__ import annotations
 
+import pytest
+
 from app_helpers import run_to_end, start
 from app_tasks import broken_task
 from test_window_layout import synthetic_run
 
 
+@pytest.mark.slow
 def test_a_failed_start_keeps_the_last_runs_plots(qtbot, make_window, tmp_path):
     shown = synthetic_run(tmp_path / "runs" / "last-run")
     w = make_window()

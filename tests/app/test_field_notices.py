@@ -2,9 +2,12 @@
 a tooltip at the field, and a learning rate of 0 is said to train nothing."""
 from __future__ import annotations
 
+import pytest
+
 from PySide6.QtWidgets import QToolTip
 
 
+@pytest.mark.slow
 def test_refused_keys_and_lr_zero_are_said_at_the_field(qtbot, make_window):
     w = make_window()
     c, notices = w.controls, w.field_notices

@@ -3,6 +3,8 @@
 (a rollback) does not become the next run's lr."""
 from __future__ import annotations
 
+import pytest
+
 from engine.declarations.config import TrainConfig
 from engine.declarations.events import RunStarted, StepMetrics
 from engine.store import RunStore
@@ -32,6 +34,7 @@ def form(w) -> dict:
     return values
 
 
+@pytest.mark.slow
 def test_a_viewed_run_shows_its_settings_marked_and_the_users_come_back(qtbot, make_window, tmp_path):
     run = finished_run(tmp_path / "five-epochs", {"task": "mlp", "epochs": 5, "lr_schedule": "constant", "warmup": 0.0,
                                                   "micro_batch": 32, "accum": 2, "lr": 0.003, "clip": 2.0})
@@ -55,6 +58,7 @@ def test_a_viewed_run_shows_its_settings_marked_and_the_users_come_back(qtbot, m
         (default.epochs, default.lr_schedule, default.micro_batch, default.accum, default.lr, default.clip)
 
 
+@pytest.mark.slow
 def test_a_rollbacks_lower_lr_is_not_the_next_runs_lr(qtbot, make_window, tmp_path):
     task = tmp_path / "diverging.py"
     task.write_text(DIVERGING)

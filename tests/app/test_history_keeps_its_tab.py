@@ -2,6 +2,8 @@
 news during a run, not for a run folder's past alerts."""
 from __future__ import annotations
 
+import pytest
+
 from PySide6.QtWidgets import QTabBar
 
 from test_plot_outliers import diverged_run
@@ -16,6 +18,7 @@ def front_tab(w) -> str:
     return ""
 
 
+@pytest.mark.slow
 def test_viewing_from_run_history_keeps_its_tab(qtbot, make_window, tmp_path):
     run = diverged_run(tmp_path / "runs" / "diverged")  # a non-finite step: an error alert
     w = make_window()

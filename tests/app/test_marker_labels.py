@@ -2,6 +2,8 @@
 of its line (it was cut: "accum 4->")."""
 from __future__ import annotations
 
+import pytest
+
 from engine.declarations.events import SettingsApplied, StepMetrics
 from engine.store import RunStore
 
@@ -19,6 +21,7 @@ def run_with_a_late_change(path) -> str:
     return str(path)
 
 
+@pytest.mark.slow
 def test_a_marker_label_near_the_right_edge_stays_inside(qtbot, make_window, tmp_path):
     w = make_window()
     assert w.open_run(run_with_a_late_change(tmp_path / "late"))

@@ -3,6 +3,8 @@ damaged record, not a reason for the app to spin for ever before showing anythin
 history is a forest whatever the records say."""
 from __future__ import annotations
 
+import pytest
+
 import os
 
 from engine.declarations.events import StepMetrics
@@ -45,6 +47,7 @@ def test_the_tree_is_a_forest_whatever_the_parent_records_say(tmp_path):
     assert lineage.ancestors(paths[1], nodes)  # the record itself is kept, as stored
 
 
+@pytest.mark.slow
 def test_the_app_starts_and_lists_every_run_of_a_parent_loop(tmp_path, qtbot, make_window, monkeypatch):
     root = tmp_path / "runs"
     paths = _loop(root)

@@ -2,6 +2,8 @@
 in the dark theme the per-step loss stands out from the background."""
 from __future__ import annotations
 
+import pytest
+
 from PySide6.QtGui import QColor
 
 
@@ -16,6 +18,7 @@ def contrast(a: QColor, b: QColor) -> float:
     return (hi + 0.05) / (lo + 0.05)
 
 
+@pytest.mark.slow
 def test_planned_lr_and_dark_loss_colours(qtbot, make_window):
     w = make_window()
     for theme in ("light", "dark"):

@@ -2,6 +2,8 @@
 "Ignore outliers" (on by itself after non-finite steps) ranges y on the curve, not the spike."""
 from __future__ import annotations
 
+import pytest
+
 import math
 
 from engine.declarations.events import StepMetrics
@@ -31,6 +33,7 @@ def tick_texts(axis) -> list[str]:
     return out
 
 
+@pytest.mark.slow
 def test_a_spike_neither_flattens_the_curve_nor_mislabels_the_axis(qtbot, make_window, tmp_path):
     w = make_window()
     assert w.open_run(diverged_run(tmp_path / "diverged"))
@@ -51,6 +54,7 @@ def test_a_spike_neither_flattens_the_curve_nor_mislabels_the_axis(qtbot, make_w
     assert p.outliers_chosen and p.ignore_outliers
 
 
+@pytest.mark.slow
 def test_ignoring_outliers_keeps_the_ema_on_the_curve(qtbot, make_window, tmp_path):
     """The EMA drawn with "Ignore outliers" leaves the spike out, as the y range does: the
     plain EMA, with 2e36 folded in, stays above every real loss for the rest of the run."""

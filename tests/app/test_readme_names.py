@@ -4,6 +4,8 @@ the app's tour ("Five minutes with the demo"), and every bold name anywhere that
 buttons, labels, lists or tabs. (It said "Open run..." where the menu says "Open run folder...".)"""
 from __future__ import annotations
 
+import pytest
+
 import re
 
 from PySide6.QtGui import QAction
@@ -52,6 +54,7 @@ def window_names(w) -> set[str]:
     return {norm(n) for n in names if n}
 
 
+@pytest.mark.slow
 def test_the_readme_names_only_what_the_app_has(qtbot, make_window, tmp_path):
     w = make_window()
     assert w.open_run(synthetic_run(tmp_path / "run"))
@@ -65,6 +68,7 @@ def test_the_readme_names_only_what_the_app_has(qtbot, make_window, tmp_path):
     assert not missing, f"README names what the app does not have: {missing}"
 
 
+@pytest.mark.slow
 def test_the_check_catches_a_name_the_app_lacks(qtbot, make_window, tmp_path):
     w = make_window()
     have = window_names(w)

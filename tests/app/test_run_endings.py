@@ -2,6 +2,8 @@
 (completed, stopped, gave up, failed), and "Continue run" for a run with a checkpoint."""
 from __future__ import annotations
 
+import pytest
+
 from app_helpers import run_to_end, start, wait_until
 from test_app_run_tree import DIVERGING
 
@@ -17,6 +19,7 @@ def ended_alerts(w) -> list[str]:
     return [text for kind, _step, text in w.alerts.rows() if kind == "run_ended"]
 
 
+@pytest.mark.slow
 def test_a_stopped_run_says_stopped_and_continues_from_the_app(qtbot, make_window, tmp_path):
     run = str(tmp_path / "stopped")
     w = make_window()
@@ -44,6 +47,7 @@ def test_a_stopped_run_says_stopped_and_continues_from_the_app(qtbot, make_windo
     assert not w.continue_action.isEnabled() or w.views.continuable() == run
 
 
+@pytest.mark.slow
 def test_a_run_that_gives_up_says_why_in_the_alerts_status_and_history(qtbot, make_window, tmp_path):
     task = tmp_path / "diverging.py"
     task.write_text(DIVERGING)

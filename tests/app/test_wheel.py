@@ -2,6 +2,8 @@
 no setting; once the field has the focus (a click, Tab) the wheel steps it."""
 from __future__ import annotations
 
+import pytest
+
 from PySide6.QtCore import QPoint, QPointF, Qt
 from PySide6.QtGui import QWheelEvent
 from PySide6.QtWidgets import QApplication
@@ -16,6 +18,7 @@ def wheel(target, notches: int = -1) -> None:
     QApplication.sendEvent(target, ev)
 
 
+@pytest.mark.slow
 def test_the_wheel_over_an_unfocused_field_changes_nothing(qtbot, make_window):
     w = make_window()
     w.resize(1024, 640)  # the Controls panel scrolls

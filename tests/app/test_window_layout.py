@@ -31,6 +31,7 @@ def plot_height_share(w: Any) -> float:
     return plot_share(w)[0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("size", [(1024, 640), (1440, 900)])
 def test_second_launch_restores_plots_that_fill_the_window(qtbot, make_window, size):
     w1 = make_window(restore_settings=True)
@@ -46,6 +47,7 @@ def test_second_launch_restores_plots_that_fill_the_window(qtbot, make_window, s
     assert w2.plots.loss_plot.getViewBox().height() > 80  # the hint is drawn in a plot, not a strip
 
 
+@pytest.mark.slow
 def test_a_dock_resized_by_the_user_comes_back_at_its_size(qtbot, make_window):
     w1 = make_window(restore_settings=True)
     w1.resize(780, 740)  # inside the test screen (800 x 800): restoreGeometry keeps it as it is
@@ -63,6 +65,7 @@ def test_a_dock_resized_by_the_user_comes_back_at_its_size(qtbot, make_window):
     assert plot_height_share(w2) >= MIN_PLOT_HEIGHT
 
 
+@pytest.mark.slow
 def test_a_saved_layout_that_hides_the_plots_is_not_restored(qtbot, make_window):
     w1 = make_window(restore_settings=True)
     w1.resize(780, 780)
@@ -94,6 +97,7 @@ def overlapping_labels(axis: Any) -> list[tuple[str, str]]:
     return out
 
 
+@pytest.mark.slow
 def test_window_fits_1024_by_640_and_stays_readable(qtbot, make_window):
     w = make_window()
     w.resize(1024, 640)
@@ -119,6 +123,7 @@ def test_window_fits_1024_by_640_and_stays_readable(qtbot, make_window):
     assert w.size().toTuple() == (1024, 640)
 
 
+@pytest.mark.slow
 def test_a_long_compare_legend_never_widens_the_window(qtbot, make_window):
     w = make_window()
     w.resize(1024, 640)
@@ -148,6 +153,7 @@ def synthetic_run(path: Any, steps: int = 120) -> str:
     return str(path)
 
 
+@pytest.mark.slow
 def test_a_scripted_screenshot_shows_the_window_laid_out(qtbot, make_window, tmp_path):
     w1 = make_window(restore_settings=True)  # a saved layout: the screenshot is of a second launch
     w1.resize(780, 740)

@@ -2,9 +2,12 @@
 live run keeps ahead of it read as steps still to come that never would."""
 from __future__ import annotations
 
+import pytest
+
 from test_marker_labels import run_with_a_late_change
 
 
+@pytest.mark.slow
 def test_an_ended_run_is_drawn_to_its_last_step_and_a_live_one_has_room(qtbot, make_window, tmp_path):
     w = make_window()
     assert w.open_run(run_with_a_late_change(tmp_path / "late"))  # 120 steps, accum 4 -> 8 at 110

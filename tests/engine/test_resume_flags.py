@@ -1,6 +1,8 @@
 """`--resume DIR` with new setting flags applies them (at the next epoch boundary)."""
 from __future__ import annotations
 
+import pytest
+
 from engine.cli import main
 from engine.store import RunReader
 
@@ -20,6 +22,7 @@ def test_resume_with_new_lr_and_accum_applies_them(tmp_path, capsys):
     assert {(r["accum"], r["lr"]) for r in rows if r["epoch"] == 2} == {(2, 0.0005)}
 
 
+@pytest.mark.slow
 def test_resume_without_flags_keeps_the_runs_settings(tmp_path, capsys):
     run_dir = str(tmp_path / "run")
     assert main(["--task", "mlp", "--epochs", "1", "--lr", "0.002", "--run-dir", run_dir]) == 0

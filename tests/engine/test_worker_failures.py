@@ -95,6 +95,7 @@ def test_a_worker_that_raises_is_named_by_its_cause_and_the_line_that_raised(tmp
 
 @pytest.mark.parametrize("fault, how", [("os_exit", "(exit code 1)"), ("sigkill", "(killed by signal SIGKILL)"),
                                         ("exit", "(exit code 3)")])
+@pytest.mark.slow
 def test_a_worker_that_exits_is_named_as_one_that_exited(tmp_path, capsys, fault, how):
     path, _ = task_file(tmp_path)
     for attempt in range(2):  # what the exit surfaces as varies from run to run: the report may not

@@ -92,6 +92,7 @@ counter = itertools.count()
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                     HealthCheck.too_slow,
                                                                     HealthCheck.data_too_large])
+@pytest.mark.slow
 @given(rows=st.lists(ROW, min_size=1, max_size=5))
 def test_no_command_row_makes_polling_raise(tmp_path, rows):
     run_dir = tmp_path / f"run{next(counter)}"

@@ -70,6 +70,7 @@ def test_rows_reach_disk_within_a_second_while_the_training_thread_is_stalled(tm
 
 
 # -- (b) busy or slow run.db ---------------------------------------------------------------------
+@pytest.mark.slow
 def test_a_busy_run_db_never_blocks_or_fails_the_writer_and_is_reported_once(tmp_path):
     problems: list[str] = []
     store = RunStore(str(tmp_path), on_problem=problems.append)
@@ -151,6 +152,7 @@ def metrics_and_info(tmp_path) -> tuple[list[int], dict]:
         db.close()
 
 
+@pytest.mark.slow
 def test_a_full_disk_under_run_db_never_ends_the_writer_and_the_end_makes_room(tmp_path):
     """The WAL filled the room run.db has; at the end its pages move into run.db and the WAL
     file is truncated, which is room enough: every row reaches disk (before: 10% of them)."""
@@ -160,6 +162,7 @@ def test_a_full_disk_under_run_db_never_ends_the_writer_and_the_end_makes_room(t
     assert steps == list(range(1, 4001)) and info["status"] == "finished"
 
 
+@pytest.mark.slow
 def test_a_disk_full_for_good_says_what_did_not_reach_disk_and_saves_the_status(tmp_path):
     out = full_disk(tmp_path, 100_000)
     assert not out["closed"] and out["unwritten"] > 0, out
@@ -172,6 +175,7 @@ def test_a_disk_full_for_good_says_what_did_not_reach_disk_and_saves_the_status(
     assert out["lost"].endswith("the run's status was saved")
 
 
+@pytest.mark.slow
 def test_commands_polling_on_a_busy_run_db_never_waits_or_raises(tmp_path):
     store = RunStore(str(tmp_path))
     store.commit()
