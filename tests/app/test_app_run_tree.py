@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 import os
-import textwrap
 
 import numpy as np
 import pytest
@@ -20,33 +19,12 @@ import pytest
 from engine.store import RunReader
 
 from app_helpers import run_to_end, start, wait_until
-from testkit import run_engine
+from testkit import ROOT, run_engine
 
 # The task of tests/engine/test_run_tree.py: NaN windows on purpose (steps bad_from..bad_until-1).
-DIVERGING = textwrap.dedent("""
-    import torch
-    import torch.nn.functional as F
-    from engine import Task
-
-    def build_task(seed, bad_from=0, bad_until=0):
-        state = {"calls": 0}
-        def loss(model, batch):
-            x, y = batch
-            out = F.cross_entropy(model(x), y, reduction="sum")
-            if model.training:
-                state["calls"] += 1
-                step = (state["calls"] + 1) // 2  # two micro-batches a window
-                if bad_from <= step < bad_until:
-                    out = out * float("nan")
-            return out, len(y)
-        torch.manual_seed(seed)
-        g = torch.Generator().manual_seed(1)
-        x = torch.randn(256, 6, generator=g)
-        y = (x[:, 0] + x[:, 1] > 0).long()
-        model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 2))
-        return Task(model=model, train_data=torch.utils.data.TensorDataset(x, y), loss=loss)
-""")
-ROLLBACK_ARGS = dict(epochs=1, micro_batch=8, accum=2, lr=0.01, task_args={"bad_from": 7, "bad_until": 10})
+DIVERGING = ROOT / "tests" / "engine" / "diverging_task.py"
+ROLLBACK_ARGS = dict(epochs=1, micro_batch=8, accum=2, lr=0.01,
+                     task_args={"bad_from": 7, "bad_until": 10, "dropout": 0})
 
 
 def _parent_run(qtbot, w, run_dir: str) -> None:
@@ -176,11 +154,11 @@ def _assert_rollback_shown(w) -> None:
 
 @pytest.mark.slow
 def test_rollback_markers_and_discarded_steps_for_a_run_opened_and_live(qtbot, make_window, tmp_path):
-    task = tmp_path / "diverging.py"
-    task.write_text(DIVERGING)
+    task = DIVERGING
     folder = str(tmp_path / "roll")
     _cli("--task", str(task), "--epochs", "1", "--micro-batch", "8", "--accum", "2", "--checkpoint-every", "2",
-         "--task-arg", "bad_from=7", "--task-arg", "bad_until=10", "--nonfinite", "rollback", "--lr", "0.01",
+         "--task-arg", "bad_from=7", "--task-arg", "bad_until=10", "--task-arg", "dropout=0",
+         "--nonfinite", "rollback", "--lr", "0.01",
          "--run-dir", folder)
     w = make_window()
     assert w.open_run(folder)

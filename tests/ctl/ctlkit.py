@@ -8,7 +8,8 @@ import signal
 import subprocess
 import sys
 import threading
-from typing import Any, Optional
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, Optional
 
 from engine.ctl.protocol import rows_of
 from engine.store import RunReader, StoreError, runlock
@@ -108,6 +109,22 @@ class Stream:
         """Where a broken stream goes on: the step after the last row, the last event id."""
         rows, events = replay(self.records)
         return (rows[-1]["step"] + 1 if rows else 0), (events[-1]["id"] if events else None)
+
+
+@contextmanager
+def followed_live_run(run_dir: str, follow: Callable[[str], "Stream"]) -> Iterator[LiveRun]:
+    """A live run with 3 rows written, its `whole` a follow started as soon as the engine
+    held the folder (so it saw every row from the first); both ended afterwards."""
+    run = LiveRun(run_dir)
+    try:
+        run.wait_live(rows=0)
+        run.whole = follow(run_dir)
+        run.wait_live(rows=3)
+        yield run
+    finally:
+        run.end()
+        if run.__dict__.get("whole") is not None and run.whole.proc.poll() is None:
+            run.whole.kill()
 
 
 def replay(recs: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:

@@ -13,7 +13,7 @@ import subprocess
 
 import pytest
 
-from ctlkit import LiveRun, Stream, ctl, db_events, db_rows, one_error_line, records, replay, written_run
+from ctlkit import Stream, ctl, followed_live_run, db_events, db_rows, one_error_line, records, replay, written_run
 from testkit import ROOT, wait_until
 
 pytestmark = pytest.mark.slow
@@ -21,18 +21,8 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def live(tmp_path_factory):
-    run_dir = str(tmp_path_factory.mktemp("ctl") / "run")
-    run = LiveRun(run_dir)
-    try:
-        run.wait_live(rows=0)
-        # Started as soon as the engine holds the folder: it sees every row from the first.
-        run.whole = Stream.follow(run_dir)
-        run.wait_live(rows=3)
+    with followed_live_run(str(tmp_path_factory.mktemp("ctl") / "run"), Stream.follow) as run:
         yield run
-    finally:
-        run.end()
-        if run.__dict__.get("whole") is not None and run.whole.proc.poll() is None:
-            run.whole.kill()
 
 
 def test_status_of_a_live_run_as_json(live):

@@ -16,7 +16,7 @@ import sys
 import pytest
 
 import sshkit
-from ctlkit import (LiveRun, Stream, ctl, db_events, db_rows, hold_lock, one_error_line, records, replay,
+from ctlkit import (Stream, ctl, followed_live_run, db_events, db_rows, hold_lock, one_error_line, records, replay,
                     written_run)
 from testkit import wait_until
 
@@ -31,17 +31,9 @@ def remote(run_dir: str) -> str:
 
 @pytest.fixture(scope="module")
 def live(sshd, tmp_path_factory):
-    run_dir = str(tmp_path_factory.mktemp("ctl-ssh") / "run")
-    run = LiveRun(run_dir)
-    try:
-        run.wait_live(rows=0)
-        run.whole = Stream.follow(remote(run_dir), *sshd.ctl_args(), env=sshd.env)
-        run.wait_live(rows=3)
+    follow_over_ssh = lambda run_dir: Stream.follow(remote(run_dir), *sshd.ctl_args(), env=sshd.env)  # noqa: E731
+    with followed_live_run(str(tmp_path_factory.mktemp("ctl-ssh") / "run"), follow_over_ssh) as run:
         yield run
-    finally:
-        run.end()
-        if run.__dict__.get("whole") is not None and run.whole.proc.poll() is None:
-            run.whole.kill()
 
 
 def server_follows(run_dir: str, from_step: int) -> list[int]:

@@ -5,7 +5,7 @@ and on a spike, and gives up after repeated rollbacks."""
 from __future__ import annotations
 
 import os
-import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -18,39 +18,12 @@ from testkit import run_engine
 pytestmark = pytest.mark.slow  # every test trains several runs in subprocesses
 
 
-TASK = textwrap.dedent("""
-    import os, torch
-    import torch.nn.functional as F
-    from engine import Task
-
-    def build_task(seed, bad_from=0, bad_until=0, spike_at=0, always_bad=False):
-        state = {"calls": 0}
-        def loss(model, batch):
-            x, y = batch
-            out = F.cross_entropy(model(x), y, reduction="sum")
-            if model.training:
-                state["calls"] += 1
-                step = (state["calls"] + 1) // 2  # two micro-batches a window
-                if always_bad and step >= bad_from or bad_from <= step < bad_until:
-                    out = out * float("nan")
-                if spike_at and step == spike_at:
-                    out = out * 50.0
-            return out, len(y)
-        torch.manual_seed(seed)
-        g = torch.Generator().manual_seed(1)
-        x = torch.randn(256, 6, generator=g)
-        y = (x[:, 0] + x[:, 1] > 0).long()
-        model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Dropout(0.1),
-                                    torch.nn.Linear(16, 2))
-        return Task(model=model, train_data=torch.utils.data.TensorDataset(x, y), loss=loss)
-""")
+TASK = Path(__file__).with_name("diverging_task.py")
 
 
 @pytest.fixture()
-def task(tmp_path):
-    f = tmp_path / "tree_task.py"
-    f.write_text(TASK)
-    return str(f)
+def task():
+    return str(TASK)
 
 
 def cli(*args):

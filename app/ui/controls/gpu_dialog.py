@@ -45,6 +45,22 @@ class CommandView(QPlainTextEdit):
         return self.toPlainText()
 
 
+def command_and_start(dialog: QDialog, form: QFormLayout) -> tuple[CommandView, QDialogButtonBox]:
+    """A launch dialog's layout: its form, the whole command it will run (selectable, scrolled
+    within a few lines: a wrapped label was cut off at the dialog's bottom edge, its height not
+    asked again when the text grew), then Start and Cancel."""
+    command = CommandView()
+    buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
+    buttons.button(QDialogButtonBox.StandardButton.Ok).setText("Start")
+    buttons.accepted.connect(dialog.accept)
+    buttons.rejected.connect(dialog.reject)
+    lay = QVBoxLayout(dialog)
+    lay.addLayout(form)
+    lay.addWidget(command)
+    lay.addWidget(buttons)
+    return command, buttons
+
+
 class GpuLaunchDialog(QDialog):
     def __init__(self, parent: Optional[QWidget], count: int, preview: Preview,
                  initial: Optional[dict[str, Any]] = None) -> None:
@@ -74,17 +90,7 @@ class GpuLaunchDialog(QDialog):
         form.addRow(f"Processes ({count} GPUs here)", self.processes)
         for name in ("strategy", "fsdp_reduce", "cpu_offload"):
             setting_row(form, name, getattr(self, name))
-        # The whole command, selectable and scrolled within a few lines (a wrapped label was cut
-        # off at the dialog's bottom edge: its height is not asked again when the text grows).
-        self.command_text = CommandView()
-        self.buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
-        self.buttons.button(QDialogButtonBox.StandardButton.Ok).setText("Start")
-        self.buttons.accepted.connect(self.accept)
-        self.buttons.rejected.connect(self.reject)
-        lay = QVBoxLayout(self)
-        lay.addLayout(form)
-        lay.addWidget(self.command_text)
-        lay.addWidget(self.buttons)
+        self.command_text, self.buttons = command_and_start(self, form)
         self.processes.valueChanged.connect(self._sync)
         self.strategy.currentTextChanged.connect(self._sync)
         self.fsdp_reduce.currentTextChanged.connect(self._sync)

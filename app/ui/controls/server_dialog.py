@@ -10,7 +10,7 @@ import logging
 from typing import Any, Callable, Optional
 
 from PySide6.QtCore import QObject
-from PySide6.QtWidgets import QDialog, QDialogButtonBox, QFormLayout, QLineEdit, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QDialog, QDialogButtonBox, QFormLayout, QLineEdit, QWidget
 
 from engine.declarations.config import ConfigError
 from engine.declarations.paths import BUILTIN_TASKS
@@ -20,7 +20,7 @@ from app.session.configs import launch_config
 from app.session.server_start import ServerRun, command_line, server_flags, start
 from app.ui.shell.background import Background
 from app.ui.shell.remote_fields import RemoteFields
-from .gpu_dialog import CommandView
+from .gpu_dialog import command_and_start
 
 log = logging.getLogger("headroom.server")
 
@@ -58,15 +58,7 @@ class ServerStartDialog(QDialog):
         self.fields = RemoteFields(prefs, form)
         form.addRow("Task file there", self.task)
         form.addRow("Run folder there", self.run_dir)
-        self.command_text = CommandView()  # the whole command, selectable, in a few scrolled lines
-        self.buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
-        self.buttons.button(QDialogButtonBox.StandardButton.Ok).setText("Start")
-        self.buttons.accepted.connect(self.accept)
-        self.buttons.rejected.connect(self.reject)
-        lay = QVBoxLayout(self)
-        lay.addLayout(form)
-        lay.addWidget(self.command_text)
-        lay.addWidget(self.buttons)
+        self.command_text, self.buttons = command_and_start(self, form)
         self._host_changed()
         self.host.editingFinished.connect(self._host_changed)
         for edit in (self.host, self.fields.python, self.task, self.run_dir):
