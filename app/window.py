@@ -2,7 +2,7 @@
 
 It lays out the Controls panel, the plots, alerts, run history and the status bar, builds
 the actions, and connects them: actions and panels to the run controller
-(app/session/controller.py), the session's typed signals to the views. Where a run stands
+(app/runner/controller.py), the session's typed signals to the views. Where a run stands
 is the session's to decide; training is the engine's. torch is never imported here.
 """
 from __future__ import annotations
@@ -21,8 +21,8 @@ from .core import assets, logs
 from .core.preferences import Preferences
 from .model.runmodel import RunModel
 from .model.title import window_title
-from .session.controller import RunController
-from .session.launcher import Launch
+from .runner.controller import RunController
+from .runner.launcher import Launch
 from .ui import actions, export
 from .ui.shell import dialogs, layout, wheel, window_prefs
 from .ui.alerts import AlertsPanel

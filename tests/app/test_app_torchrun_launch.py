@@ -84,7 +84,7 @@ def test_launch_torchrun_on_cpu_attaches_shows_metrics_and_stops(qtbot, make_win
 
 @pytest.mark.ddp
 def test_launch_stop_falls_back_to_sigterm(qtbot, make_window, tmp_path, monkeypatch):
-    import app.session.launcher as launcher_mod
+    import app.runner.launcher as launcher_mod
     from app_helpers import FAST
     monkeypatch.setattr(launcher_mod, "LAUNCH_STOP_S", 0.0)  # SIGTERM at once after Stop
     w = make_window()

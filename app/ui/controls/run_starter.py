@@ -11,7 +11,7 @@ from engine.declarations.config import ConfigError
 
 from app.core.preferences import Preferences
 from app.session.configs import launch_config, launch_dir
-from app.session.controller import RunController
+from app.runner.controller import RunController
 from app.session.launch_command import MIN_GPUS, torchrun_command
 from .gpu_dialog import GpuLaunchDialog
 from .panel import ControlsPanel

@@ -21,7 +21,7 @@ from engine.declarations.config import TrainConfig
 
 from engine.declarations.settings import LIVE_NAMES
 from app.model.pending import ChangeStatus
-from app.session.controller import RunController
+from app.runner.controller import RunController
 from app.ui.controls.panel import ControlsPanel
 
 NOT_FORM = ("run_dir", "resume", "fork", "max_steps", "seed")  # run flags the form has no field for

@@ -18,7 +18,7 @@ from engine.store import StoreError
 
 from app.core.preferences import Preferences
 from app.session import remote_runs
-from app.session.controller import RunController
+from app.runner.controller import RunController
 from app.session.remote_source import RemoteSource
 from app.session.sources import read_metrics
 from app.model import lineage

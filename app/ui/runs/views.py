@@ -10,7 +10,7 @@ from PySide6.QtCore import QObject
 from app.model.lineage import checkpoints
 from app.model.runmodel import RunModel
 from app.model.state import RunState
-from app.session.controller import RunController
+from app.runner.controller import RunController
 from app.session.launch_command import MIN_GPUS
 from app.ui.actions import AppActions, RunActions
 from app.ui.alerts import AlertsPanel

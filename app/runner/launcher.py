@@ -21,7 +21,7 @@ from engine.declarations.config import TrainConfig
 from engine.store import RunReader, StoreError, send_command
 
 from app.core.runs import is_run_dir
-from . import launch_command as command
+from app.session import launch_command as command
 
 log = logging.getLogger("headroom.launcher")
 

@@ -11,7 +11,7 @@ from typing import Callable, Optional
 from PySide6.QtCore import QObject, Signal
 
 from app.model.notes import Note
-from .session import RunSession, Update
+from app.session.session import RunSession, Update
 
 
 class SessionSignals(QObject):

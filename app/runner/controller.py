@@ -19,12 +19,12 @@ from engine.store import RunReader, StoreError
 
 from app.core import logs
 from app.core.runs import remove_if_empty, writer_of
-from .configs import launch_config, launch_dir, start_config
+from app.session.configs import launch_config, launch_dir, start_config
 from .launcher import Launch, LaunchManager
-from .session import RunSession, Update
+from app.session.session import RunSession, Update
 from .signals import SessionSignals
-from .remote_source import RemoteSource, is_remote
-from .sources import FolderSource, LiveSource
+from app.session.remote_source import RemoteSource, is_remote
+from app.session.sources import FolderSource, LiveSource
 from app.model.state import RunState
 from .worker import EngineRunner
 
