@@ -289,12 +289,12 @@ class Trainer(TrainerViews):
     def _lr_plan(self) -> LrPlanned:
         return self.parts.lr.plan(self.step, self.epoch, self.settings.lr, self.progress.samples)
 
-    def train_window(self, micro: list[list[int]], window_samples: int) -> InFlight:
+    def train_window(self, micro: list[list[int]], global_samples: int) -> InFlight:
         """Forward/backward each micro-batch, then the optimizer step (accumulate.py)."""
         parts = self.parts
         batches = parts.feeder.take(self._feed_index, micro)  # one at a time: none outlives its backward
         s = self.settings
-        return train_window(parts.window, batches, window_samples, s.clip, s.micro_batch,
+        return train_window(parts.window, batches, global_samples, s.clip, s.micro_batch,
                             self._stop.is_set, len(micro))
 
     def _snapshot_oom(self, parts: RunParts) -> None:

@@ -81,12 +81,12 @@ class WindowContext:
         return self._totals
 
 
-def train_window(w: WindowContext, batches: Iterable[Any], window_samples: int, clip: float,
+def train_window(w: WindowContext, batches: Iterable[Any], global_samples: int, clip: float,
                  micro_batch: int, stop_requested: Callable[[], bool], n_micro: Optional[int] = None) -> InFlight:
     """`n_micro`: how many micro-batches `batches` holds (under torchrun the last one is
     special: its backward reduces the gradients over ranks)."""
     dev, torchrun, strategy = w.device, w.ctx.enabled, w.strategy
-    host_scale = 1.0 / window_samples  # keeps gradients O(1) before the exact division (fp16-friendly)
+    host_scale = 1.0 / global_samples  # keeps gradients O(1) before the exact division (fp16-friendly)
     totals, loss_acc, count_acc = w.totals()  # the window's loss sum and count, zeroed
     # Hot path: add_ into views of totals (one op, not the three of `totals[i] += x`), and
     # int counts added on the host, exactly, flushed before any tensor count and after the loop.
@@ -150,7 +150,7 @@ def train_window(w: WindowContext, batches: Iterable[Any], window_samples: int, 
         strategy.after_window()
         # From here on the other ranks step and move on: an out-of-memory error on this rank
         # cannot be redone here alone (see _step), so it stops the run.
-    return _step(w, totals, agree, window_samples, clip, tensor_count, host_total)
+    return _step(w, totals, agree, global_samples, clip, tensor_count, host_total)
 
 
 def _memory_slots(w: WindowContext) -> list[float]:
@@ -195,11 +195,11 @@ def _out_of_memory(w: WindowContext, e: BaseException, collectives: bool, k: int
         f"stops (rows committed, the last checkpoint kept); {advice} ({detail})") from None
 
 
-def _step(w: WindowContext, totals: torch.Tensor, agree: Optional[torch.Tensor], window_samples: int,
+def _step(w: WindowContext, totals: torch.Tensor, agree: Optional[torch.Tensor], global_samples: int,
           clip: float, tensor_count: bool, host_total: int) -> InFlight:
     """The window's gradients to the update: exact normalisation, norm, clip, step."""
     try:
-        return _normalise_and_step(w, totals, agree, window_samples, clip, tensor_count, host_total)
+        return _normalise_and_step(w, totals, agree, global_samples, clip, tensor_count, host_total)
     except BaseException as e:
         if not (w.ctx.enabled and is_oom(e)):
             raise
@@ -210,20 +210,21 @@ def _step(w: WindowContext, totals: torch.Tensor, agree: Optional[torch.Tensor],
             f"stops (the last checkpoint is kept; continue with --resume) ({detail})") from None
 
 
-def _normalise_and_step(w: WindowContext, totals: torch.Tensor, agree: Optional[torch.Tensor], window_samples: int,
+def _normalise_and_step(w: WindowContext, totals: torch.Tensor, agree: Optional[torch.Tensor], global_samples: int,
                         clip: float, tensor_count: bool, host_total: int) -> InFlight:
     torchrun, dev = w.ctx.enabled, w.device
     if w.scaler is not None:
         w.scaler.unscale_(w.optimizer)  # once per window, before the norm and the clip
     grads = w.strategy.local_grads([p.grad for p in w.params if p.grad is not None])
-    # Every rank scaled by 1/window_samples (the window's samples over all ranks) and the
-    # strategy's reduction summed them over ranks: multiply by window_samples / the window's global count, one
-    # fused multiply per dtype. When every count was a host int (one process), the factor is
-    # a host number, and exactly 1 (count == samples, a classifier) needs no multiply at all.
+    # Every rank scaled by 1/global_samples (the window's samples over all ranks; LiveSettings.
+    # window_samples is one rank's) and the strategy's reduction summed them over ranks: multiply
+    # by global_samples / the window's global count, one fused multiply per dtype. When every
+    # count was a host int (one process), the factor is a host number, and exactly 1 (count ==
+    # samples, a classifier) needs no multiply at all.
     if torchrun or tensor_count:
-        G.scale_(grads, window_samples / totals[1])
-    elif host_total != window_samples:
-        G.scale_by_(grads, window_samples / host_total if host_total else float("inf"))
+        G.scale_(grads, global_samples / totals[1])
+    elif host_total != global_samples:
+        G.scale_by_(grads, global_samples / host_total if host_total else float("inf"))
     # Per-parameter norms (to name non-finite parameters without another sync) and the
     # total norm before clipping, as clip_grad_norm_ computes it. The step variant clips:
     # with the norm on the host (SyncStep) a window under the clip norm costs no pass at all.

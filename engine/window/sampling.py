@@ -18,9 +18,9 @@ def epoch_order(n: int, seed: int, epoch: int) -> list[int]:
     return torch.randperm(n, generator=g).tolist()
 
 
-def fixed_windows(order: Sequence[int], window_samples: int) -> list[list[int]]:
-    """Consecutive windows of `window_samples`; the last may be short."""
-    return [list(order[i:i + window_samples]) for i in range(0, len(order), window_samples)]
+def fixed_windows(order: Sequence[int], global_samples: int) -> list[list[int]]:
+    """Consecutive windows of `global_samples`; the last may be short."""
+    return [list(order[i:i + global_samples]) for i in range(0, len(order), global_samples)]
 
 
 def token_windows(order: Sequence[int], budget: int, length: Callable[[int], int]) -> list[list[int]]:
@@ -51,10 +51,10 @@ def micro_batches(share: Sequence[int], micro: int) -> list[list[int]]:
     return [list(share[i:i + micro]) for i in range(0, len(share), micro)]
 
 
-def plan_epoch(n: int, seed: int, epoch: int, window_samples: int, token_budget: Optional[int] = None,
+def plan_epoch(n: int, seed: int, epoch: int, global_samples: int, token_budget: Optional[int] = None,
                length: Optional[Callable[[int], int]] = None) -> list[list[int]]:
     order = epoch_order(n, seed, epoch)
     if token_budget is not None:
         assert length is not None
         return token_windows(order, token_budget, length)
-    return fixed_windows(order, window_samples)
+    return fixed_windows(order, global_samples)
