@@ -60,8 +60,7 @@ def test_a_viewed_run_shows_its_settings_marked_and_the_users_come_back(qtbot, m
 
 @pytest.mark.slow
 def test_a_rollbacks_lower_lr_is_not_the_next_runs_lr(qtbot, make_window, tmp_path):
-    task = tmp_path / "diverging.py"
-    task.write_text(DIVERGING)
+    task = DIVERGING  # tests/engine/diverging_task.py
     w = make_window()
     w.base_config.update(checkpoint_every=2, nonfinite="rollback", rollback_lr_factor=0.5)
     start(w, task=str(task), run_dir=str(tmp_path / "roll"), **ROLLBACK_ARGS)

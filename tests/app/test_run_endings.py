@@ -49,13 +49,12 @@ def test_a_stopped_run_says_stopped_and_continues_from_the_app(qtbot, make_windo
 
 @pytest.mark.slow
 def test_a_run_that_gives_up_says_why_in_the_alerts_status_and_history(qtbot, make_window, tmp_path):
-    task = tmp_path / "diverging.py"
-    task.write_text(DIVERGING)
+    task = DIVERGING  # tests/engine/diverging_task.py
     run = str(tmp_path / "gave-up")
     w = make_window()
     w.base_config.update(checkpoint_every=2, nonfinite="rollback")
     start(w, task=str(task), run_dir=run, epochs=1, micro_batch=8, accum=2, lr=0.01,
-          task_args={"bad_from": 7, "bad_until": 10_000})  # never gets past step 7
+          task_args={"bad_from": 7, "bad_until": 10_000, "dropout": 0})  # never gets past step 7
     outcome = run_to_end(qtbot, w)
     assert outcome["reason"] == "nonfinite"
     assert w.status.state.text() == "Gave up"
