@@ -271,7 +271,10 @@ class TrainConfig:
         return replace(self, **changes)
 
 
-_HINTS = typing.get_type_hints(TrainConfig)
+# The fields' annotations as types (they are strings here). Field by field: Python 3.10's
+# get_type_hints refuses the class's InitVar, which fields() leaves out.
+_HINTS = {f.name: eval(f.type, globals()) if isinstance(f.type, str) else f.type  # noqa: S307 - our own annotations
+          for f in fields(TrainConfig)}
 
 
 def value_type(name: str) -> type:
