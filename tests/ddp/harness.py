@@ -34,8 +34,11 @@ def torchrun_worker(out, timeout=180, extra_env=None, nproc=2, **opts):
     """tests/ddp/worker.py on `nproc` ranks: each rank's log and its whole weights at the end."""
     args = torchrun(nproc) + [os.path.join(ROOT, "tests", "ddp", "worker.py"), str(out)]
     args += [f"{k}={v}" for k, v in opts.items()]
-    r = subprocess.run(args, cwd=ROOT, env=env(**(extra_env or {})), capture_output=True, text=True, timeout=timeout)
-    assert r.returncode == 0, r.stderr[-3000:]
+    # A hung rank dumps its threads' stacks and exits 30 s before the timeout: the failure says where.
+    dump = {"HEADROOM_TEST_HANG_DUMP": str(max(10, timeout - 30))}
+    r = subprocess.run(args, cwd=ROOT, env=env(**dump, **(extra_env or {})), capture_output=True, text=True,
+                       timeout=timeout)
+    assert r.returncode == 0, r.stderr[-6000:]
     logs = [json.load(open(out / f"log-{rank}.json")) for rank in range(nproc)]
     weights = [torch.load(out / f"weights-{rank}.pt", weights_only=True) for rank in range(nproc)]
     return logs, weights
