@@ -67,6 +67,8 @@ def setting(default: Any, group: str, help: str, *, low: Optional[Number] = None
             high_open: bool = False, unit: str = "", note: str = "", **declared: Any) -> Any:
     """A TrainConfig field that is a setting (see the module doc). `low`/`high` bound a number;
     the other keywords are `Declared`'s. A dict default is a fresh dict per config."""
+    if declared.get("per_step") and not declared.get("live"):  # its column is filled from the live settings
+        raise TypeError("setting(per_step=True) needs live=True: a metrics column records a live setting")
     meta: dict[str, Any] = {SETTING: Declared(group, help, **declared)}
     if low is not None or high is not None:
         meta[BOUNDS] = Bounds(low, high, high_open, unit, note)  # type: ignore[arg-type]
