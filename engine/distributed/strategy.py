@@ -98,7 +98,8 @@ class Local:
         return contextlib.nullcontext()
 
     def release(self) -> None:
-        """Once the process group is gone: drop what holds it (DDP's reducer, gloo's threads)."""
+        """Before the process group goes: drop what holds it beside the world (DDP's reducer),
+        so the group's last reference is the world's, whose destructor lets the GIL go."""
 
 
 class Replicated(Local):

@@ -34,5 +34,8 @@ def release(parts: RunParts, ctx: D.DistContext, clean: bool) -> None:
     parts.probe.close()
     parts.snapshots.stop()
     parts.feeder.close()
+    # the DDP wrapper first, while the world still holds the group: DDP's reducer holds it too,
+    # and a reducer that drops the last reference runs the group's destructor with the GIL held,
+    # which joins gloo's threads while one of them waits for the GIL (a hang, seen in CI)
+    parts.window.strategy.release()
     D.shutdown(ctx, clean=clean)
-    parts.window.strategy.release()  # the DDP wrapper holds the group and gloo's threads

@@ -11,6 +11,7 @@ no_share=1, no_buffer_sync=1, no_sum_hook=1, local_norm=1 (fsdp).
 from __future__ import annotations
 
 import faulthandler
+import gc
 import json
 import os
 import signal
@@ -138,9 +139,14 @@ def main() -> None:
     weights: dict = {}
     original_shutdown = D.shutdown
 
+    wrappers_at_shutdown = []
+
     def shutdown(ctx, clean=True):  # the whole weights while the process group still lives
         if clean and dist.is_initialized():
             weights.update(full_state(trainer.model))
+        # DDP's reducer holds the group too: dropped after the group, its destructor joins gloo's
+        # threads with the GIL held, and hangs when one of them waits for the GIL (seen in CI)
+        wrappers_at_shutdown.extend(o for o in gc.get_objects() if isinstance(o, DistributedDataParallel))
         original_shutdown(ctx, clean)
 
     D.shutdown = shutdown
@@ -149,6 +155,7 @@ def main() -> None:
     with open(os.path.join(out, f"log-{rank}.json"), "w") as f:
         json.dump(log, f)
     assert not dist.is_initialized()
+    assert not wrappers_at_shutdown, "a DDP wrapper still lived when the process group was torn down"
     # The run released the process group for real (the DDP wrapper holds it): no gloo thread
     # lives on into the interpreter's exit, where one that frees a tensor aborts the process.
     # (Not under fsdp: FSDP2's parameter groups keep the process group, and gloo's 3 threads, alive
