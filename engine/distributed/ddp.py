@@ -10,13 +10,14 @@ The buckets are summed, not averaged (a communication hook of one SUM all-reduce
 window's exact normalisation divides once by the global count, so the result equals one
 process's on the same window to fp32 rounding.
 
-Buffers are not broadcast before each forward (`broadcast_buffers=False`): they go from rank 0
+Buffers are not broadcast before each forward (`forward_sync_buffers=False`): they go from rank 0
 once a window, after its gradients (strategy.Replicated.after_window), so every rank holds the
 same statistics at every step boundary, where checkpoints and validation read them.
 """
 from __future__ import annotations
 
 import contextlib
+import inspect
 from typing import Any, Callable, ContextManager, Optional
 
 import torch
@@ -34,6 +35,15 @@ def sum_hook(_state, bucket):  # type: ignore[no-untyped-def]
     return fut.then(lambda f: f.value()[0])
 
 
+def no_forward_buffer_sync() -> dict:
+    """DDP's switch for "no buffer broadcast before each forward": `forward_sync_buffers` where
+    this torch has it (2.13 deprecates `broadcast_buffers` with a warning on every rank),
+    `broadcast_buffers` before."""
+    if "forward_sync_buffers" in inspect.signature(DistributedDataParallel.__init__).parameters:
+        return {"forward_sync_buffers": False}
+    return {"broadcast_buffers": False}
+
+
 class Ddp(Replicated):
     name = "ddp"
     collective = "all-reduce the gradients in its backward"
@@ -45,8 +55,8 @@ class Ddp(Replicated):
         # rank 0's values are on every rank already (strategy.build): no second broadcast
         self.net: Optional[DistributedDataParallel] = DistributedDataParallel(
             LossCall(model), device_ids=[device.index] if device.type == "cuda" else None,
-            broadcast_buffers=False, gradient_as_bucket_view=True, init_sync=False,
-            find_unused_parameters=find_unused)
+            gradient_as_bucket_view=True, init_sync=False, find_unused_parameters=find_unused,
+            **no_forward_buffer_sync())
         self.net.register_comm_hook(None, sum_hook)
 
     def begin_window(self, n_micro: int) -> int:

@@ -50,7 +50,7 @@ def test_oom_on_one_rank_is_recovered_on_both(tmp_path, reference):
 
 
 def test_batch_norm_statistics_are_rank_0s_on_every_rank(tmp_path):
-    """DDP does not broadcast buffers before each forward here (broadcast_buffers=False): they go
+    """DDP does not broadcast buffers before each forward here (forward_sync_buffers=False): they go
     from rank 0 once a window, after its gradients, and both ranks end with the same running
     statistics. Negative control: without that broadcast they differ."""
     (tmp_path / "a").mkdir()
