@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional
 from urllib.parse import quote
 
-from engine.checkpoints import names as ckpt_names
+from engine.declarations import checkpoint_names as ckpt_names
 from engine.declarations.config import overlay
 from engine.declarations.settings import LIVE_NAMES
 from engine.store import DB_NAME, RunReader, StoreError

@@ -15,7 +15,7 @@ from typing import Any, Callable, Optional, Protocol
 
 import numpy as np
 
-from engine.checkpoints import names as ckpt_names
+from engine.declarations import checkpoint_names as ckpt_names
 from engine.declarations.commands import Command, Stop
 from engine.declarations.events import EventBuffer, StepMetrics
 from engine.store import RunReader, StoreError, send_command

@@ -24,7 +24,7 @@ import torch
 from . import contents
 from engine.declarations.config import ConfigError
 # What a run folder holds, by name (torch-free, shared with the app): re-exported from here.
-from .names import CKPT_DIR, LAST, candidates, name_of  # noqa: F401
+from engine.declarations.checkpoint_names import CKPT_DIR, LAST, candidates, name_of  # noqa: F401
 
 if TYPE_CHECKING:
     from engine.store.runlock import RunLock

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from typing import Callable
 
-from .rules import CommandRules
+from engine.declarations.rules import CommandRules
 from engine.declarations.commands import Pause, Resume, Stop
 from engine.declarations.events import CommandRefused, Event, Paused, Resumed
 from .inbox import CommandInbox, Pending

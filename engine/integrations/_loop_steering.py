@@ -237,7 +237,7 @@ class Steering:
             store.mark_command(h.row, "applied", run.step, "")
 
     def _lr_hint(self, changes: dict[str, tuple[Any, Any]]) -> Optional[LrHint]:
-        """The engine's hint (engine.control.rules): the effective batch changed and the lr did
+        """The engine's hint (engine.declarations.rules): the effective batch changed and the lr did
         not, so say what the linear rule would give. The current micro-batch, accumulation and
         lr are the last step's row's."""
         last = self.run._rows.last

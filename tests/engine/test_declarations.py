@@ -109,7 +109,7 @@ def test_help_shows_the_option_groups_and_every_flag_has_help():
 
 # -- one lr scaling rule ----------------------------------------------------------------------------
 def test_the_lr_scaling_rule_is_one_function_both_paths_use():
-    from engine.control.rules import CommandRules
+    from engine.declarations.rules import CommandRules
     assert scale_lr(0.1, "linear", 4.0) == pytest.approx(0.4)
     assert scale_lr(0.1, "sqrt", 4.0) == pytest.approx(0.2)
     assert scale_lr(0.1, "none", 4.0) == 0.1

@@ -13,7 +13,7 @@ import torch
 sys.path.insert(0, os.path.dirname(__file__))
 from engine_helpers import make_task, run_trainer  # noqa: E402
 
-from engine.control.rules import CommandRules
+from engine.declarations.rules import CommandRules
 from engine.declarations.commands import Pause, SetAccum, SetClip, SetLr, SetLrScaling, SetMicroBatch, command_for
 from engine.declarations.events import CommandRefused, LrHint, SettingsApplied
 from engine.loop.progress import Progress

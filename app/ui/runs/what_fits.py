@@ -11,7 +11,7 @@ estimate from the measured breakdown (said in its text and tooltip). They need a
 (Run on N GPUs...), so they are shown, not applied.
 
 Choosing a cell and pressing "Apply at next step" or "Apply at next epoch" asks for the
-commands that move the run there (engine.memory.levers.commands_for); the window sends them along
+commands that move the run there (engine.memory.plan.levers.commands_for); the window sends them along
 the session's command path, so each change and any refusal shows as for any setting."""
 from __future__ import annotations
 
@@ -23,8 +23,8 @@ from PySide6.QtGui import QBrush, QColor, QFont
 from PySide6.QtWidgets import (QAbstractItemView, QHBoxLayout, QHeaderView, QLabel, QPushButton, QTableWidget,
                                QTableWidgetItem, QVBoxLayout, QWidget)
 
-from engine.memory import levers
-from engine.memory.sharding import ShardingRow
+from engine.memory.plan import levers
+from engine.memory.plan.sharding import ShardingRow
 from engine.declarations.commands import Command, setting_of
 
 
@@ -38,7 +38,7 @@ def _gib(n: Optional[int]) -> str:
 
 
 def cells_of(data: dict[str, Any]) -> list[levers.Cell]:
-    """A memory_levers event's rows as engine.memory.levers cells (rows from run.db are JSON lists)."""
+    """A memory_levers event's rows as engine.memory.plan.levers cells (rows from run.db are JSON lists)."""
     out = []
     for row in data.get("rows") or ():
         try:

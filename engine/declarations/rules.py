@@ -3,7 +3,7 @@
 `CommandRules.apply(settings, commands)` returns the new settings, the events that
 report what happened (settings_applied, command_refused, lr_hint) and, per command,
 the refusal note ('' when applied). No trainer, no store, no torch: the lr
-arithmetic is tested on its own (tests/engine/test_command_rules.py).
+arithmetic is tested on its own (tests/engine/test_declarations.py, test_split_units.py).
 """
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ and where the number comes from.
 Where the numbers come from (Cell.source), best first:
 
   "measured"      this very micro-batch was trained in this state: its largest peak seen.
-  "fit"           this state's own measurements: engine.memory.forecast.MemoryModel's line
+  "fit"           this state's own measurements: engine.memory.plan.forecast.MemoryModel's line
                   (fixed + per_sample x micro) through two or more micro-batch sizes; with
                   one size and the persistent bytes known (engine.memory.breakdown), the
                   fixed part is taken as params + grads + optimizer and the rest of the
