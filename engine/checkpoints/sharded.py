@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import os
 import shutil
-from typing import Any, Optional
+import warnings
+from typing import Any, Callable, Optional
 
 import torch
 import torch.distributed as dist
@@ -96,13 +97,24 @@ def load_into(folder: str, model: torch.nn.Module, optimizer: Optional[torch.opt
     if optimizer is None:
         from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
         state = {"model": get_model_state_dict(model)}
-        dcp_load(state, checkpoint_id=folder)
+        read(dcp_load, state, folder)
         set_model_state_dict(model, state["model"])
         return
     model_state, optim_state = get_state_dict(model, optimizer)  # the layout to load into
     state = {"model": model_state, "optimizer": optim_state}
-    dcp_load(state, checkpoint_id=folder)
+    read(dcp_load, state, folder)
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+
+
+def read(dcp_load: Callable[..., None], state: dict[str, Any], folder: str) -> None:
+    """DCP's load of `folder` into `state`. Without a process group (a sharded run forked or
+    resumed in one process) every shard is read here: said with no_dist, and DCP's warning that
+    it assumes so (given even then) is not passed on to the user."""
+    single = not (dist.is_available() and dist.is_initialized())
+    with warnings.catch_warnings():
+        if single:
+            warnings.filterwarnings("ignore", message=".*assuming the intent is to load in a single process")
+        dcp_load(state, checkpoint_id=folder, no_dist=single)
 
 
 def load_weights(state: dict[str, Any], model: torch.nn.Module, optimizer: torch.optim.Optimizer,
