@@ -15,6 +15,8 @@ a rebuild. CI runs it.
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import shutil
@@ -35,6 +37,7 @@ APP = DIST / "headroom"
 TRAIN = DIST / "headroom-train"
 CTL = DIST / "headroom-ctl"
 BUILD_LOG = ROOT / "build" / "package-build.log"
+BUILD_LOCK = ROOT / "build" / "package-build.lock"
 INPUTS = ["build_spec.spec", "pyproject.toml", "app", "engine", "resources"]
 SIZE_LIMIT = 800 * 10**6  # bytes unpacked, CPU torch
 
@@ -77,8 +80,28 @@ def _build_command() -> list[str]:
             "--workpath", "build", "build_spec.spec"]
 
 
+@contextlib.contextmanager
+def _one_builder():
+    """One build at a time: pytest-xdist may hand this file's tests to several workers, and two
+    PyInstaller builds into dist/ at once corrupt the archive ("zlib.error: Error -3 while
+    decompressing data" in every frozen executable). A worker that waited finds the build done."""
+    BUILD_LOCK.parent.mkdir(exist_ok=True)
+    with open(BUILD_LOCK, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or the process dies
+        yield
+
+
 @pytest.fixture(scope="module")
 def dist() -> Path:
+    with _one_builder():
+        _build_unless_up_to_date()
+    assert APP.is_file() and os.access(APP, os.X_OK)
+    assert TRAIN.is_file() and os.access(TRAIN, os.X_OK)
+    assert CTL.is_file() and os.access(CTL, os.X_OK)
+    return DIST
+
+
+def _build_unless_up_to_date() -> None:
     if not _up_to_date():
         cmd = _build_command()
         BUILD_LOG.parent.mkdir(exist_ok=True)
@@ -92,10 +115,6 @@ def dist() -> Path:
             tail = BUILD_LOG.read_text(errors="replace")[-4000:]
             pytest.fail(f"{' '.join(cmd)} failed (exit {rc}), log {BUILD_LOG}:\n{tail}")
         print(f"\npackaged build: {took:.0f} s")
-    assert APP.is_file() and os.access(APP, os.X_OK)
-    assert TRAIN.is_file() and os.access(TRAIN, os.X_OK)
-    assert CTL.is_file() and os.access(CTL, os.X_OK)
-    return DIST
 
 
 def _env(tmp: Path) -> dict[str, str]:
