@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import shutil
 import warnings
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import torch
 import torch.distributed as dist
@@ -92,24 +92,24 @@ def swap_in(tmp: str, folder: str) -> None:
 def load_into(folder: str, model: torch.nn.Module, optimizer: Optional[torch.optim.Optimizer]) -> None:
     """A sharded checkpoint into this run's model and optimizer, whatever their layout: FSDP
     shards on any number of ranks (DCP reshards), or whole tensors (DDP, one process)."""
-    from torch.distributed.checkpoint import load as dcp_load
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
     if optimizer is None:
         from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
         state = {"model": get_model_state_dict(model)}
-        read(dcp_load, state, folder)
+        read(state, folder)
         set_model_state_dict(model, state["model"])
         return
     model_state, optim_state = get_state_dict(model, optimizer)  # the layout to load into
     state = {"model": model_state, "optimizer": optim_state}
-    read(dcp_load, state, folder)
+    read(state, folder)
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
 
 
-def read(dcp_load: Callable[..., None], state: dict[str, Any], folder: str) -> None:
+def read(state: dict[str, Any], folder: str) -> None:
     """DCP's load of `folder` into `state`. Without a process group (a sharded run forked or
     resumed in one process) every shard is read here: said with no_dist, and DCP's warning that
     it assumes so (given even then) is not passed on to the user."""
+    from torch.distributed.checkpoint import load as dcp_load
     single = not (dist.is_available() and dist.is_initialized())
     with warnings.catch_warnings():
         if single:
