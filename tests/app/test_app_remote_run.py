@@ -27,7 +27,7 @@ def test_open_a_running_run_and_control_it(qtbot, make_window, tmp_path):
             time.sleep(0.2)
         w = make_window()
         assert w.open_run(str(run_dir))
-        assert w.session.remote and w.controls.remote
+        assert w.session.remote and w.controls.remote, why_not_followed(proc, run_dir)
         wait_until(qtbot, lambda: w.model.step >= 2 and w.controls.engine.get("accum") == 2, 60, "remote steps")
         assert w.ui_state() == "training" and run_button(w, "stop").isEnabled()
         # The folded Run and schedule lines say the followed run's settings, not the window's form
@@ -48,6 +48,20 @@ def test_open_a_running_run_and_control_it(qtbot, make_window, tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def why_not_followed(proc: subprocess.Popen, run_dir) -> str:
+    """What the engine and its folder say when the window does not see the run as live."""
+    from engine.store import RunReader, runlock
+    code = proc.poll()
+    r = RunReader(str(run_dir))
+    try:
+        info = r.info()
+    finally:
+        r.close()
+    err = proc.communicate(timeout=10)[1][-2000:] if code is not None else "(still running)"
+    return (f"engine exit code {code}; run.db status {info.get('status')!r}; lock holder "
+            f"{runlock.holder(str(run_dir))!r}; engine stderr: {err}")
 
 
 def w_ready(run_dir) -> bool:
