@@ -125,13 +125,16 @@ def _cut_loops(nodes: dict[str, RunNode]) -> None:
 
 def ancestors(path: str, nodes: dict[str, RunNode]) -> list[str]:
     """The run's parent, its parent's parent, ... as far as they are known (nearest first)."""
+    start = os.path.abspath(path)
     out: list[str] = []
-    cur = nodes.get(os.path.abspath(path))
+    seen = {start}  # a loop of parent records ends the walk where it closes, at the run itself too
+    cur = nodes.get(start)
     while cur is not None and cur.parent is not None and len(out) < MAX_DEPTH:
         up = cur.parent.run_dir
-        if up in out or up == cur.path:
+        if up in seen:
             break
         out.append(up)
+        seen.add(up)
         cur = nodes.get(up)
     return out
 

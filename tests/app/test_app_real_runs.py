@@ -229,7 +229,9 @@ def test_fields_keep_to_the_engine_limits_and_refuse_with_its_line(qtbot, make_w
 def test_scripted_demo_flags_take_the_readme_screenshot(tmp_path):
     """--x-axis, --apply-at, --change and --screenshot-step: the README's screenshot, scripted."""
     shot, run_dir = tmp_path / "shot.png", tmp_path / "run"
-    rc, err = _cli_error("app", "--task", "mlp", "--device", "cpu", "--epochs", "2", "--micro-batch", "64",
+    # 30 epochs of ~63 steps: far more than the run goes on between the screenshot and the stop
+    # (the engine does not wait for the picture: CI saw 3 to 57 more steps, by load).
+    rc, err = _cli_error("app", "--task", "mlp", "--device", "cpu", "--epochs", "30", "--micro-batch", "64",
                          "--accum", "2", "--lr-schedule", "cosine", "--warmup", "0.1", "--x-axis", "samples",
                          "--apply-at", "step", "--change", "5:accum=1", "--screenshot-step", "20",
                          "--screenshot", str(shot), "--run-dir", str(run_dir), "--autostart", "--quit-when-done")
@@ -237,9 +239,11 @@ def test_scripted_demo_flags_take_the_readme_screenshot(tmp_path):
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     reader = RunReader(str(run_dir))
     rows = reader.metrics()
-    assert rows[-1]["step"] < 64  # stopped after the screenshot, in epoch 1 of 2
+    finished = [e for e in reader.events() if e["kind"] == "run_finished"]
+    assert finished and finished[-1]["data"]["reason"] == "stopped"  # stopped after the screenshot ...
+    assert 20 <= rows[-1]["step"] < 30 * 63  # ... at step 20 or after, long before its end
     accum = [r["accum"] for r in rows]
-    assert accum[0] == 2 and accum[-1] == 1 and {r["epoch"] for r in rows} == {1}
+    assert accum[0] == 2 and accum[-1] == 1
     applied = [e for e in reader.events() if e["kind"] == "settings_applied"]
     assert applied and applied[0]["data"]["at"] == "step"
     rc, err = _cli_error("app", "--change", "3:accum=3000000000", "--autostart")

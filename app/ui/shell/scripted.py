@@ -5,8 +5,10 @@
   --change STEP:NAME=VALUE            when the run reaches optimizer step STEP, set the live setting
                                       NAME (micro-batch, accum, lr, ...: engine LIVE_SETTINGS) to VALUE
                                       and press Apply, as a user would (repeatable)
-  --screenshot-step N                 take --screenshot at step N rather than at the end (with
-                                      --quit-when-done the run then stops there)
+  --screenshot-step N                 take --screenshot when the window shows step N rather than at
+                                      the end (with --quit-when-done the run is then stopped, with
+                                      its checkpoint: a few more steps may train while the picture
+                                      is taken, and none is lost)
 
 A bad value is one `error: ...` line and exit 2, with the engine's own message for a value
 out of range (the same check the Apply button's command goes through).
@@ -40,7 +42,8 @@ def add_flags(group: Any) -> None:
                        help=f"at optimizer step STEP, set live field NAME ({_names()}) to VALUE and Apply "
                             "(repeatable)")
     group.add_argument("--screenshot-step", type=int, metavar="N",
-                       help="take --screenshot at step N (with --quit-when-done the run stops there)")
+                       help="take --screenshot when the window shows step N (with --quit-when-done the run is then "
+                            "stopped, with a checkpoint)")
 
 
 def parse_change(text: str) -> Change:
