@@ -46,7 +46,9 @@ def test_a_pause_does_not_change_the_pace_and_a_paused_run_says_so(qtbot, make_w
 @pytest.mark.slow
 def test_a_run_stopped_mid_epoch_says_it_stopped_there(qtbot, make_window, tmp_path):
     w = make_window()
-    start(w, epochs=2, run_dir=str(tmp_path / "run"))  # 32 steps an epoch
+    # 128 steps an epoch: the Stop lands long before epoch 1 ends (the engine does not wait for
+    # the window, which sees the steps a frame or more late)
+    start(w, epochs=2, micro_batch=16, run_dir=str(tmp_path / "run"))
     wait_until(qtbot, lambda: w.model.step >= 4, 90, "a few steps")
     w.stop_run()
     run_to_end(qtbot, w)

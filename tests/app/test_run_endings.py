@@ -23,12 +23,12 @@ def ended_alerts(w) -> list[str]:
 def test_a_stopped_run_says_stopped_and_continues_from_the_app(qtbot, make_window, tmp_path):
     run = str(tmp_path / "stopped")
     w = make_window()
-    start(w, epochs=2, run_dir=run)  # 32 steps an epoch
+    start(w, epochs=2, micro_batch=16, run_dir=run)  # 128 steps an epoch: Stop lands long before the end
     wait_until(qtbot, lambda: w.model.step >= 5, 90, "a few steps")
     w.stop_run()
     run_to_end(qtbot, w)
     stopped_at = w.model.step
-    assert stopped_at < 64
+    assert stopped_at < 256
     assert w.status.state.text() == "Stopped"
     assert any("stopped by hand" in t for t in ended_alerts(w))
     row = history_row(w, run)
@@ -41,7 +41,7 @@ def test_a_stopped_run_says_stopped_and_continues_from_the_app(qtbot, make_windo
     assert w.is_running()
     run_to_end(qtbot, w)
     steps = list(w.model.metrics.view("step").astype(int))
-    assert steps == list(range(1, 65))  # the first steps kept, the rest trained once, no gap
+    assert steps == list(range(1, 257))  # the first steps kept, the rest trained once, no gap
     assert w.status.state.text() == "Completed"
     assert history_row(w, run).text(4) == "Completed"
     assert not w.continue_action.isEnabled() or w.views.continuable() == run
