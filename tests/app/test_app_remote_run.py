@@ -15,19 +15,21 @@ pytestmark = pytest.mark.slow  # an engine in a subprocess, followed live
 
 
 def test_open_a_running_run_and_control_it(qtbot, make_window, tmp_path):
-    run_dir = tmp_path / "remote"
+    run_dir, err_path = tmp_path / "remote", tmp_path / "engine.err"
+    err_file = open(err_path, "w")  # a file, not a pipe: read whenever the test needs to say why
     proc = subprocess.Popen([sys.executable, "-m", "engine", "--task", "mlp", "--epochs", "40", "--micro-batch", "64",
                              "--accum", "2", "--device", "cpu", "--lr-schedule", "cosine", "--run-dir", str(run_dir)], cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=dict(os.environ))
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err_file, text=True,
+                            env=dict(os.environ), start_new_session=True)  # as headroom-ctl start detaches it
     try:
         deadline = time.monotonic() + 90
         while not (run_dir / "run.db").exists() or not w_ready(run_dir):
-            assert proc.poll() is None, proc.communicate()
+            assert proc.poll() is None, err_path.read_text()
             assert time.monotonic() < deadline
             time.sleep(0.2)
         w = make_window()
         assert w.open_run(str(run_dir))
-        assert w.session.remote and w.controls.remote, why_not_followed(proc, run_dir)
+        assert w.session.remote and w.controls.remote, why_not_followed(proc, run_dir, err_path)
         wait_until(qtbot, lambda: w.model.step >= 2 and w.controls.engine.get("accum") == 2, 60, "remote steps")
         assert w.ui_state() == "training" and run_button(w, "stop").isEnabled()
         # The folded Run and schedule lines say the followed run's settings, not the window's form
@@ -48,9 +50,11 @@ def test_open_a_running_run_and_control_it(qtbot, make_window, tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
+            proc.wait()
+        err_file.close()
 
 
-def why_not_followed(proc: subprocess.Popen, run_dir) -> str:
+def why_not_followed(proc: subprocess.Popen, run_dir, err_path) -> str:
     """What the engine and its folder say when the window does not see the run as live."""
     from engine.store import RunReader, runlock
     code = proc.poll()
@@ -59,7 +63,7 @@ def why_not_followed(proc: subprocess.Popen, run_dir) -> str:
         info = r.info()
     finally:
         r.close()
-    err = proc.communicate(timeout=10)[1][-2000:] if code is not None else "(still running)"
+    err = err_path.read_text()[-2000:]
     return (f"engine exit code {code}; run.db status {info.get('status')!r}; lock holder "
             f"{runlock.holder(str(run_dir))!r}; engine stderr: {err}")
 
