@@ -12,7 +12,11 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 from app.core import compat  # noqa: E402,F401 - before any widget is painted (see app/core/compat.py)
 
 # A run of mlp that takes about a second per epoch on a small CPU: 4096 samples, 128 per window (32 steps an epoch).
-FAST = {"task": "mlp", "micro_batch": 64, "accum": 2, "lr": 1e-3, "clip": 1.0, "device": "cpu"}
+FAST = {"task": "mlp", "micro_batch": 64, "accum": 2, "lr": 1e-3, "clip": 1.0, "device": "cpu"}  # 32 steps an epoch
+# 128 steps an epoch: for a test that Stops or Applies "at the next step" once the window has seen a
+# few steps, and asserts it landed within the epoch. The engine does not wait for the window, which
+# sees steps a frame or more late: 32-step epochs left too little room (CI missed by up to 57 steps).
+LONG_EPOCHS = {"micro_batch": 16}
 
 
 def wait_until(qtbot: Any, cond: Callable[[], bool], timeout: float = 60.0, what: str = "") -> None:

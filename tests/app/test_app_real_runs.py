@@ -20,7 +20,7 @@ from engine.declarations.commands import SetAccum, SetLr
 from engine.declarations.config import RANGES
 from engine.store import RunReader
 
-from app_helpers import run_to_end, start, wait_until
+from app_helpers import LONG_EPOCHS, run_to_end, start, wait_until
 from testkit import run_cli
 
 pytestmark = pytest.mark.slow  # real runs in the window
@@ -122,7 +122,7 @@ def test_apply_at_next_step_changes_accumulation_within_the_epoch(qtbot, make_wi
     w = make_window()
     texts: list[str] = []
     w.controller.signals.pending_changed.connect(lambda names: texts.append(w.controls.status_text("accum")))
-    start(w, epochs=1, micro_batch=16, accum=2, run_dir=str(tmp_path / "run"))  # 128 steps: room for the change
+    start(w, epochs=1, **LONG_EPOCHS, accum=2, run_dir=str(tmp_path / "run"))
     wait_until(qtbot, lambda: w.model.step >= 3, 90, "a few steps")
     w.controls.apply_at.setCurrentIndex(w.controls.apply_at.findData("step"))  # "Apply at: next step"
     w.controls.accum.setValue(1)

@@ -10,7 +10,7 @@ from app.model.notes import Note
 from app.model.runmodel import RunModel
 from app.model.state import RunState
 
-from app_helpers import run_to_end, start, wait_until
+from app_helpers import LONG_EPOCHS, run_to_end, start, wait_until
 
 
 def rows(first: int, last: int, t0: float, every: float) -> list[dict]:
@@ -46,9 +46,7 @@ def test_a_pause_does_not_change_the_pace_and_a_paused_run_says_so(qtbot, make_w
 @pytest.mark.slow
 def test_a_run_stopped_mid_epoch_says_it_stopped_there(qtbot, make_window, tmp_path):
     w = make_window()
-    # 128 steps an epoch: the Stop lands long before epoch 1 ends (the engine does not wait for
-    # the window, which sees the steps a frame or more late)
-    start(w, epochs=2, micro_batch=16, run_dir=str(tmp_path / "run"))
+    start(w, epochs=2, **LONG_EPOCHS, run_dir=str(tmp_path / "run"))
     wait_until(qtbot, lambda: w.model.step >= 4, 90, "a few steps")
     w.stop_run()
     run_to_end(qtbot, w)

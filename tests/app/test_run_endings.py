@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from app_helpers import run_to_end, start, wait_until
+from app_helpers import LONG_EPOCHS, run_to_end, start, wait_until
 from test_app_run_tree import DIVERGING
 
 
@@ -23,7 +23,7 @@ def ended_alerts(w) -> list[str]:
 def test_a_stopped_run_says_stopped_and_continues_from_the_app(qtbot, make_window, tmp_path):
     run = str(tmp_path / "stopped")
     w = make_window()
-    start(w, epochs=2, micro_batch=16, run_dir=run)  # 128 steps an epoch: Stop lands long before the end
+    start(w, epochs=2, **LONG_EPOCHS, run_dir=run)
     wait_until(qtbot, lambda: w.model.step >= 5, 90, "a few steps")
     w.stop_run()
     run_to_end(qtbot, w)
