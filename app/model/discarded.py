@@ -15,18 +15,10 @@ from typing import Any, Iterable, Optional, Sequence
 
 import numpy as np
 
+from .stored import measured
+
 # What is kept of a discarded step: enough to draw it where the kept steps are drawn.
 KEPT = ("step", "loss", "grad_norm", "lr", "samples", "tokens")
-
-
-def _num(v: Any) -> float:
-    if isinstance(v, bool):
-        return float(v)
-    try:
-        f = float(v)
-    except (TypeError, ValueError, OverflowError):
-        return math.nan
-    return f
 
 
 @dataclass
@@ -76,7 +68,7 @@ class DiscardedSteps:
         group: list[dict[str, Any]] = []
         last: Optional[float] = None
         for r in rows:
-            step = _num(r.get("step"))
+            step = measured(r.get("step"))
             if not math.isfinite(step):
                 continue
             if group and (str(r.get("reason") or "") != str(group[0].get("reason") or "")
@@ -90,7 +82,7 @@ class DiscardedSteps:
 
     def _add_group(self, rows: Iterable[dict[str, Any]]) -> None:
         rows = list(rows)
-        self.add_columns({k: np.array([_num(r.get(k)) for r in rows]) for k in KEPT},
+        self.add_columns({k: np.array([measured(r.get(k)) for r in rows]) for k in KEPT},
                          str(rows[0].get("reason") or ""))
 
     def steps(self) -> np.ndarray:

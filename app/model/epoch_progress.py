@@ -19,6 +19,7 @@ from typing import Optional
 import numpy as np
 
 from .runmodel import RunModel
+from .stored import whole
 from .x_axis import columns, fmt_clock
 
 RATE_STEPS = 50  # seconds per window over the last 50 steps
@@ -86,13 +87,13 @@ class ProgressTracker:
         if model.samples_per_epoch:
             return float(model.samples_per_epoch)
         cfg = model.config
-        epochs = int(cfg.get("epochs") or 0)
+        epochs = whole(cfg.get("epochs"))
         if self.planned_total is None or epochs <= 0:
             return None
         max_steps = cfg.get("max_steps")
         if max_steps:
-            world = int(model.info.get("world_size") or 1)
-            by_steps = int(max_steps) * int(cfg.get("micro_batch") or 0) * int(cfg.get("accum") or 0) * world
+            world = whole(model.info.get("world_size") or 1, 1)
+            by_steps = whole(max_steps) * whole(cfg.get("micro_batch")) * whole(cfg.get("accum")) * world
             if self.planned_total >= by_steps:
                 return None  # max steps x the batch was the smaller: the data set size is not in the plan
         return self.planned_total / epochs
@@ -111,7 +112,7 @@ class ProgressTracker:
         done_samples = float(seen[-1] - (seen[first - 1] if first > 0 else 0.0))
         window = float(buf.view("samples")[-1]) or 1.0
         cfg = model.config
-        max_steps = int(cfg["max_steps"]) if cfg.get("max_steps") else None
+        max_steps = whole(cfg.get("max_steps")) or None
         steps_left = max(0, max_steps - model.step) if max_steps else None
         per_epoch = self.epoch_samples(model)
         secs = seconds_per_window(model)
@@ -123,7 +124,7 @@ class ProgressTracker:
             left = min(left, steps_left)
         eta = left * secs if secs is not None else None
         run_eta = None
-        epochs = int(cfg.get("epochs") or 0)
+        epochs = whole(cfg.get("epochs"))
         if secs is not None and epochs:
             run_left = left + max(0, epochs - epoch) * math.ceil(per_epoch / window)
             if steps_left is not None:

@@ -20,6 +20,7 @@ from engine.declarations.settings import LIVE_NAMES
 from engine.store import DB_NAME, RunReader, StoreError
 
 from .fields import fmt_value, words
+from .stored import whole
 
 # Config keys that say where a run is, not how it trains (engine/checkpoints/run_tree.py NOT_SETTINGS,
 # with what the CLI drops from a saved config for --fork).
@@ -41,10 +42,7 @@ class Parent:
         p = info.get("parent")
         if not isinstance(p, dict) or not isinstance(p.get("run_dir"), str):
             return None
-        try:
-            step = int(p.get("step") or 0)
-        except (TypeError, ValueError):
-            step = 0
+        step = whole(p.get("step"))
         changed = p.get("changed")
         return cls(os.path.abspath(p["run_dir"]), str(p.get("checkpoint") or "last"), step,
                    dict(changed) if isinstance(changed, dict) else {})

@@ -35,6 +35,7 @@ from engine.store import METRIC_COLUMNS
 from .decimate import PeakPyramid
 from .growable import GrowableArray
 from .inlier_ema import InlierEma
+from .stored import measured
 
 # Columns kept per optimizer step: run.db's metrics columns, which are the StepMetrics fields
 # (engine/declarations/events.py) and `time`. None (no GPU, say) is stored as NaN.
@@ -47,16 +48,6 @@ DERIVED_COLUMNS = {"loss_ema": _F32, "clip_line": _F32, "throughput_ema": _F32}
 INLIER_EMA = "loss_ema_inliers"  # the loss EMA without outliers (app/model/inlier_ema.py), built on first use
 CUMULATIVE_COLUMNS = ("samples_seen", "tokens_seen", "wall")  # built on first use, float64
 EMA_BETA = 0.9
-
-
-def _num(v: Any) -> float:
-    """A value from a step record as a float: None, text and anything else not a number -> NaN."""
-    if v is None:
-        return math.nan
-    try:
-        return float(v)
-    except (TypeError, ValueError, OverflowError):
-        return math.nan
 
 
 def _as_floats(a: np.ndarray) -> list[float]:
@@ -290,17 +281,17 @@ class MetricsBuffer:
         """
         if not records:
             return 0
-        steps = [_num(get(r, "step")) for r in records]
+        steps = [measured(get(r, "step")) for r in records]
         if not all(math.isfinite(s) for s in steps):
             keep = [i for i, s in enumerate(steps) if math.isfinite(s)]
             records, steps = [records[i] for i in keep], [steps[i] for i in keep]
             if not records:
                 return 0
-        columns = {c: np.fromiter((_num(get(r, c)) for r in records), dtype=np.float64, count=len(records))
+        columns = {c: np.fromiter((measured(get(r, c)) for r in records), dtype=np.float64, count=len(records))
                    for c in STEP_COLUMNS if c not in ("time", "step")}
         columns["step"] = np.asarray(steps, dtype=np.float64)
         if isinstance(records[0], dict):
-            columns["time"] = np.array([_num(r.get("time")) for r in records], dtype=np.float64)
+            columns["time"] = np.array([measured(r.get("time")) for r in records], dtype=np.float64)
         else:  # StepMetrics handed in directly carry no time: now (LiveSource gives rows with the emit time)
             columns["time"] = np.full(len(records), time.time())
         return self.extend_columns(columns)

@@ -1,12 +1,13 @@
 """A non-step event as the app keeps it, whether it came live from the engine or from run.db."""
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, field
 from typing import Optional
 
 from engine.declarations.events import Event
+
+from .stored import number, whole
 
 # Event kinds that become an entry in the alerts panel (one entry per occurrence). run_damaged,
 # run_ended and framework_checkpoints are the app's own notes about a run folder.
@@ -32,21 +33,6 @@ NOT_SHOWN = {
 }
 
 
-def _float(v: object) -> float:
-    try:
-        f = float(v)  # type: ignore[arg-type]
-    except (TypeError, ValueError, OverflowError):
-        return 0.0
-    return f if math.isfinite(f) else 0.0
-
-
-def _int(v: object) -> int:
-    try:
-        return int(_float(v)) if not isinstance(v, int) else v
-    except (OverflowError, ValueError):
-        return 0
-
-
 @dataclass
 class Note:
     """A non-step event, from the engine in this process or from run.db."""
@@ -69,8 +55,8 @@ class Note:
         """A run.db events row. Rows are input from disk: a damaged one (text where a number
         belongs, data that is not an object) gives 0 / {} for what it lacks, never an error."""
         data = row.get("data")
-        return cls(str(row.get("kind") or ""), _int(row.get("step")), _int(row.get("epoch")),
-                   str(row.get("message") or ""), data if isinstance(data, dict) else {}, _float(row.get("time")))
+        return cls(str(row.get("kind") or ""), whole(row.get("step")), whole(row.get("epoch")),
+                   str(row.get("message") or ""), data if isinstance(data, dict) else {}, number(row.get("time")))
 
     @property
     def is_alert(self) -> bool:

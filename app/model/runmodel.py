@@ -20,9 +20,10 @@ from engine.declarations.events import StepMetrics
 from .discarded import KEPT, DiscardedSteps
 from .ending import Ending, ending
 from .fields import fmt_value, words
-from .metrics import MetricsBuffer, StepColumns, _num
+from .metrics import MetricsBuffer, StepColumns
 from .notes import Note
 from .state import RunState
+from .stored import measured, whole
 
 
 @dataclass
@@ -133,7 +134,7 @@ class RunModel:
         return delta
 
     def _steps(self, records: list[Any], get: Callable[[Any, str], Any], delta: Delta) -> None:
-        self._keep_superseded(_num(get(records[0], "step")), delta)
+        self._keep_superseded(measured(get(records[0], "step")), delta)
         self._after_steps(self.metrics.extend_records(records, get), delta)
 
     def _keep_superseded(self, first: float, delta: Delta) -> None:
@@ -204,11 +205,11 @@ class RunModel:
         d = note.data
 
         def whole(name: str, default: int) -> int:  # a damaged row: what the note itself says
-            v = _num(d.get(name))
+            v = measured(d.get(name))
             return int(v) if math.isfinite(v) else default
 
         self.rollbacks.append(Rollback(whole("to_step", note.step), whole("from_step", note.step),
-                                       str(d.get("reason") or "?"), _num(d.get("new_lr")),
+                                       str(d.get("reason") or "?"), measured(d.get("new_lr")),
                                        whole("windows_skipped", 0)))
         delta.markers = True
 
@@ -222,8 +223,8 @@ class RunModel:
 
     def _epoch_end(self, note: Note, delta: Delta) -> None:
         val = note.data.get("val_loss")
-        self.epochs.append((note.epoch, note.step, _num(note.data.get("train_loss")),
-                            None if val is None else _num(val)))
+        self.epochs.append((note.epoch, note.step, measured(note.data.get("train_loss")),
+                            None if val is None else measured(val)))
         if self._epoch_of_count == note.epoch and self._samples_this_epoch:
             self.samples_per_epoch = self._samples_this_epoch
         delta.epochs = True
@@ -272,14 +273,14 @@ class RunModel:
         rate = samples.sum() / secs.sum()  # samples per second
         step_secs = secs.mean()
         candidates = []
-        epochs = int(self.config.get("epochs") or 0)
+        epochs = whole(self.config.get("epochs"))
         if self.samples_per_epoch and epochs:
             left_epochs = epochs - self.epoch
             left = left_epochs * self.samples_per_epoch + max(0, self.samples_per_epoch - self._samples_this_epoch)
             candidates.append(left / rate if rate > 0 else math.inf)
-        max_steps = self.config.get("max_steps")
+        max_steps = whole(self.config.get("max_steps"))
         if max_steps:
-            candidates.append(max(0, int(max_steps) - self.step) * step_secs)
+            candidates.append(max(0, max_steps - self.step) * step_secs)
         return min(candidates) if candidates else None
 
     def alerts(self) -> list[Note]:

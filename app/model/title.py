@@ -6,16 +6,15 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from .stored import whole
+
 
 def window_title(run_dir: str, info: dict[str, Any]) -> str:
     """'Headroom', 'Headroom - NAME' or 'Headroom - NAME - 2 GPUs, fsdp' (processes on a CPU)."""
     if not run_dir:
         return "Headroom"
     title = f"Headroom - {os.path.basename(os.path.normpath(run_dir))}"
-    try:
-        world = int(info.get("world_size") or 1)
-    except (TypeError, ValueError):  # a damaged run table: no count to show
-        world = 1
+    world = whole(info.get("world_size") or 1, 1)  # a damaged run table: no count to show
     if world < 2:
         return title
     cfg = info.get("config") if isinstance(info.get("config"), dict) else {}

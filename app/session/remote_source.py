@@ -26,6 +26,7 @@ from engine.store import StoreError
 
 from app.model.metrics import COLUMN_DTYPES, STEP_COLUMNS, StepColumns
 from app.model.notes import Note
+from app.model.stored import whole
 from .sources import FolderSource
 
 log = logging.getLogger(__name__)
@@ -155,7 +156,7 @@ class RemoteSource(FolderSource):
                 pass
         except CtlError as e:
             log.warning("%s: %s: %s", self.run_dir, command.kind, e)
-            self._items.append(Note("command_refused", max(0, self._cursor[0] - 1), int(self.info.get("epoch") or 0),
+            self._items.append(Note("command_refused", max(0, self._cursor[0] - 1), whole(self.info.get("epoch")),
                                     f"{command.kind} refused: {e}", {"command": command.kind, "reason": str(e)},
                                     time.time()))
 

@@ -24,6 +24,7 @@ PARENT = st.one_of(ODD, st.fixed_dictionaries({"run_dir": RUN_DIR}, optional={
 @settings(max_examples=300, deadline=None)
 @given(parents=st.lists(PARENT, min_size=len(NAMES), max_size=len(NAMES)))
 @example(parents=[{"run_dir": NAMES[4]}, None, None, None, {"run_dir": NAMES[0]}, None])  # CI found it: a 2-run loop
+@example(parents=[None, None, None, None, None, {"run_dir": NAMES[0], "step": float("inf")}])  # CI: int(inf)
 def test_any_parent_records_make_a_forest_and_every_walk_ends(parents):
     infos = {n: {"parent": p} for n, p in zip(NAMES, parents)}
     nodes = lineage.build_tree(NAMES, infos)

@@ -24,6 +24,7 @@ from app.model.fields import fmt_value
 from app.model.pending import ChangeStatus, PendingChanges
 from app.model.runmodel import RunModel
 from app.model.state import RunState
+from app.model.stored import whole
 from app.ui.actions import RunActions
 from .live_fields import APPLY_AT_TEXT, LiveFields
 from .readouts import FITS_IDLE, finder_text, fits_at_start, fits_text, fits_tooltip
@@ -190,7 +191,7 @@ class ControlsPanel(QWidget):
         self.live.show_found("")
 
     def on_run_started(self, info: dict[str, Any]) -> None:
-        self.world_size = int(info.get("world_size") or 1)
+        self.world_size = whole(info.get("world_size") or 1, 1)
         self.live.set_fits_text(fits_at_start(info))
 
     def on_micro_batch_found(self, micro_batch: int, accum: int, probes: int, peak_bytes: int) -> None:

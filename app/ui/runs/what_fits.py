@@ -48,7 +48,7 @@ def cells_of(data: dict[str, Any]) -> list[levers.Cell]:
                                    fits=None if fits is None else bool(fits), accum=int(accum),
                                    effective_batch=int(micro) * int(accum), source=str(source),
                                    current=bool(current), available=bool(available)))
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):  # OverflowError: int(inf)
             continue  # a damaged row: left out
     return out
 

@@ -11,6 +11,7 @@ from PySide6.QtWidgets import QProgressBar, QStatusBar, QWidget
 from app.model.runmodel import RunModel
 from app.ui.elided import ElidedLabel
 from app.model.state import RunState
+from app.model.stored import whole
 from app.model.epoch_progress import EpochProgress, ProgressTracker, fmt_duration, fmt_eta
 
 __all__ = ["ElidedLabel", "LiveLabel", "StatusBar", "fmt_duration", "state_text"]
@@ -100,7 +101,7 @@ class StatusBar(QStatusBar):
         if info:
             dev = str(info.get("device") or "")
             name = str(info.get("device_name") or "")
-            world = int(info.get("world_size") or 1)
+            world = whole(info.get("world_size") or 1, 1)
             cuda = dev.startswith("cuda")
             self.backend.setText("CUDA" if cuda else "CPU")
             self.backend.setVisible(True)
