@@ -50,6 +50,7 @@ class SettingChange:
     epoch: Optional[int] = None  # ...for epoch `epoch` on
     reason: str = ""  # why it was refused
     by_rule: bool = False  # the engine's lr scaling rule changed it, nobody sent it
+    elsewhere: bool = False  # another client sent it (headroom-ctl, another window): the run's events say so
 
     @property
     def pending(self) -> bool:
@@ -68,9 +69,10 @@ class SettingChange:
         if s is ChangeStatus.RECEIVED:
             when = WHEN.get(self.applies or "", str(self.applies)).format(epoch=self.target_epoch)
             paused = " (now: the run is paused)" if self.while_paused and self.applies == "epoch" else ""
-            return f"pending: {v} applies {when}{paused}"
+            who = " (sent by another client)" if self.elsewhere else ""
+            return f"pending: {v} applies {when}{paused}{who}"
         if s is ChangeStatus.APPLIED:
-            how = " (by the lr scaling rule)" if self.by_rule else ""
+            how = " (by the lr scaling rule)" if self.by_rule else " (sent by another client)" if self.elsewhere else ""
             return f"applied: {v} from epoch {self.epoch}, after step {self.step}{how}"
         if s is ChangeStatus.UNCHANGED:
             return f"unchanged: {v}"
@@ -132,9 +134,11 @@ class PendingChanges:
         return names
 
     def set_engine(self, values: dict[str, Any]) -> dict[str, Any]:
-        """What the engine has (run_started's config, a first step, an OOM recovery). Returns
-        the values taken."""
-        taken = {n: v for n, v in values.items() if n in LIVE_NAMES and v is not None}
+        """What the engine has (run_started's config, a step's row, an OOM recovery). Returns
+        the values that are news: those it did not have already (the form follows only those,
+        so a value it shows is not put back on every frame)."""
+        taken = {n: v for n, v in values.items() if n in LIVE_NAMES and v is not None
+                 and not (n in self.engine and same(self.engine[n], v))}
         self.engine.update(taken)
         return taken
 
@@ -144,29 +148,45 @@ class PendingChanges:
 
     def received(self, command: str, payload: dict[str, Any], applies: str, target_epoch: Optional[int],
                  paused: bool) -> list[str]:
-        """The engine's command_received. An older command's receipt (a newer value was sent
-        since) or one this window did not send changes nothing."""
+        """The engine's command_received. The receipt of this window's change moves it on; an
+        older one's (a newer value was sent since) changes nothing. A change another client sent
+        (headroom-ctl, another window) is shown as the run's own events say it, unless a change of
+        this window's is on its way for that setting."""
         f = setting_of(command)
-        c = self.changes.get(f.name) if f is not None else None
-        if f is None or c is None or c.status is not ChangeStatus.SENT or not same(c.value,
-                                                                                   payload_value(command, payload)):
+        if f is None or f.name not in LIVE_NAMES:
             return []
-        self.changes[f.name] = replace(c, status=ChangeStatus.RECEIVED, applies=applies,
-                                       target_epoch=target_epoch, while_paused=paused)
+        value = payload_value(command, payload)
+        c = self.changes.get(f.name)
+        if c is not None and c.status is ChangeStatus.SENT:
+            if not same(c.value, value):
+                return []
+            self.changes[f.name] = replace(c, status=ChangeStatus.RECEIVED, applies=applies,
+                                           target_epoch=target_epoch, while_paused=paused)
+        elif c is not None and c.pending:  # this window's, already received: a newer receipt is not its
+            return []
+        else:
+            self.changes[f.name] = SettingChange(f.name, value, ChangeStatus.RECEIVED, applies=applies,
+                                                 target_epoch=target_epoch, while_paused=paused, elsewhere=True)
         return [f.name]
 
-    def applied(self, changes: Iterable[Iterable[Any]], step: int, epoch: int) -> list[str]:
+    def applied(self, changes: Iterable[Any], step: int, epoch: int, by_rule: Iterable[Any] = ()) -> list[str]:
         """settings_applied: (name, old, new) for each setting that changed, stamped with the
-        epoch about to start (the first one with the new values)."""
+        epoch about to start (the first one with the new values). `by_rule`: the names the lr
+        scaling rule changed (the event says so; nobody asked for those). A change that is not a
+        (name, old, new) triple (a damaged row) is passed over."""
+        rule = {n for n in by_rule if isinstance(n, str)} if isinstance(by_rule, (list, tuple)) else set()
         touched: list[str] = []
-        for name, _old, new in (tuple(c) for c in changes):
-            if name not in LIVE_NAMES:
+        for change in changes if isinstance(changes, (list, tuple)) else ():
+            if not isinstance(change, (list, tuple)) or len(change) != 3:
+                continue
+            name, _old, new = change
+            if not isinstance(name, str) or name not in LIVE_NAMES or new is None:
                 continue
             self.engine[name] = new
             prev = self.changes.get(name)
-            sent = prev is not None and prev.pending
             self.changes[name] = SettingChange(name, new, ChangeStatus.APPLIED, step=step, epoch=epoch,
-                                               by_rule=not sent and name == "lr")
+                                               by_rule=name in rule,
+                                               elsewhere=prev is not None and prev.pending and prev.elsewhere)
             touched.append(name)
         # A value sent that equals what the engine has now changes nothing: nothing to wait for.
         return touched + self._settle(lambda c: True)

@@ -16,6 +16,7 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 
 from engine.declarations.events import StepMetrics
+from engine.declarations.settings import LIVE_SETTINGS
 
 from .discarded import KEPT, DiscardedSteps
 from .ending import Ending, ending
@@ -24,6 +25,9 @@ from .metrics import MetricsBuffer, StepColumns
 from .notes import Note
 from .state import RunState
 from .stored import measured, whole
+
+
+PER_STEP_LIVE = tuple(s for s in LIVE_SETTINGS if s.per_step)  # every metrics row records these
 
 
 @dataclass
@@ -295,5 +299,4 @@ class RunModel:
             v = buf.value_at(name, index)
             return cast(v) if math.isfinite(v) else None  # a damaged row: not known
 
-        return {"lr": value("lr", float), "clip": value("clip", float),
-                "micro_batch": value("micro_batch", int), "accum": value("accum", int)}
+        return {s.name: value(s.name, s.type) for s in PER_STEP_LIVE}

@@ -267,14 +267,14 @@ class RunSession:
         u.delta.absorb(d)
         if not d.steps:
             return
-        if not self.pending.engine or self._seen_epoch == 0:
-            # The run's first steps say what it trains with (a resumed run restores its
-            # settings from the checkpoint, which run_started's config does not show).
-            first = len(self.model.metrics) - d.steps
-            values = self.model.step_values(first)
-            if self._peak_lr is not None:  # a schedule's rows carry the lr it gave, not the setting (its peak)
-                values.pop("lr", None)
-            u.engine_values.update(self.pending.set_engine(values))
+        # What the run trains with now is what its last row says it trained with: every row
+        # records the per-step settings (a resumed run restores them from its checkpoint, which
+        # run_started's config does not show; another client's change shows here too). Only
+        # news reaches the form (set_engine), so a value is not put back on every frame.
+        values = self.model.step_values(len(self.model.metrics) - 1)
+        if self._peak_lr is not None:  # a schedule's rows carry the lr it gave, not the setting (its peak)
+            values.pop("lr", None)
+        u.engine_values.update(self.pending.set_engine(values))
         if self.state in (RunState.IDLE, RunState.STARTING, RunState.PAUSED):
             self._set(RunState.TRAINING, u)
         if self.model.epoch != self._seen_epoch:
@@ -304,7 +304,8 @@ class RunSession:
                                            paused=self.state is RunState.PAUSED)
 
     def _settings_applied(self, note: Note, u: Update) -> None:
-        u.pending += self.pending.applied(note.data.get("changes") or (), note.step, note.epoch)
+        d = note.data
+        u.pending += self.pending.applied(d.get("changes") or (), note.step, note.epoch, d.get("by_rule") or ())
 
     def _command_refused(self, note: Note, u: Update) -> None:
         u.pending += self.pending.refused(str(note.data.get("command")), str(note.data.get("reason")))

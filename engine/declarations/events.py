@@ -138,11 +138,13 @@ class SettingsApplied(Event):
     changes: tuple[tuple[str, Any, Any], ...]  # (name, old, new)
     at: str = "epoch"  # the boundary it was applied at: "epoch" or "step"
     from_step: int = 0  # the first optimizer step trained with the new settings
+    by_rule: tuple[str, ...] = ()  # the settings the lr scaling rule changed (nobody asked for them)
     kind: ClassVar[str] = "settings_applied"
 
     def message(self) -> str:
         where = f" (from step {self.from_step})" if self.from_step else ""
-        return "; ".join(f"{n} {o} -> {v}" for n, o, v in self.changes) + where
+        return "; ".join(f"{n} {o} -> {v}" + (" (by the lr scaling rule)" if n in self.by_rule else "")
+                         for n, o, v in self.changes) + where
 
 
 @dataclass(frozen=True)

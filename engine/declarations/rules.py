@@ -55,13 +55,15 @@ class CommandRules:
             else:
                 new = new.with_(**{setting.name: value})
             notes.append(note)
+        asked = new
         new, hint = _scale_lr(settings, new, explicit_lr=any(isinstance(c, SetLr) for c in commands),
                               step=step, epoch=epoch, size=self.window_size)
         events.extend(hint)
         changes = tuple((s.name, getattr(settings, s.name), getattr(new, s.name))
                         for s in LIVE_SETTINGS if getattr(settings, s.name) != getattr(new, s.name))
+        by_rule = tuple(s.name for s in LIVE_SETTINGS if getattr(asked, s.name) != getattr(new, s.name))
         if changes:
-            events.append(SettingsApplied(step, epoch, changes=changes, at=at, from_step=step + 1))
+            events.append(SettingsApplied(step, epoch, changes=changes, at=at, from_step=step + 1, by_rule=by_rule))
         return Applied(new, events, notes)
 
     def _out_of_range(self, name: str, value: object) -> str:

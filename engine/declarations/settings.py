@@ -150,5 +150,6 @@ def scaled_to_reference(settings: Any, config: Any, world: int, emit: Any, step:
     lr = scale_lr(settings.lr, settings.lr_scaling, settings.window_samples * world / ref)
     if lr == settings.lr:
         return settings
-    emit(SettingsApplied(step, 1, changes=(("lr", settings.lr, lr),), at="start", from_step=step + 1))
+    emit(SettingsApplied(step, 1, changes=(("lr", settings.lr, lr),), at="start", from_step=step + 1,
+                         by_rule=("lr",)))
     return settings.with_(lr=lr)

@@ -70,11 +70,44 @@ def test_the_lr_scaling_rule_is_named_and_equal_values_settle_on_apply():
     p = _model()
     p.sent("accum", 4, epoch=1)
     p.sent("micro_batch", 64, epoch=1)  # the same as the engine's
-    touched = p.applied([("accum", 2, 4), ("lr", 1e-3, 2e-3)], step=32, epoch=2)
+    touched = p.applied([("accum", 2, 4), ("lr", 1e-3, 2e-3)], step=32, epoch=2, by_rule=["lr"])
     assert set(touched) == {"accum", "lr", "micro_batch"}
     assert p.text("lr") == "applied: 0.002 from epoch 2, after step 32 (by the lr scaling rule)"
     assert p.text("accum") == "applied: 4 from epoch 2, after step 32"
     assert p.text("micro_batch") == "unchanged: 64"
+
+
+def test_the_lr_scaling_rule_is_named_only_where_the_run_says_it_made_the_change():
+    """An lr change nobody here sent is another client's (headroom-ctl), or an older run's with no
+    word on it: never put down to the rule unless the settings_applied event names it."""
+    p = _model()
+    assert p.received("set_lr", {"lr": 5e-4}, "step", None, paused=False) == ["lr"]  # headroom-ctl's command
+    assert p.text("lr") == "pending: 0.0005 applies at the next step (sent by another client)"
+    p.applied([("lr", 1e-3, 5e-4)], step=8, epoch=1)
+    assert p.text("lr") == "applied: 0.0005 from epoch 1, after step 8 (sent by another client)"
+    p.applied([("lr", 5e-4, 2e-4)], step=9, epoch=1)  # an older run's event: no receipt, no by_rule
+    assert p.text("lr") == "applied: 0.0002 from epoch 1, after step 9"
+
+
+def test_a_change_of_this_windows_is_not_taken_over_by_another_clients_receipt():
+    p = _model()
+    p.sent("accum", 8, epoch=1)
+    p.received("set_accum", {"steps": 8}, "epoch", 2, paused=False)
+    assert p.received("set_accum", {"steps": 16}, "step", None, paused=False) == []
+    assert p.text("accum") == "pending: 8 applies at epoch 2"
+
+
+def test_damaged_settings_applied_rows_are_passed_over():
+    p = _model()
+    assert p.applied([("accum", 2), "lr", None, ("clip", 1.0, 2.0), (3, 1, 2)], step=5, epoch=1) == ["clip"]
+    assert p.applied("accum", step=5, epoch=1, by_rule="lr") == []  # not a list of changes at all
+    assert p.engine["clip"] == 2.0 and p.engine["accum"] == 2
+
+
+def test_set_engine_returns_only_news():
+    p = _model()
+    assert p.set_engine(dict(ENGINE)) == {}
+    assert p.set_engine({"accum": 4, "lr": 1e-3 * (1 + 1e-12), "clip": None}) == {"accum": 4}
 
 
 def test_edits_are_what_differs_from_the_engine_and_is_not_on_its_way():

@@ -81,6 +81,18 @@ def test_lr_scaling_rules_scale_by_the_effective_batch_ratio(rule, factor):
 def test_an_explicit_lr_wins_over_the_scaling_rule():
     out = rules().apply(S.with_(lr_scaling="linear"), [SetAccum(8), SetLr(0.5)], step=0, epoch=1)
     assert out.settings.lr == 0.5 and out.settings.accum == 8
+    [applied] = [e for e in out.events if isinstance(e, SettingsApplied)]
+    assert applied.by_rule == ()  # asked for: not the rule's
+
+
+def test_settings_applied_names_what_the_rule_changed():
+    out = rules().apply(S.with_(lr_scaling="linear"), [SetAccum(4)], step=0, epoch=1)
+    [applied] = [e for e in out.events if isinstance(e, SettingsApplied)]
+    assert applied.by_rule == ("lr",) and "lr" in dict((n, v) for n, _o, v in applied.changes)
+    assert "(by the lr scaling rule)" in applied.message()
+    out = rules().apply(S, [SetAccum(4)], step=0, epoch=1)  # rule none: a hint, no change by the rule
+    [applied] = [e for e in out.events if isinstance(e, SettingsApplied)]
+    assert applied.by_rule == ()
 
 
 def test_refusals_leave_settings_and_say_why():

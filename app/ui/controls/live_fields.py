@@ -68,6 +68,9 @@ class LiveFields(QGroupBox):
         super().__init__("Batch, lr and clip (change while training)", parent)
         self.world_size = 1  # the engine's, once run_started says: the effective batch counts every rank
         self._syncing = False
+        # The fields the user edited since each was last given a value (the run's, a saved form's):
+        # Apply sends these and only these, so a value the form shows is never sent by accident.
+        self.touched: set[str] = set()
         self.fields: dict[str, QWidget] = {s.name: live_widget(s) for s in LIVE_SETTINGS}
         for name, w in self.fields.items():
             setattr(self, name, w)  # self.micro_batch, self.accum, self.lr, ...: the panel and the tests use them
@@ -111,12 +114,12 @@ class LiveFields(QGroupBox):
         form.addRow("", self.apply_button)
         form.addRow("", self.apply_hint)
 
-        for w in self.fields.values():
+        for name, w in self.fields.items():
             for signal in ("valueChanged", "textChanged", "currentIndexChanged", "toggled"):
                 if hasattr(w, signal):
-                    getattr(w, signal).connect(self._changed)
+                    getattr(w, signal).connect(lambda *_a, name=name: self._changed(name))
                     break
-        self.apply_at.currentIndexChanged.connect(self._changed)
+        self.apply_at.currentIndexChanged.connect(lambda *_a: self._changed(None))
         self.update_effective()
 
     def _batch_rows(self, form: Any) -> None:
@@ -161,7 +164,8 @@ class LiveFields(QGroupBox):
             self.apply_at.setCurrentIndex(i)
 
     def set_field(self, name: str, value: Any) -> None:
-        """Show a value (the engine's, a saved one); not an edit."""
+        """Show a value (the engine's, a saved one); not an edit: the field is no longer touched."""
+        self.touched.discard(name)
         self._syncing = True
         try:
             w = self.fields[name]
@@ -184,9 +188,19 @@ class LiveFields(QGroupBox):
         if "find_micro_batch" in d:
             self.find_micro_batch.setChecked(bool(d["find_micro_batch"]))
 
-    def _changed(self, *_args: Any) -> None:
+    def user_edits(self) -> dict[str, Any]:
+        """The touched fields' values (None for a number field that is not a number yet)."""
+        return {name: self.field_value(name) for name in self.fields if name in self.touched}
+
+    def untouch(self, name: str) -> None:
+        """The user's edit of `name` is on its way to the run (or taken back): no longer an edit."""
+        self.touched.discard(name)
+
+    def _changed(self, name: Optional[str]) -> None:
         self.update_effective()
         if not self._syncing:
+            if name is not None:
+                self.touched.add(name)
             self.edited.emit()
 
     def update_effective(self) -> None:

@@ -161,10 +161,12 @@ class ControlsPanel(QWidget):
 
     # -- edits ---------------------------------------------------------------------------
     def edits(self) -> dict[str, Any]:
-        """What Apply would send: live fields edited away from the engine's values."""
+        """What Apply would send: the live fields the user edited, where they differ from the
+        run's current value (or from a change still on its way). A field the user did not touch
+        is never sent, whatever it shows."""
         if not self.is_running() or self.state == "stopping":
             return {}
-        return self.pending.edits(self.live.values())
+        return self.pending.edits(self.live.user_edits())
 
     def edits_ready(self) -> bool:
         return bool(self.edits()) and self.live.invalid_field() is None
@@ -201,9 +203,10 @@ class ControlsPanel(QWidget):
         self.live.set_fits_text(fits_text(d), fits_tooltip(d))
 
     def on_engine_values(self, values: dict[str, Any]) -> None:
-        """The form follows the engine, except where a change of the user's is on its way."""
+        """The form follows the run, except where the user is editing a field or a change is on
+        its way."""
         for name, v in values.items():
-            if not self.pending.is_pending(name):
+            if not self.pending.is_pending(name) and name not in self.live.touched:
                 self.live.set_field(name, v)
         self._edited()
 
@@ -211,9 +214,20 @@ class ControlsPanel(QWidget):
         for name in names:
             change = self.pending.get(name)
             self.live.show_change(name, change)
-            if change is not None and change.status in (ChangeStatus.APPLIED, ChangeStatus.REFUSED) \
-                    and name in self.pending.engine:
+            if change is None:
+                continue
+            if change.status is ChangeStatus.SENT:
+                self.live.untouch(name)  # the edit is the run's business now; its line says what becomes of it
+            elif change.status in (ChangeStatus.APPLIED, ChangeStatus.REFUSED) and name in self.pending.engine \
+                    and name not in self.live.touched:
                 self.live.set_field(name, self.pending.engine[name])  # what the engine has now
+        self._edited()
+
+    def show_run_values(self, values: dict[str, Any]) -> None:
+        """A run's live settings as it has them now (a run folder opened): the live fields show
+        them, and none of them counts as an edit."""
+        self.live.set_values(values)
+        self.live.touched.clear()
         self._edited()
 
     def status_text(self, name: str) -> str:

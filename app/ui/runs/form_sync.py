@@ -1,8 +1,10 @@
 """Which run's settings the Controls panel holds, and a line above the form that says so.
 
 - A run folder opened (finished, or followed while another process trains it): the form
-  takes the settings that run started with (its run table's config), and the line says
-  whose they are and that Start trains a new run with them. "My settings" puts the form
+  takes the settings that run started with (its run table's config), with its live settings
+  as the run has them now (its rows and settings_applied events: a change headroom-ctl or
+  another window made shows), and the line says whose they are and that Start trains a new
+  run with them. "My settings" puts the form
   back as it was before; "Reset to defaults" gives the engine's defaults.
 - This window's own run, once it has ended: the live fields go back to what Start sent, with
   the changes the user applied on top. A change the engine made by itself (a rollback's
@@ -20,6 +22,7 @@ from PySide6.QtWidgets import QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWi
 from engine.declarations.config import TrainConfig
 
 from engine.declarations.settings import LIVE_NAMES
+from app.model.fields import same, words
 from app.model.pending import ChangeStatus
 from app.runner.controller import RunController
 from app.ui.controls.panel import ControlsPanel
@@ -82,8 +85,12 @@ class FormFollowsRun(QObject):
 
     # -- a run folder shown ------------------------------------------------------------------
     def show_run_settings(self, path: str) -> None:
-        cfg = self.controller.session.model.config
-        if self.controller.session.state.is_live and not self.controller.session.remote:
+        """The run's settings: those it was started with, and its live settings as it has them
+        now (what its own rows and settings_applied events say, session.pending.engine), never the
+        started-with values of a setting it has changed since."""
+        session = self.controller.session
+        cfg = session.model.config
+        if session.state.is_live and not session.remote:
             return
         if not cfg:
             return
@@ -91,11 +98,15 @@ class FormFollowsRun(QObject):
             self.user_form = self._before
         self.shown_run = path
         self.controls.set_values({k: v for k, v in cfg.items() if k not in NOT_FORM})
+        now = {n: v for n, v in session.pending.engine.items() if n in LIVE_NAMES}
+        self.controls.show_run_values(now)
         name = os.path.basename(os.path.normpath(path))
-        going = " (training in another process: the live settings follow it)" if self.controller.session.remote \
-            else ""
-        self.banner.show_run(f"The settings {name} started with{going}. Start trains a new run with them; edit "
-                             f"them first to change it.")
+        changed = [n for n in LIVE_NAMES if n in now and n in cfg and not same(cfg[n], now[n])]
+        live = ("training in another process: the live settings follow it" if session.remote else
+                "the live settings as it ended" if changed else "")
+        since = f"; changed since its start: {', '.join(words(n) for n in changed)}" if changed else ""
+        head = f"{name}'s settings ({live}{since})" if live else f"The settings {name} started with"
+        self.banner.show_run(f"{head}. Start trains a new run with them; edit them first to change it.")
         self._sync_mine()
 
     def _remember_form(self) -> None:
