@@ -14,7 +14,7 @@ import time
 from typing import Any, Iterator, Optional
 
 from engine.declarations import limits
-from engine.declarations.commands import Command, Pause, SetPrecision, Stop, Unpause, command_for
+from engine.declarations.commands import Command, Pause, SetPrecision, SettingCommand, Stop, Unpause, command_for
 from engine.declarations.config import ConfigError
 from engine.declarations.paths import default_runs_root
 from engine.declarations.settings import BY_NAME as SETTINGS_BY_NAME, LIVE_SETTINGS
@@ -186,13 +186,18 @@ def send(path: str, commands: list[Command], wait: bool = False, timeout: Option
 
 
 def _command_record(row_id: int, cmd: Command, row: Optional[dict[str, Any]]) -> dict[str, Any]:
+    """`applied_step`: the step the engine applied the command at (a stop: the run's last step; a
+    pause: the step it paused after). `from_step`: the first step a changed setting holds for,
+    the one after; None for a stop, pause or unpause, which change no setting (a stop has no
+    step after it: "applied from step 2802" for a run that ended at 2801)."""
     from dataclasses import asdict
     row = row or {}
     applied = row.get("applied_step")
     status = row.get("status") or "pending"
+    changes = isinstance(cmd, SettingCommand)
     return {"kind": "command", "id": row_id, "command": cmd.kind, "payload": asdict(cmd), "status": status,
-            "applied_step": applied, "from_step": applied + 1 if status == "applied" and isinstance(applied, int)
-            else None, "note": row.get("note") or ""}
+            "applied_step": applied, "from_step": applied + 1 if changes and status == "applied"
+            and isinstance(applied, int) and not isinstance(applied, bool) else None, "note": row.get("note") or ""}
 
 
 def _wait(reader: RunReader, sent: dict[int, Command], timeout: Optional[float]) -> Iterator[dict]:

@@ -97,6 +97,10 @@ def _status(r: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+# What an applied command that changes no setting did, said as such: "stop: stopped at step 2801".
+DONE = {"stop": ("stopped", "at"), "pause": ("paused", "after"), "unpause": ("resumed", "at")}
+
+
 def _command(r: dict[str, Any]) -> str:
     payload = r.get("payload") or {}
     what = r.get("command", "")
@@ -104,9 +108,14 @@ def _command(r: dict[str, Any]) -> str:
     head = f"{what} {values}".strip() + (f" (at {payload['at']})" if "at" in payload else "")
     status = r.get("status")
     if status == "applied":
+        note = f" ({r['note']})" if r.get("note") else ""
+        step = r.get("applied_step")
+        if what in DONE:  # a stop, pause or unpause: what happened, where (no setting holds "from" a step)
+            word, where = DONE[what]
+            return f"{head}: {word}" + (f" {where} step {step}" if step is not None else "") + note
         where = f" from step {r['from_step']}" if r.get("from_step") is not None else (
-            f" at step {r['applied_step']}" if r.get("applied_step") is not None else "")
-        return f"{head}: applied{where}" + (f" ({r['note']})" if r.get("note") else "")
+            f" at step {step}" if step is not None else "")
+        return f"{head}: applied{where}{note}"
     if status == "refused":
         return f"{head}: refused: {r.get('note') or 'no reason given'}"
     if status == "expired":

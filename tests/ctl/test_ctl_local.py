@@ -13,6 +13,8 @@ import subprocess
 
 import pytest
 
+from engine.ctl.output import render
+
 from ctlkit import Stream, ctl, followed_live_run, db_events, db_rows, one_error_line, records, replay, written_run
 from testkit import ROOT, wait_until
 
@@ -68,10 +70,14 @@ def test_a_follow_cut_and_restarted_from_its_cursor_loses_and_repeats_nothing(li
 
 
 def test_stop_writes_a_checkpoint_and_the_run_ends(live):
-    r = ctl("stop", live.run_dir, "--wait", timeout=180)
+    r = ctl("stop", live.run_dir, "--wait", "--json", timeout=180)
     assert r.returncode == 0, r.stderr
-    assert "stop: applied" in r.stdout
+    answer = [x for x in records(r.stdout) if x["kind"] == "command"][-1]
     assert live.proc.wait(timeout=60) == 0
+    # What happened, at the run's last step: not "applied from step" the step after it (issue 28).
+    last = max(m["step"] for m in db_rows(live.run_dir))
+    assert answer["status"] == "applied" and answer["applied_step"] == last and answer["from_step"] is None
+    assert render(answer) == f"stop: stopped at step {last}"
     assert os.path.exists(os.path.join(live.run_dir, "checkpoints", "last.pt"))
     status = records(ctl("status", live.run_dir, "--json").stdout)[-1]
     assert not status["live"] and status["state"] == "finished" and status["reason"] == "stopped"
