@@ -31,11 +31,12 @@ from .readouts import FITS_IDLE, finder_text, fits_at_start, fits_text, fits_too
 from .run_fields import RunFields
 from .schedule_fields import ScheduleFields
 
-RUNNING = ("starting", "training", "pausing", "paused", "stopping")
+RUNNING = ("starting", "training", "pausing", "paused", "stopping", "reconnecting")
 STATE_TEXT = {"idle": "Ready", "starting": "Starting: loading torch and the task...", "training": "Training",
               "pausing": "Pausing after this epoch...",
               "paused": "Paused between epochs: changes apply at once, then Unpause",
-              "stopping": "Stopping at the next step (a checkpoint is written)...", "viewing": "Viewing a run folder"}
+              "stopping": "Stopping at the next step (a checkpoint is written)...", "viewing": "Viewing a run folder",
+              "reconnecting": "Connection lost: reconnecting (the run trains on; no change reaches it until then)"}
 
 
 def ended_detail(state: RunState, model: RunModel) -> str:
