@@ -1,4 +1,4 @@
-"""Alerts: one entry per occurrence, with time, step and details; never a dialog."""
+"""Alerts: one row per kind (its count, first and latest step, messages), with time and details; never a dialog."""
 from __future__ import annotations
 
 import pytest
@@ -16,14 +16,14 @@ def test_nan_task_raises_alert_entries_and_marks_the_steps(qtbot, make_window, t
     outcome = run_to_end(qtbot, w, 90)
     assert outcome["reason"] == "completed"
     rows = w.alerts.rows()
-    nonfinite = [(step, msg) for kind, step, msg in rows if kind == "nonfinite"]
-    assert [s for s, _m in nonfinite] == [3, 6]
-    assert all("skipped" in m and "0.weight" in m for _s, m in nonfinite), nonfinite
+    [nonfinite] = [msg for kind, _step, msg in rows if kind == "nonfinite"]  # both steps, one row
+    assert w.alerts.steps(w.alerts.kinds().index("nonfinite")) == (3, 6) and w.alerts.by_kind["nonfinite"] == 2
+    assert "skipped" in nonfinite and "0.weight" in nonfinite, nonfinite
     # 56 steps, every finite one clipped at 1e-4: the engine warns once, when its window holds
     # 50 finite steps: step 52 (steps 3 and 6 were skipped).
     saturation = [step for kind, step, _m in rows if kind == "clip_saturation"]
     assert saturation == [52]
-    assert w.alerts.summary.text().startswith(f"{len(rows)} alerts")
+    assert w.alerts.summary.text().startswith(f"{w.alerts.total} alerts") and w.alerts.total == 2 + len(rows) - 1
     assert not w.dialogs  # alerts go to the panel, not into dialogs
     # The non-finite steps are marked on the loss and norm plots, where they happened.
     marked = sorted({line.value() for _plot, line in w.plots.nonfinite_lines})
