@@ -6,7 +6,11 @@ to; and a learning rate of 0, which is in range, is said to train nothing.
 
 One application event filter remembers the last key pressed in a line edit; the line edit's
 inputRejected signal (its validator refused that key) then says so. Every field of the
-Controls panel is covered, present and future, without the fields knowing."""
+Controls panel is covered, present and future, without the fields knowing.
+
+A notice about a field's value follows the value at every change, however it is set (typed, a
+loaded run's settings, Reset to defaults): the learning-rate-0 notice used to be said on a
+keystroke only, and stayed up as the tooltip after the value was no longer 0."""
 from __future__ import annotations
 
 from typing import Optional
@@ -52,12 +56,13 @@ class FieldNotices(QObject):
         super().__init__(root)
         self.root = root
         self.last = ""  # the last notice shown (tests read it)
+        self.shown = ""  # the notice up now ("" when none is)
         self._typed: dict[int, str] = {}
         self._hooked: set[int] = set()
         self.hook()
         lr = getattr(root, "lr", None)
         if isinstance(lr, QLineEdit):
-            lr.textEdited.connect(lambda _t: self._lr_zero(lr))
+            lr.textChanged.connect(lambda _t: self._lr_zero(lr))  # every change: typed or set
 
     def hook(self) -> None:
         """Watch every line edit under the panel (call again after fields are added)."""
@@ -77,13 +82,25 @@ class FieldNotices(QObject):
         self.say(field_of(edit), refusal_text(field_of(edit), self._typed.get(id(edit), "")))
 
     def _lr_zero(self, edit: QLineEdit) -> None:
+        """Say the notice while the value is 0; take it down as soon as it is not (a half-typed
+        "0." is still 0; "0.001" is not; "" is no value at all)."""
         try:
             zero = float(edit.text()) == 0.0
         except ValueError:
-            return
+            zero = False
         if zero:
-            self.say(edit, LR_ZERO)
+            if self.shown != LR_ZERO:
+                self.say(edit, LR_ZERO)
+        elif self.shown == LR_ZERO:
+            self.unsay()
 
     def say(self, field: QWidget, text: str, where: Optional[QPoint] = None) -> None:
-        self.last = text
-        QToolTip.showText(where or field.mapToGlobal(QPoint(0, field.height())), text, field)
+        self.last = self.shown = text
+        if field.isVisible():  # a tooltip at a hidden field would show at the screen's corner
+            QToolTip.showText(where or field.mapToGlobal(QPoint(0, field.height())), text, field)
+
+    def unsay(self) -> None:
+        """Take down the notice up now (only ours: another widget's tooltip is left alone)."""
+        if QToolTip.isVisible() and QToolTip.text() == self.shown:
+            QToolTip.hideText()
+        self.shown = ""
