@@ -37,7 +37,7 @@ from .ui.shell.remote_fields import use_ssh_preference
 from .ui.runs.tree_views import RunTreeViews
 from .ui.runs.form_sync import FormFollowsRun
 from .ui.runs.views import RunViews
-from .ui.shell.statusbar import LiveLabel, StatusBar
+from .ui.shell.statusbar import StatusBar
 from .ui.theme import THEMES, apply_stylesheet, system_theme
 from .ui.shell.close_question import CloseQuestion, stop_engine
 from .ui.shell.field_notices import FieldNotices
@@ -91,10 +91,11 @@ class MainWindow(QMainWindow):
         self.levers = LeversPanel()
         self.status = StatusBar(self)
         self.setStatusBar(self.status)
-        self.live_label = LiveLabel()  # "live: pid N on HOST" while the run shown is going
-        self.status.addPermanentWidget(self.live_label)
+        self.live_label = self.status.live  # "live: pid N on HOST" while the run shown is going
         self.setCorner(Qt.Corner.BottomLeftCorner, Qt.DockWidgetArea.LeftDockWidgetArea)
-        self.controls_dock = layout.make_dock(self, "Controls", "controls", self.controls, Qt.DockWidgetArea.LeftDockWidgetArea)
+        self.controls_dock = layout.make_dock(self, "Controls", "controls", self.controls,
+                                              Qt.DockWidgetArea.LeftDockWidgetArea,  # Apply pinned in view
+                                              footer=(self.controls.apply_button, self.controls.apply_hint))
         self.alerts_dock = layout.make_dock(self, "Alerts", "alerts", self.alerts, Qt.DockWidgetArea.BottomDockWidgetArea)
         self.history_dock = layout.make_dock(self, "Run history", "history", self.history, Qt.DockWidgetArea.BottomDockWidgetArea)
         self.levers_dock = layout.make_dock(self, "What fits", "levers", self.levers, Qt.DockWidgetArea.BottomDockWidgetArea)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from PySide6.QtCore import QObject, Qt
+from PySide6.QtCore import QEvent, QObject, Qt
 from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import QMainWindow, QMenu, QPushButton, QToolBar, QToolButton, QWidget
 
@@ -112,6 +112,63 @@ class AppActions(QObject):
         self.open_log.setEnabled(has_log)
 
 
+class ToolbarFit(QObject):
+    """Every toolbar action stays on the toolbar as the window narrows: one button after another
+    drops its words (its tooltip keeps them, with the shortcut), the last on the toolbar first
+    and the run's own (Start, Pause...) last; below that, the toolbar's extension button (a
+    "more" arrow, made visible) holds what is left over."""
+
+    def __init__(self, toolbar: QToolBar, words_kept_longest: list[QAction]) -> None:
+        super().__init__(toolbar)
+        self.tb = toolbar
+        buttons = [a for a in toolbar.actions() if not a.isSeparator()]
+        others = [a for a in buttons if a not in words_kept_longest]
+        self.order = [*reversed(others), *reversed(words_kept_longest)]  # the order they drop their words
+        self._widths: dict[QAction, tuple[int, int]] = {}  # (with words, icon only), measured once per style
+        self.compact: set[QAction] = set()  # the actions shown as an icon only now
+        ext = toolbar.findChild(QToolButton, "qt_toolbar_ext_button")
+        if ext is not None:  # the style sheets draw no arrow of their own on it
+            ext.setIcon(assets.icon("more"))
+            ext.setStyleSheet("QToolButton { padding: 0px; }")  # the themes' padding leaves its 12 px no room
+            ext.setToolTip("More actions")
+        toolbar.installEventFilter(self)
+
+    def _measure(self) -> None:
+        for a in self.order:
+            b = self.tb.widgetForAction(a)
+            if not isinstance(b, QToolButton):
+                continue
+            style = b.toolButtonStyle()
+            b.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextBesideIcon)
+            words = b.sizeHint().width()
+            b.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonIconOnly)
+            self._widths[a] = (words, b.sizeHint().width())
+            b.setToolButtonStyle(style)
+
+    def fit(self) -> None:
+        if not self._widths:
+            self._measure()
+        self.tb.layout().invalidate()
+        w = self._widths
+        rest = self.tb.sizeHint().width() - sum(w[a][a in self.compact] for a in w)  # separators, spacing, margins
+        n = 0
+        while n < len(self.order) and rest + sum(w[a][a in self.order[:n]] for a in w) > self.tb.width():
+            n += 1
+        compact = set(self.order[:n])
+        if compact != self.compact:
+            self.compact = compact
+            icon, words = Qt.ToolButtonStyle.ToolButtonIconOnly, Qt.ToolButtonStyle.ToolButtonTextBesideIcon
+            for a in w:
+                self.tb.widgetForAction(a).setToolButtonStyle(icon if a in compact else words)
+
+    def eventFilter(self, obj: QObject, ev: QEvent) -> bool:  # noqa: N802 - Qt name
+        if ev.type() in (QEvent.Type.StyleChange, QEvent.Type.FontChange):
+            self._widths = {}  # a theme's padding or a font changes every width
+        if ev.type() in (QEvent.Type.Resize, QEvent.Type.StyleChange, QEvent.Type.FontChange):
+            self.fit()
+        return False
+
+
 def install(window: QMainWindow, run: RunActions, app: AppActions, docks: list[QAction]) -> tuple[QToolBar, QMenu]:
     """The toolbar and the menu bar. Returns the toolbar and the Run menu (it checks the GPUs
     when it opens)."""
@@ -122,6 +179,7 @@ def install(window: QMainWindow, run: RunActions, app: AppActions, docks: list[Q
     for a in (run.start, run.pause, run.resume, run.stop, run.cont, None, app.open_run, app.open_task, None, app.csv,
               app.png, None, app.theme):
         tb.addSeparator() if a is None else tb.addAction(a)
+    ToolbarFit(tb, [run.start, run.pause, run.resume, run.stop, run.cont])
     mb = window.menuBar()
     _menu(mb.addMenu("&File"), (app.open_run, app.open_remote, app.open_task, None, app.csv, app.png, None, app.ask_close, app.quit))
     run_menu = _menu(mb.addMenu("&Run"), (run.start, run.pause, run.resume, run.stop, run.cont, None, run.apply, None,

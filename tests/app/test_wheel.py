@@ -6,7 +6,7 @@ import pytest
 
 from PySide6.QtCore import QPoint, QPointF, Qt
 from PySide6.QtGui import QWheelEvent
-from PySide6.QtWidgets import QApplication
+from PySide6.QtWidgets import QApplication, QScrollArea
 
 
 def wheel(target, notches: int = -1) -> None:
@@ -27,7 +27,7 @@ def test_the_wheel_over_an_unfocused_field_changes_nothing(qtbot, make_window):
     c.lr_schedule.setCurrentIndex(c.lr_schedule.findData("constant"))
     w.controls.task.setFocus()
     qtbot.wait(50)
-    bar = w.controls_dock.widget().verticalScrollBar()
+    bar = w.controls_dock.findChild(QScrollArea).verticalScrollBar()  # the panel's (Apply is pinned under it)
     before = bar.value()
     for field in (c.accum, c.micro_batch, c.epochs, c.lr_schedule):
         assert field.focusPolicy() == Qt.FocusPolicy.StrongFocus

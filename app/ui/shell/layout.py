@@ -11,16 +11,18 @@ MIN_PLOT_WIDTH of its width: a state saved by an older version, a screen that sh
 kept: the default layout is used instead.
 
 Every dock's panel sits in a scroll area: a panel's own minimum size (a wide table, a row of
-buttons) scrolls inside its dock instead of setting the window's minimum width.
+buttons) scrolls inside its dock instead of setting the window's minimum width. What must stay
+in reach (Apply changes) is pinned under the scroll area instead.
 """
 from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 from PySide6.QtCore import QEvent, QObject, Qt, QTimer
-from PySide6.QtWidgets import QApplication, QDockWidget, QFrame, QMainWindow, QScrollArea, QSizePolicy, QWidget
+from PySide6.QtWidgets import (QApplication, QDockWidget, QFrame, QMainWindow, QScrollArea, QSizePolicy, QVBoxLayout,
+                               QWidget)
 
 log = logging.getLogger("headroom.window")
 
@@ -46,10 +48,35 @@ def scrolled(widget: QWidget, horizontal: bool = True) -> QScrollArea:
     return s
 
 
-def make_dock(window: QMainWindow, title: str, name: str, widget: QWidget, area: Qt.DockWidgetArea) -> QDockWidget:
+def pinned_under(body: QWidget, footer: Sequence[QWidget]) -> QWidget:
+    """`body` (a scroll area) over `footer`, which stays in view however the body is scrolled:
+    Apply changes under the Controls panel, never below the fold of a 640 px high window."""
+    box = QWidget()
+    lay = QVBoxLayout(box)
+    lay.setContentsMargins(0, 0, 0, 0)
+    lay.setSpacing(0)
+    lay.addWidget(body, 1)
+    pinned = QFrame()
+    pinned.setObjectName("dock_footer")
+    pinned.setFrameShape(QFrame.Shape.NoFrame)
+    foot = QVBoxLayout(pinned)
+    foot.setContentsMargins(8, 6, 8, 6)
+    foot.setSpacing(2)
+    for w in footer:
+        foot.addWidget(w)
+    lay.addWidget(pinned)
+    box.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Preferred)  # as scrolled(): see there
+    return box
+
+
+def make_dock(window: QMainWindow, title: str, name: str, widget: QWidget, area: Qt.DockWidgetArea,
+              footer: Sequence[QWidget] = ()) -> QDockWidget:
+    """A dock of the window; its panel scrolls inside it, `footer` (widgets taken from the
+    panel) stays pinned at its bottom, outside the scroll area."""
     d = QDockWidget(title, window)
     d.setObjectName(f"dock_{name}")
-    d.setWidget(widget if isinstance(widget, QScrollArea) else scrolled(widget))
+    body = widget if isinstance(widget, QScrollArea) else scrolled(widget)
+    d.setWidget(pinned_under(body, footer) if footer else body)
     d.setFeatures(QDockWidget.DockWidgetFeature.DockWidgetMovable
                   | QDockWidget.DockWidgetFeature.DockWidgetFloatable
                   | QDockWidget.DockWidgetFeature.DockWidgetClosable)
