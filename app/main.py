@@ -150,6 +150,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return EXIT_FAILED
     from .core import logs
     logs.setup()
+    logs.install_excepthook()  # an exception in any slot: in headroom.log, and an alert in the window
     from PySide6.QtCore import QTimer, qInstallMessageHandler
     from PySide6.QtWidgets import QApplication
 

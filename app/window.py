@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from typing import Any, Callable, Optional
 
 from PySide6.QtCore import Qt, QTimer, Signal
@@ -19,6 +20,7 @@ from engine.declarations.paths import default_runs_root
 
 from .core import assets, logs
 from .core.preferences import Preferences
+from .model.notes import Note
 from .model.runmodel import RunModel
 from .model.title import window_title
 from .runner.controller import RunController
@@ -46,6 +48,7 @@ from .ui.shell.view_prefs import ViewPrefs
 log = logging.getLogger("headroom.window")
 
 STATUS_EVERY = 8  # status bar every 8th tick (~4 Hz)
+WINDOW_ERROR = "window_error"  # the alert kind of an exception a slot did not catch (slot_failed)
 JOIN_S = 2.0  # closing waits this long for the engine thread, then hides and closes when it ends
 
 
@@ -58,6 +61,7 @@ class MainWindow(QMainWindow):
         the form and the fields the form has no widget for (max_steps, seed, run_dir...)."""
         super().__init__()
         logs.setup()
+        logs.report_uncaught(self.slot_failed)  # an exception in any slot: logged, and an alert row
         self.preferences = preferences or Preferences()
         use_ssh_preference(self.preferences)  # the ssh command for remote runs, when HEADROOM_SSH_COMMAND is unset
         self.base_config = dict(base_config or {})
@@ -376,6 +380,13 @@ class MainWindow(QMainWindow):
     def show_error(self, title: str, message: str) -> QMessageBox:
         return self.errors.show(title, message)
 
+    def slot_failed(self, line: str) -> None:
+        """An exception no slot caught (app/core/logs.py logged its traceback): an alert row that
+        says it, and the window goes on."""
+        self.alerts.add([Note(WINDOW_ERROR, self.model.step, self.model.epoch,
+                              f"{line} (a fault in the window; the traceback is in {logs.log_path()})",
+                              time=time.time())])
+
     def show_about(self) -> Any:
         self.about_dialog = dialogs.open_about(self)
         return self.about_dialog
@@ -432,6 +443,7 @@ class MainWindow(QMainWindow):
                 return
             self.tick()
         self.timer.stop()
+        logs.stop_reporting(self.slot_failed)
         self.controller.close()
         self.save_preferences()
         self.errors.close_all()

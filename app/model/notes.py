@@ -11,11 +11,12 @@ from engine.declarations.events import Event
 from .stored import number, whole
 
 # Event kinds that become an entry in the alerts panel (one entry per kind: NoteGroups). run_damaged,
-# run_ended and framework_checkpoints are the app's own notes about a run folder.
+# run_ended and framework_checkpoints are the app's own notes about a run folder; window_error its
+# note of an exception no slot of the window caught (app/core/logs.py).
 ALERT_KINDS = ("nonfinite", "clip_saturation", "vram_low", "batchnorm_small_batch", "lr_hint",
                "oom_recovered", "command_refused", "scaler_skip", "run_failed", "micro_batch_found",
                "run_damaged", "rolled_back", "memory_snapshot", "run_ended", "loss_weighting", "step_skipped",
-               "store_problem", "framework_checkpoints")
+               "store_problem", "framework_checkpoints", "window_error")
 # Every other kind the engine or an integration writes, and where the app shows it instead
 # (tests/app/test_alert_kinds.py fails for a kind in neither list).
 NOT_SHOWN = {
