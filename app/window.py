@@ -343,6 +343,7 @@ class MainWindow(QMainWindow):
 
     def _sync_live(self) -> None:
         self.live_label.show_text(self.session.live_text())
+        self.central.set_banner(self.session.connection_text())  # a remote run's connection lost
 
     def _on_run_dir(self, path: str) -> None:
         self.history.add_extra(path)

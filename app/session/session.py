@@ -103,6 +103,7 @@ class RunSession:
         self.engine_alive = False  # this window's engine thread runs (it outlives run_finished a moment)
         self._backlog: list[Any] = []
         self._seen_epoch = 0  # the epoch of the last steps seen; 0 until the run's first steps
+        self._was_lost = False  # connection_lost at the last poll
         self._peak_lr: Optional[float] = None  # the lr setting, from lr_planned (a schedule's peak)
         self._on_note: dict[str, Callable[[Note, Update], None]] = {
             "run_started": self._run_started, "paused": self._paused, "unpaused": self._unpaused,
@@ -145,8 +146,24 @@ class RunSession:
             text += " (connection lost: reconnecting...)"
         return text
 
+    @property
+    def connection_lost(self) -> bool:
+        """A run on another machine is going and the follow has lost it (reconnecting): what the
+        window shows may be behind the run."""
+        return self.state.is_live and getattr(self.source, "connection", "") == "reconnecting"
+
+    def connection_text(self) -> str:
+        """'connection lost: reconnecting, last row at step N' while connection_lost, else ''."""
+        if not self.connection_lost:
+            return ""
+        return f"connection lost: reconnecting, last row at step {self.model.step:,}" if self.model.step else \
+            "connection lost: reconnecting"
+
     def view_state(self) -> str:
-        """The run state as the controls show it: a live state, 'viewing' or 'idle'."""
+        """The run state as the controls show it: a live state ('reconnecting' while the
+        connection to a run on another machine is lost), 'viewing' or 'idle'."""
+        if self.connection_lost:
+            return "reconnecting"
         if self.state.is_live:
             return self.state.value
         return "viewing" if self.viewing else "idle"
@@ -223,6 +240,9 @@ class RunSession:
             self.model.discarded.clear()  # what the other process threw away is in its run.db: show that
             u.delta.absorb(self.model.add_discarded(self._discarded(src)))
         self._settle_folder(u)
+        if self.connection_lost != self._was_lost:  # the views show the connection as a state
+            self._was_lost = self.connection_lost
+            u.state = True
         return u
 
     def _settle_folder(self, u: Update) -> None:
