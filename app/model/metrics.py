@@ -15,11 +15,13 @@ float32, which holds 7 significant digits, well past what a plot shows (and what
 gives for them). A run folder's columns arrive as
 whole arrays (StepColumns) and become the storage without a copy.
 
-Derived columns: `loss_ema`, `clip_line`, `throughput_ema` always; `samples_seen`,
+Derived columns: `loss_ema`, `clip_line`, `throughput_ema` always (the smoothed ones with the
+user's smoothing weight, app/model/smoothing.py: set_smoothing); `grad_norm_ema`, `samples_seen`,
 `tokens_seen` (running sums of the per-step samples and tokens, a missing value counted
 as 0) and `wall` (seconds since the first step's `time`, never going back, a missing time
 holding the last) on first use of `view(name)` or `pyramid(name)`, then kept up
-to date (x axes other than the step); likewise `loss_ema_inliers` ("Ignore outliers").
+to date (x axes other than the step; a compared run's smoothed gradient norm); likewise
+`loss_ema_inliers` ("Ignore outliers").
 """
 from __future__ import annotations
 
@@ -35,6 +37,7 @@ from engine.store import METRIC_COLUMNS
 from .decimate import PeakPyramid
 from .growable import GrowableArray
 from .inlier_ema import InlierEma
+from .smoothing import DEFAULT_WEIGHT, Ema, clamp_weight
 from .stored import measured
 
 # Columns kept per optimizer step: run.db's metrics columns, which are the StepMetrics fields
@@ -46,8 +49,12 @@ COLUMN_DTYPES.update(step=np.dtype(np.int64), time=_F64, loss=_F64, lr=_F64, cli
                      throughput=_F64)
 DERIVED_COLUMNS = {"loss_ema": _F32, "clip_line": _F32, "throughput_ema": _F32}
 INLIER_EMA = "loss_ema_inliers"  # the loss EMA without outliers (app/model/inlier_ema.py), built on first use
+# The smoothed columns (app/model/smoothing.py, one weight for all): column -> the column it smooths. The
+# first two are kept always; grad_norm_ema (a compared run's gradient norm) is built on first use.
+SMOOTHED = {"loss_ema": "loss", "throughput_ema": "throughput", "grad_norm_ema": "grad_norm"}
+LAZY_SMOOTHED = ("grad_norm_ema",)
 CUMULATIVE_COLUMNS = ("samples_seen", "tokens_seen", "wall")  # built on first use, float64
-EMA_BETA = 0.9
+EMA_BETA = DEFAULT_WEIGHT  # the smoothing weight until set_smoothing
 
 
 def _as_floats(a: np.ndarray) -> list[float]:
@@ -102,80 +109,6 @@ class ColumnLoader(Protocol):
         ...
 
 
-class Ema:
-    """Debiased exponential moving average, fed in batches; non-finite values hold the last one.
-
-    y_k = beta * y_(k-1) + (1 - beta) * x_k over the finite values, divided by 1 - beta^k.
-    Vectorised in blocks of BLOCK values: within a block, one matrix product; between
-    blocks, the carry (a million values in a few tens of milliseconds, no Python loop per value)."""
-
-    BLOCK = 64
-
-    def __init__(self, beta: float = EMA_BETA) -> None:
-        self.beta = beta
-        b = self.BLOCK
-        i = np.arange(b)
-        expo = i[None, :] - i[:, None]  # [j, i] = i - j
-        self._m = np.where(expo >= 0, (1 - beta) * np.power(beta, np.maximum(expo, 0), dtype=np.float64), 0.0)
-        self._carry_pw = np.power(beta, i + 1, dtype=np.float64)
-        self._debias_span = int(math.ceil(math.log(1e-17) / math.log(beta))) if 0 < beta < 1 else 1 << 62
-        self._last_raw = 0.0
-        self.reset()
-
-    def reset(self) -> None:
-        self.value, self.n = 0.0, 0
-
-    def _smooth(self, x: np.ndarray) -> np.ndarray:
-        """The raw (not debiased) averages after each of the finite values x."""
-        b = self.BLOCK
-        m = len(x)
-        nb = -(-m // b)
-        xb = np.zeros(nb * b)
-        xb[:m] = x
-        local = (xb.reshape(nb, b) @ self._m)  # each block as if it started from 0
-        ends = local[:, -1].tolist()
-        q = self.beta ** b
-        carries = [0.0] * nb
-        c = self.value
-        for r in range(nb):  # the value entering block r
-            carries[r] = c
-            c = ends[r] + c * q
-        local += np.asarray(carries)[:, None] * self._carry_pw[None, :]
-        raw = local.reshape(-1)[:m]
-        self._last_raw = float(raw[-1])
-        return raw
-
-    def run(self, values: np.ndarray) -> np.ndarray:
-        v = np.asarray(values, dtype=np.float64)
-        n_all = len(v)
-        out = np.full(n_all, math.nan)
-        if n_all == 0:
-            return out
-        before = self.value / (1 - self.beta ** self.n) if self.n else math.nan
-        fin = np.isfinite(v)
-        all_finite = bool(fin.all())
-        x = v if all_finite else v[fin]
-        if len(x):
-            raw = self._smooth(x)
-            # Debias: 1 - beta^n, which is 1.0 in float64 once beta^n < 1e-17.
-            k = min(len(x), max(0, self._debias_span - self.n))
-            if k:
-                counts = self.n + np.arange(1, k + 1, dtype=np.float64)
-                raw[:k] /= 1 - np.power(self.beta, counts)
-            if all_finite:
-                out = raw
-            else:
-                out[fin] = raw
-            self.value, self.n = float(self._last_raw), self.n + len(x)
-        if not all_finite:
-            last = np.where(fin, np.arange(n_all), -1)
-            np.maximum.accumulate(last, out=last)
-            held = ~fin
-            out[held & (last >= 0)] = out[last[held & (last >= 0)]]
-            out[held & (last < 0)] = before
-        return out
-
-
 class MetricsBuffer:
     """All per-step metrics of one run, plus the loss EMA, as growable columns.
 
@@ -191,9 +124,9 @@ class MetricsBuffer:
         self.clipped_x = GrowableArray(64)
         self.clipped_y = GrowableArray(64)
         self.nonfinite_steps: list[int] = []
-        self._loss_ema = Ema()
-        self._tput_ema = Ema()
-        self._inlier_ema = InlierEma(Ema)
+        self.smoothing = EMA_BETA  # the weight of every smoothed column (set_smoothing)
+        self._emas = {c: Ema(self.smoothing) for c in SMOOTHED if c not in LAZY_SMOOTHED}
+        self._inlier_ema = InlierEma(self._new_ema)
         self._pyramids: dict[str, PeakPyramid] = {}
         self._gpu = False  # some step has GPU memory figures
         self._tokens = False  # some step counted items other than samples
@@ -207,7 +140,7 @@ class MetricsBuffer:
     @property
     def columns(self) -> tuple[str, ...]:
         """Every column name view() takes."""
-        return (*STEP_COLUMNS, *DERIVED_COLUMNS, INLIER_EMA, *CUMULATIVE_COLUMNS)
+        return (*STEP_COLUMNS, *DERIVED_COLUMNS, *LAZY_SMOOTHED, INLIER_EMA, *CUMULATIVE_COLUMNS)
 
     def _col(self, name: str) -> GrowableArray:
         arr = self.cols.get(name)
@@ -217,6 +150,11 @@ class MetricsBuffer:
             if name == INLIER_EMA:
                 arr = self.cols[name] = GrowableArray(max(16, len(self)), _F32)
                 self._extend_inlier_ema()
+                return arr
+            if name in LAZY_SMOOTHED:
+                arr = self.cols[name] = GrowableArray(max(16, len(self)), _F32)
+                self._emas[name] = self._new_ema()
+                arr.extend(self._emas[name].run(self.view(SMOOTHED[name])))
                 return arr
             if name not in CUMULATIVE_COLUMNS:
                 raise KeyError(name)
@@ -335,9 +273,8 @@ class MetricsBuffer:
                 self.cols[c].extend_from(base, piece.i0, piece.i1)  # one buffer only makes it its storage
             else:
                 self.cols[c].extend(base[piece.i0:piece.i1])
-        loss = self.cols["loss"].view()[n_before:]
-        self.cols["loss_ema"].extend(self._loss_ema.run(loss))
-        self.cols["throughput_ema"].extend(self._tput_ema.run(self.cols["throughput"].view()[n_before:]))
+        for dst, ema in self._emas.items():
+            self.cols[dst].extend(ema.run(self.cols[SMOOTHED[dst]].view()[n_before:]))
         clip = self.cols["clip"].view()[n_before:]
         with np.errstate(invalid="ignore"):
             self.cols["clip_line"].extend(np.where(clip > 0, clip, np.nan))
@@ -363,6 +300,36 @@ class MetricsBuffer:
         self._extend_inlier_ema()
         self.version += 1
         return len(self) - n_before
+
+    def _new_ema(self) -> Ema:
+        return Ema(self.smoothing)
+
+    def set_smoothing(self, weight: float) -> bool:
+        """The weight of every smoothed column (app/model/smoothing.py): they are computed again
+        with it (a million steps: tens of milliseconds). True if it changed."""
+        w = clamp_weight(weight)
+        if w == self.smoothing:
+            return False
+        self.smoothing = w
+        self._inlier_ema = InlierEma(self._new_ema)
+        if INLIER_EMA in self.cols:
+            self.cols[INLIER_EMA].clear()
+        self._smooth_again()
+        return True
+
+    def _smooth_again(self) -> None:
+        """Every smoothed column from its first row (a new weight; steps cut off)."""
+        for dst in self._emas:
+            self._emas[dst] = self._new_ema()
+            self.cols[dst].set_tail(0, self._emas[dst].run(self.view(SMOOTHED[dst])))
+        if INLIER_EMA in self.cols:
+            self._inlier_ema.reset()
+            self._extend_inlier_ema()
+        for name in (*self._emas, INLIER_EMA):
+            pyramid = self._pyramids.get(name)
+            if pyramid is not None:
+                pyramid.reset()
+        self.version += 1
 
     def _extend_inlier_ema(self) -> None:
         """Keep `loss_ema_inliers` up to the loss column, once it is asked for."""
@@ -406,11 +373,7 @@ class MetricsBuffer:
         self.clipped_x.set_tail(ck, [])
         self.clipped_y.set_tail(ck, [])
         self.nonfinite_steps = [s for s in self.nonfinite_steps if s <= step]
-        for ema, src, dst in ((self._loss_ema, "loss", "loss_ema"), (self._tput_ema, "throughput", "throughput_ema")):
-            ema.reset()
-            self.cols[dst].set_tail(0, [])
-            self.cols[dst].extend(ema.run(self.view(src)))
-        self._extend_inlier_ema()
+        self._smooth_again()
         for p in self._pyramids.values():
             p.reset()
         self.version += 1
@@ -424,8 +387,8 @@ class MetricsBuffer:
         for arr in list(self.cols.values()) + [self.clipped_x, self.clipped_y]:
             arr.clear()
         self.nonfinite_steps = []
-        self._loss_ema.reset()
-        self._tput_ema.reset()
+        for ema in self._emas.values():
+            ema.reset()
         self._inlier_ema.reset()
         for p in self._pyramids.values():
             p.reset()
