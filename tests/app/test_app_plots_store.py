@@ -50,7 +50,7 @@ def test_plots_hold_what_run_db_holds(qtbot, make_window, tmp_path):
     assert w2.model.state == "finished" and w2.ui_state() == "viewing"
     assert w2.plots.gpu_mode() == "cpu"
 
-    # Overlay: run 1's loss EMA on the loss plot of a window showing run 2.
+    # Overlay: run 1's smoothed loss on the loss plot of a window showing run 2.
     run2 = tmp_path / "run2"
     start(w, epochs=1, lr=3e-3, run_dir=str(run2))
     run_to_end(qtbot, w)
@@ -60,7 +60,7 @@ def test_plots_hold_what_run_db_holds(qtbot, make_window, tmp_path):
     x, y = item.getData()
     assert np.array_equal(x, [r["step"] for r in rows])
     assert np.allclose(y, buf.view("loss_ema"))
-    assert "run (EMA)" in w.plots.loss_plot.titleLabel.text
+    assert ">run</span>" in w.plots.loss_plot.titleLabel.text  # the run compared, named in the legend
     w.set_overlay(str(run_dir), False)
     assert not w.plots.overlays
 

@@ -66,7 +66,7 @@ def build(panel: "PlotPanel") -> None:
     panel.rollbacks = RollbackMarks(panel.plot_set, pal)
     panel.rollbacks.to_x = panel.steps_to_x
     panel.planned = PlannedLr(panel.lr_plot, pal)
-    panel._overlays = Overlays(panel.loss_plot, pal)
+    panel._overlays = Overlays(ps, pal)
 
     panel.series = [
         Series(panel.loss_raw, "loss"), Series(panel.loss_ema, "loss_ema"),

@@ -52,6 +52,7 @@ class PlotPanel(QWidget):
     log_scale_changed = Signal(bool)
     x_axis_changed = Signal(str)  # the x axis' key (app/model/x_axis.py), when the user or set_x_axis changes it
     fork_requested = Signal(int)  # "Fork from here..." on a plot: the step under the point
+    smoothing_changed = Signal(float)  # the smoothing weight (app/model/smoothing.py), when it changes
 
     def __init__(self, theme: str = "light", parent: Optional[QWidget] = None) -> None:
         super().__init__(parent)
@@ -84,6 +85,8 @@ class PlotPanel(QWidget):
         self.outliers_box.toggled.connect(self._outliers_toggled)
         self.fit_button.clicked.connect(self.fit)
         self.x_axis_box.currentIndexChanged.connect(lambda _i: self.set_x_axis(self.x_axis_box.currentData()))
+        self.smoothing = tb.smoothing.weight()
+        tb.smoothing.changed.connect(self.set_smoothing)
         self.canvas = PlotCanvas()
         lay = QVBoxLayout(self)
         lay.setContentsMargins(0, 0, 0, 0)
@@ -123,6 +126,8 @@ class PlotPanel(QWidget):
         if model is not self.model:
             self.rollbacks.set_fork(None)  # the new run says whether it is a fork (RunTreeViews)
         self.model = model
+        if model is not None:
+            model.metrics.set_smoothing(self.smoothing)
         self._version = -1
         self._reset_marks()
         self.follow = True
@@ -206,6 +211,18 @@ class PlotPanel(QWidget):
         if x1 <= x0:
             x1 = x0 + 1.0
         self.loss_plot.setXRange(float(x0), float(x1))
+
+    def set_smoothing(self, weight: float) -> None:
+        """The weight of every smoothed curve, this run's and the compared runs' (app/model/smoothing.py)."""
+        if self.toolbar.smoothing.weight() != weight:
+            self.toolbar.smoothing.set_weight(weight)  # comes back here
+            return
+        self.smoothing = weight
+        if self.model is not None:
+            self.model.metrics.set_smoothing(weight)
+        self._overlays.set_smoothing(weight)
+        self.refresh(force=True)
+        self.smoothing_changed.emit(weight)
 
     def set_log_scale(self, on: bool) -> None:
         if self.log_box.isChecked() != on:
@@ -308,7 +325,7 @@ class PlotPanel(QWidget):
             for s in self.series:
                 if all_plots or s in self._every_frame or s in self._turns[self._turn]:
                     s.update(buf, x0, x1, width, axis)
-            self._overlays.update(x0, x1, width, axis)
+            self._overlays.update(x0, x1, width, axis, inliers=self.ignore_outliers)
             if all_plots or self._turn == 1:
                 self.memory.update(model, buf, x0, x1, width, axis)
                 self.stack.update(model, buf, x0, x1, width, axis)
@@ -325,8 +342,10 @@ class PlotPanel(QWidget):
                 self._tput_unit = unit
                 self.tput_plot.setLabel("left", unit)
             if self.follow:
-                follow(self.plot_set, {**self._y_series, id(self.stack_plot): self.stack.series()},
-                       self._overlays.series(), self.val_item, log=self._log,
+                y_series = {**self._y_series, id(self.stack_plot): self.stack.series()}
+                for plot_id, compared in self._overlays.by_plot().items():  # the runs compared, on their plots
+                    y_series[plot_id] = y_series.get(plot_id, []) + compared
+                follow(self.plot_set, y_series, self._overlays.series("loss"), self.val_item, log=self._log,
                        memory_shown=self.memory.shown, refit=refit or force,
                        extra_y={id(self.lr_plot): [self.planned.y_shown]},
                        robust=self.ignore_outliers, live=self.live)
@@ -374,9 +393,12 @@ class PlotPanel(QWidget):
     def overlays(self) -> dict[str, tuple[MetricsBuffer, pg.PlotDataItem, Series]]:
         return self._overlays.entries
 
-    def add_overlay(self, name: str, buf: MetricsBuffer, run_dir: str = "") -> None:
-        """Another run's loss over this one's (Compare); with its folder, its scalars too."""
-        self._overlays.add(name, buf)
+    def add_overlay(self, name: str, buf: MetricsBuffer, run_dir: str = "",
+                    val: Optional[tuple[np.ndarray, np.ndarray]] = None) -> None:
+        """Another run over this one (Compare: app/ui/plots/overlays.py; val: its validation
+        (steps, values)); with its folder, its scalars too."""
+        buf.set_smoothing(self.smoothing)
+        self._overlays.add(name, buf, val)
         if run_dir:
             self.scalars.add_compared(name, run_dir, buf)
         self.toolbar.show_clear_compare(True)
@@ -414,8 +436,8 @@ class PlotPanel(QWidget):
         self._tput_unit = ""
         self._build()
         self.rollbacks.fork = fork
-        for n, b in overlays:
-            self.add_overlay(n, b)
+        for n, b, val in overlays:
+            self.add_overlay(n, b, val=val)
         if self._log:
             self.loss_plot.setLogMode(y=True)
             self.loss_plot.setLabel("left", "loss (log)")

@@ -1,5 +1,6 @@
 """The plots' titles, each with its legend inline; what a legend lists follows what is drawn
-(setting markers, non-finite steps, rollbacks, discarded steps, the planned lr, overlays)."""
+(setting markers, non-finite steps, rollbacks, discarded steps, the planned lr, the runs compared, named
+on every plot they are drawn on)."""
 from __future__ import annotations
 
 import os
@@ -29,14 +30,15 @@ def set_titles(plots: PlotSet, pal: Palette, model: Optional[RunModel], planned:
     name = ""
     if model is not None and overlays.entries and model.info.get("run_dir"):  # which curves are this run's
         name = " \u00b7 " + os.path.basename(os.path.normpath(str(model.info["run_dir"])))
-    plots.loss.setTitle(legend("Loss" + name, [(pal.loss, "\u2501", "per step"), (pal.ema, "\u2501", "EMA"),
-                                        (pal.val, "\u25cf", "validation (per epoch)")] + extra + overlays.legend(), fg))
+    plots.loss.setTitle(legend("Loss" + name, [(pal.loss, "\u2501", "per step"), (pal.ema, "\u2501", "smoothed"),
+                                               (pal.val, "\u25cf", "validation (per epoch)")]
+                               + extra + overlays.legend("loss"), fg))
     plots.norm.setTitle(legend("Gradient norm, before clipping",
                                [(pal.norm, "\u2501", "norm"), (pal.clip, "\u2505", "clip"),
-                                (pal.clipped, "\u25cf", "clipped")], fg))
+                                (pal.clipped, "\u25cf", "clipped")] + overlays.legend("norm"), fg))
     lr_extra = [(pal.lr, "\u2501", "per step"), (pal.planned, "\u2505", "planned")] if planned.plan is not None else []
     if planned.changes:
         lr_extra.append((pal.marker, "\u25b2", "peak changed"))
-    plots.lr.setTitle(legend("Learning rate", lr_extra, fg))
+    plots.lr.setTitle(legend("Learning rate", lr_extra + overlays.legend("lr"), fg))
     plots.tput.setTitle(legend("Throughput", [(pal.throughput_raw, "\u2501", "per step"),
-                                              (pal.throughput, "\u2501", "EMA")], fg))
+                                              (pal.throughput, "\u2501", "smoothed")] + overlays.legend("tput"), fg))

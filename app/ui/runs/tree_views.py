@@ -1,20 +1,23 @@
 """The run tree and memory levers in the window: forks asked for on a plot or in the run
 history go to the fork dialog (forking.py) and start through the window's Start path; the
-Compare overlays and "Compare with family" draw other runs' loss from their fork points
+Compare overlays and "Compare with family" draw other runs (loss, validation, gradient norm, lr,
+throughput and their scalars: app/ui/plots/overlays.py) from their fork points
 (their axes shifted by what their parents trained before: lineage.axis_offsets), as is the
 run shown when it is a fork; the "What fits" table follows the engine's memory_levers and
 its choices go along the session's command path."""
 from __future__ import annotations
 
 import logging
+import math
 import os
 from typing import Any, Callable, Optional
 
+import numpy as np
 from PySide6.QtCore import QObject
 
 from engine.ctl.remote import default_python, is_remote
 from engine.declarations.commands import Command
-from engine.store import StoreError
+from engine.store import RunReader, StoreError
 
 from app.core.preferences import Preferences
 from app.session import remote_runs
@@ -22,6 +25,7 @@ from app.runner.controller import RunController
 from app.session.remote_source import RemoteSource
 from app.session.sources import read_metrics
 from app.model import lineage
+from app.model.stored import measured
 from app.ui.shell.background import Background
 from app.ui.shell.remote_fields import host_of, remembered_python
 from .forking import ForkFlow
@@ -37,6 +41,22 @@ def run_name(path: str) -> str:
     if is_remote(path):
         return f"{host_of(path)}:{os.path.basename(path.partition(':')[2].rstrip('/'))}"
     return os.path.basename(os.path.normpath(path))
+
+
+def validation(path: str) -> tuple[np.ndarray, np.ndarray]:
+    """A run folder's validation loss per epoch: (steps, values); none where it has none or
+    cannot be read (the overlay draws its steps all the same)."""
+    try:
+        reader = RunReader(path)
+        try:
+            rows = reader.epochs()
+        finally:
+            reader.close()
+    except StoreError:
+        return np.empty(0), np.empty(0)
+    pts = [(measured(r.get("step")), measured(r.get("val_loss"))) for r in rows]
+    pts = [(s, v) for s, v in pts if math.isfinite(s) and math.isfinite(v)]
+    return np.array([s for s, _v in pts], float), np.array([v for _s, v in pts], float)
 
 
 class RunTreeViews(QObject):
@@ -110,7 +130,7 @@ class RunTreeViews(QObject):
             self.error("Cannot overlay the run", str(e))
             return
         columns(buf).set_offsets(lineage.axis_offsets(path))
-        panel.add_overlay(name, buf, run_dir=path)
+        panel.add_overlay(name, buf, run_dir=path, val=validation(path))
 
     def _remote_overlay(self, path: str, buf: Any) -> None:
         if isinstance(buf, Exception):

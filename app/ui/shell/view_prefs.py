@@ -1,14 +1,16 @@
-"""View choices kept in the user's preferences as soon as they change: the plots' x axis and
-when Apply's changes take effect (the next epoch or the next step)."""
+"""View choices kept in the user's preferences as soon as they change: the plots' x axis, their
+smoothing, and when Apply's changes take effect (the next epoch or the next step)."""
 from __future__ import annotations
 
 from typing import Any
 
 from app.core.preferences import Preferences
+from app.model.smoothing import DEFAULT_WEIGHT, clamp_weight
 from app.model.x_axis import DEFAULT_AXIS, axis_or_default
 
 X_AXIS_KEY = "x_axis"
 APPLY_AT_KEY = "apply_at"
+SMOOTHING_KEY = "plots/smoothing"
 
 
 class ViewPrefs:
@@ -30,3 +32,6 @@ class ViewPrefs:
         history.set_x_axis(panel.axis)
         panel.x_axis_changed.connect(lambda key: self.p.set_json(X_AXIS_KEY, key))
         panel.x_axis_changed.connect(history.set_x_axis)
+        if self.restore:  # the smoothing weight (app/model/smoothing.py)
+            panel.set_smoothing(clamp_weight(self.p.get_json(SMOOTHING_KEY, DEFAULT_WEIGHT)))
+        panel.smoothing_changed.connect(lambda w: self.p.set_json(SMOOTHING_KEY, w))
