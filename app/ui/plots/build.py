@@ -97,3 +97,4 @@ def build(panel: "PlotPanel") -> None:
     panel.memory.set_mode("none")
     panel._show_x_labels()
     panel._show_loss_note(IDLE_NOTE)
+    panel.hover.attach()

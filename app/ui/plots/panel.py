@@ -33,6 +33,7 @@ from PySide6.QtWidgets import QVBoxLayout, QWidget
 from app.model.metrics import INLIER_EMA, MetricsBuffer
 from app.model.runmodel import RunModel
 from .build import IDLE_NOTE, build
+from .hover import PlotHover
 from .parts import PlotCanvas, Series
 from .point_menu import PointMenu
 from .ranges import follow
@@ -95,6 +96,7 @@ class PlotPanel(QWidget):
         lay.addWidget(self.canvas, 1)
         self.scalars = ScalarsPlot(self.pal)  # what a framework logged: hidden until the run has any
         lay.addWidget(self.scalars)
+        self.hover = PlotHover(self)  # hover values (its lines go on the plots in build())
         self._build()
 
     # -- construction --------------------------------------------------------------------

@@ -1,0 +1,73 @@
+"""Hover values (app/ui/plots/hover.py): the mouse over a plot shows a line across the plots at
+the nearest step and a readout naming the x and every series' value there, the run's own and a
+compared run's; it goes when the mouse leaves."""
+from __future__ import annotations
+
+import pytest
+from PySide6.QtCore import QEvent, QPoint, QPointF
+from PySide6.QtTest import QTest
+from PySide6.QtWidgets import QApplication
+
+from noisy_runs import write_run
+from test_window_layout import settle
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("runs")
+    return write_run(root / "a", 120, 1.0, 0), write_run(root / "b", 100, 0.7, 1)
+
+
+def move_to(qtbot, panel, plot, x: float) -> str:
+    """A real mouse move onto the canvas, over x (data) in the middle of `plot`'s height."""
+    vb = plot.getViewBox()
+    (_x0, _x1), (y0, y1) = vb.viewRange()
+    at = panel.canvas.mapFromScene(vb.mapViewToScene(QPointF(x, (y0 + y1) / 2)))
+    before = panel.hover.text()
+    QTest.mouseMove(panel.canvas.viewport(), at + QPoint(0, 3))  # Qt takes the first move into a window as an enter
+    QTest.mouseMove(panel.canvas.viewport(), at)
+    qtbot.waitUntil(lambda: bool(panel.hover.text()) and panel.hover.text() != before, timeout=3000)
+    return panel.hover.text()
+
+
+@pytest.mark.slow
+def test_hovering_shows_the_step_and_every_runs_values(qtbot, make_window, runs):
+    from app.ui.plots.hover import fmt
+    a, b = runs
+    w = make_window()
+    w.resize(1440, 900)
+    for path in runs:
+        w.history.add_extra(path)
+    w.history.refresh()
+    assert w.open_run(a)
+    w.history.set_checked(b, True)  # Compare: b over a
+    p = w.plots
+    settle(qtbot, w)  # the places of the steps on the screen stay put
+    own = w.model.metrics
+    other = p.overlays["b"][0]
+
+    text = move_to(qtbot, p, p.loss_plot, 60.2)
+    i = 59  # step 60, the nearest
+    assert text.splitlines()[0] == "step 60", text
+    assert f"loss  {fmt(own.view('loss_ema')[i])}  (raw {fmt(own.view('loss')[i])})" in text
+    assert f"b  {fmt(other.view('loss_ema')[i])}  (raw {fmt(other.view('loss')[i])})" in text
+    assert "validation" in text  # the last validation before: step 40's
+    lines = p.hover.lines
+    assert all(lines[n].isVisible() and lines[n].value() == 60 for n in ("loss", "norm", "lr"))
+    assert p.hover.label.isVisible() and p.canvas.viewport().rect().contains(p.hover.label.geometry())
+
+    text = move_to(qtbot, p, p.norm_plot, 90)  # another plot: its own series, and b's there
+    assert text.splitlines()[0] == "step 90", text
+    assert f"norm  {fmt(own.view('grad_norm')[89])}" in text
+    assert f"b  {fmt(other.view('grad_norm_ema')[89])}" in text
+    text = move_to(qtbot, p, p.norm_plot, 110)  # past b's last step: only the run's own
+    assert "step 110" in text and "b  " not in text
+
+    p.set_x_axis("samples")  # the x in the axis' unit, and the step
+    x = float(own.view("samples_seen")[29])
+    text = move_to(qtbot, p, p.loss_plot, x)
+    assert text.splitlines()[0] == f"{x:,.0f} samples \u00b7 step 30", text
+
+    QApplication.sendEvent(p.canvas.viewport(), QEvent(QEvent.Type.Leave))  # the mouse leaves the plots
+    assert p.hover.text() == "" and not p.hover.label.isVisible()
+    assert not any(line.isVisible() for line in p.hover.lines.values())
