@@ -26,7 +26,7 @@ from .model.title import window_title
 from .runner.controller import RunController
 from .runner.launcher import Launch
 from .ui import actions, export
-from .ui.shell import dialogs, layout, wheel, window_prefs
+from .ui.shell import dialogs, keys, layout, wheel, window_prefs
 from .ui.alerts import AlertsPanel
 from .ui.controls.panel import ControlsPanel
 from .ui.runs.history import HistoryPanel
@@ -73,6 +73,7 @@ class MainWindow(QMainWindow):
         self.errors = dialogs.ErrorDialogs(self)
         self.run_done_callbacks: list[Callable[[dict[str, Any]], None]] = []
         self.about_dialog: Any = None
+        self.shortcuts_dialog: Any = None
         self._close_when_done = False  # hidden while the engine thread ends: close once it has
         self._really_closing = False  # close without stopping the engine first (it has ended)
         self._tick_n = 0
@@ -82,6 +83,7 @@ class MainWindow(QMainWindow):
         self.setObjectName("MainWindow")
         apply_stylesheet(self.theme)
         wheel.install(QApplication.instance())  # the wheel changes no setting it passes over
+        keys.install(QApplication.instance(), self)  # its shortcuts work while a field has the focus
 
         self.plot_listeners: list[Callable[[Any], None]] = []  # called once the plots exist
         self.central = PlotsArea(self._make_plots, self._plots_built)  # "Loading plots...", then the plots
@@ -163,7 +165,7 @@ class MainWindow(QMainWindow):
                              (aa.quit, self.close), (aa.fit, lambda: self.plots.fit()),
                              (aa.torchrun, self.run_on_gpus_dialog), (aa.open_log, self.launcher.open_log),
                              (aa.start_server, self.start_on_server_dialog),
-                             (aa.about, self.show_about)):
+                             (aa.about, self.show_about), (aa.shortcuts, self.show_shortcuts)):
             action.triggered.connect(lambda *_, slot=slot: slot())
         aa.log_scale.toggled.connect(lambda on: self._plots.set_log_scale(on) if self._plots else None)
         aa.theme.toggled.connect(lambda on: self.set_theme("dark" if on else "light"))
@@ -311,6 +313,7 @@ class MainWindow(QMainWindow):
         edits = self.controls.edits()
         self.form_sync.applied_by_user(edits)
         self.controller.apply(edits, self.controls.apply_when())
+        keys.leave_field(self.controls_dock)  # Ctrl+Return in a field: the next keys typed edit nothing
 
     def open_run(self, path: str) -> bool:
         """Show a run folder's plots (finished, or training in another process), here or on
@@ -391,6 +394,11 @@ class MainWindow(QMainWindow):
     def show_about(self) -> Any:
         self.about_dialog = dialogs.open_about(self)
         return self.about_dialog
+
+    def show_shortcuts(self) -> Any:
+        """Help > Keyboard shortcuts."""
+        self.shortcuts_dialog = dialogs.open_shortcuts(self)
+        return self.shortcuts_dialog
 
     def choose_task_file(self) -> None:
         path = dialogs.ask_task_file(self, self.preferences)

@@ -1,4 +1,5 @@
-"""Keyboard shortcuts, in one place (the menus and the tests read them from here)."""
+"""Keyboard shortcuts, in one place: the actions take their keys from here (app/ui/actions.py),
+and Help > Keyboard shortcuts lists the actions' keys (app/ui/shell/shortcuts_dialog.py)."""
 from __future__ import annotations
 
 SHORTCUTS = {
@@ -15,4 +16,5 @@ SHORTCUTS = {
     "log_scale": "Ctrl+L",
     "theme": "Ctrl+T",
     "quit": "Ctrl+Q",
+    "shortcuts": "F1",
 }

@@ -101,6 +101,8 @@ class AppActions(QObject):
         self.open_log = make_action(parent, "Open launch log", icon="open",
                                     tip="Open the torchrun output of the last run started on N GPUs")
         self.open_log.setEnabled(False)
+        self.shortcuts = make_action(parent, "Keyboard shortcuts", "shortcuts", icon="info",
+                                     tip="Every keyboard shortcut of the window")
         self.about = make_action(parent, "About Headroom", icon="info",
                                  tip="Versions of Headroom, torch, CUDA, Qt and the NVIDIA driver")
         self.about.setMenuRole(QAction.MenuRole.AboutRole)
@@ -186,7 +188,7 @@ def install(window: QMainWindow, run: RunActions, app: AppActions, docks: list[Q
                                           app.torchrun, app.open_log, app.start_server))
     run_menu.setToolTipsVisible(True)  # the disabled "Run on N GPUs..." says why
     _menu(mb.addMenu("&View"), (app.log_scale, app.fit, app.theme, None, *docks))
-    _menu(mb.addMenu("&Help"), (app.about,))
+    _menu(mb.addMenu("&Help"), (app.shortcuts, None, app.about))
     return tb, run_menu
 
 

@@ -11,33 +11,16 @@ import sys
 import pytest
 
 from app_helpers import ROOT, wait_until
-from engine.declarations.events import StepMetrics
-from engine.store import RunStore, runlock
+from live_folder import LiveFolder
 
 pytestmark = pytest.mark.slow
 
 
-def row(step: int) -> StepMetrics:
-    return StepMetrics(step, 1, loss=2.0 / (1 + step / 20), grad_norm=1.0, clipped=False, lr=1e-3, accum=4, clip=1.0,
-                       micro_batch=16, samples=64, tokens=64, step_time=0.01, throughput=1000.0, nonfinite=False,
-                       scaler_skipped=False)
-
-
 @pytest.fixture
 def live_run(tmp_path):
-    """A run folder this process writes, as a training engine would: its lock held, rows coming."""
-    run_dir = tmp_path / "server run"
-    run_dir.mkdir()
-    lock = runlock.acquire(str(run_dir))
-    store = RunStore(str(run_dir), commit_interval=0.05)
-    store.set_info(status="running", task="mlp", device="cpu", config={"epochs": 400})
-    for s in range(1, 21):
-        store.record(row(s))
-    assert store.commit()
-    yield store
-    store.set_info(status="stopped")
-    store.close()
-    lock.release()
+    run = LiveFolder(tmp_path / "server run")
+    yield run
+    run.end()
 
 
 @pytest.fixture
@@ -53,7 +36,7 @@ def fake_ssh(tmp_path, monkeypatch):
 
 def test_a_lost_connection_is_a_banner_over_the_plots_and_not_training(qtbot, make_window, live_run, fake_ssh):
     w = make_window()
-    assert w.open_run(f"server:{live_run.run_dir}")
+    assert w.open_run(f"server:{live_run.run_dir}")  # 20 steps so far
     src = w.session.source
     wait_until(qtbot, lambda: w.model.step == 20 and src.connection == "connected", 30, "the run followed")
     w.views.update_status()
@@ -69,9 +52,7 @@ def test_a_lost_connection_is_a_banner_over_the_plots_and_not_training(qtbot, ma
     assert "Connection lost" in w.controls.run_state.text()
     assert w.controls.is_running()  # the form still steers the run it shows
 
-    for s in range(21, 26):
-        live_run.record(row(s))
-    assert live_run.commit()
+    live_run.add(5)
     fake_ssh.unlink()  # the network is back
     wait_until(qtbot, lambda: w.model.step == 25 and not w.central.banner.isVisible(), 30, "the follow back")
     w.views.update_status()

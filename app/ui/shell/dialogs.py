@@ -1,5 +1,5 @@
-"""The window's dialogs: errors (non-blocking, one per problem, never a flood), About, and
-the file pickers."""
+"""The window's dialogs: errors (non-blocking, one per problem, never a flood), About, Keyboard
+shortcuts, and the file pickers."""
 from __future__ import annotations
 
 import logging
@@ -8,7 +8,7 @@ from typing import Any, Optional
 
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (QApplication, QDialog, QDialogButtonBox, QFileDialog, QFormLayout, QLineEdit,
-                               QMessageBox, QVBoxLayout, QWidget)
+                               QMainWindow, QMessageBox, QVBoxLayout, QWidget)
 
 from app.core import assets
 from app.core.preferences import Preferences
@@ -49,6 +49,15 @@ def open_about(parent: QWidget) -> Any:
         dlg = AboutDialog(parent)
     finally:
         QApplication.restoreOverrideCursor()
+    dlg.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+    dlg.open()
+    return dlg
+
+
+def open_shortcuts(window: QMainWindow) -> Any:
+    """Help > Keyboard shortcuts (non-blocking)."""
+    from .shortcuts_dialog import ShortcutsDialog
+    dlg = ShortcutsDialog(window)
     dlg.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
     dlg.open()
     return dlg
