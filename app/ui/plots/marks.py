@@ -1,8 +1,11 @@
-"""Vertical lines on the plots: a labelled dashed one on every plot where settings changed,
-a dotted one on the loss and norm plots at each non-finite step. Their places are steps,
-drawn on the chosen x axis (app/model/x_axis.py)."""
+"""Vertical markers of what happened to the run: a labelled dashed one on every plot where
+settings changed, a dotted one on the loss and norm plots at each non-finite step ("NaN",
+"inf", or "non-finite grad" where the loss itself was finite). Their places are steps, drawn
+on the chosen x axis (app/model/x_axis.py); markers of a kind that crowd merge ("NaN \u00d712")
+and labels never overlap (markers.py)."""
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 import numpy as np
@@ -11,10 +14,12 @@ from PySide6.QtCore import Qt
 
 from app.model.metrics import MetricsBuffer
 from app.model.runmodel import RunModel
-from .parts import PlotSet
 from app.ui.theme import Palette
+from .markers import Marked, MarkerSet, layout_for
+from .parts import PlotSet
 
-MAX_LINE_MARKERS = 200  # non-finite steps drawn as lines; beyond that the alerts panel counts them
+# The order labels are placed in (lower first): rare and telling before many and alike.
+RANK_FORK, RANK_CONTINUED, RANK_ROLLBACK, RANK_SETTINGS, RANK_NONFINITE = range(5)
 
 
 def short_label(label: str) -> str:
@@ -30,16 +35,46 @@ def short_label(label: str) -> str:
     return ", ".join(parts)
 
 
+def every_plot(memory_shown: Callable[[], bool]) -> Callable[[PlotSet], list[pg.PlotItem]]:
+    """The plots a run-wide marker goes on: all of them, GPU memory only while it is shown."""
+    return lambda ps: [p for p in ps.all if p is not ps.mem or memory_shown()]
+
+
+def nonfinite_word(loss: float, grad_norm: float) -> str:
+    """What a non-finite step's marker says: the loss if it is what went wrong, else the gradient."""
+    for v, what in ((loss, ""), (grad_norm, " grad")):
+        if math.isnan(v):
+            return "NaN" + what
+        if math.isinf(v):
+            return "inf" + what
+    return "non-finite"
+
+
 class PlotMarks:
     def __init__(self, plots: PlotSet, pal: Palette) -> None:
         self.plots = plots
         self.pal = pal
-        self.marker_lines: list[tuple[pg.PlotItem, pg.InfiniteLine]] = []
-        self.nonfinite_lines: list[tuple[pg.PlotItem, pg.InfiniteLine]] = []
+        self.memory_shown = False
+        fill = pal.background + "d8"
+        layout = layout_for(plots)
+        self.settings = layout.add(MarkerSet(
+            "settings", pg.mkPen(pal.marker, width=1.5, style=Qt.PenStyle.DashLine), pal.marker, fill, 20,
+            every_plot(lambda: self.memory_shown), lambda ps, p: True, "top", "changes", RANK_SETTINGS))
+        self.nonfinite = layout.add(MarkerSet(
+            "nonfinite", pg.mkPen(pal.nonfinite, width=1.5, style=Qt.PenStyle.DotLine), pal.nonfinite, fill, 15,
+            lambda ps: [ps.loss, ps.norm], lambda ps, p: p is ps.loss, "bottom", "non-finite", RANK_NONFINITE))
         self._marker_count = -1
         self._nonfinite_count = -1
         self._placed_to = -1.0  # the last step the lines' places were worked out with
         self.to_x: Callable[[np.ndarray], np.ndarray] = lambda steps: np.asarray(steps, dtype=np.float64)
+
+    @property
+    def marker_lines(self) -> list[tuple[pg.PlotItem, pg.InfiniteLine]]:
+        return self.settings.lines()
+
+    @property
+    def nonfinite_lines(self) -> list[tuple[pg.PlotItem, pg.InfiniteLine]]:
+        return self.nonfinite.lines()
 
     def reset(self) -> None:
         """A new model or x axis: draw everything again at the next update."""
@@ -52,75 +87,39 @@ class PlotMarks:
 
     def update(self, model: RunModel, memory_shown: bool) -> bool:
         """Redraw what changed. True if anything did (the titles' legends follow)."""
-        a = self._update_markers(model, memory_shown)
+        if memory_shown != self.memory_shown:
+            self.memory_shown = memory_shown
+            self.settings.set_marked(self.settings.marked)  # on the memory plot too, or no longer
+        a = self._update_markers(model)
         b = self._update_nonfinite(model.metrics)
-        if not (a or b):
-            self._replace_last(model)
+        if not (a or b) and float(model.metrics.last_step()) != self._placed_to:
+            # A marker after the last step known when it was drawn lies between that step and
+            # the next: now the next is here, on a non-step axis its place moves.
+            if any(m.step > self._placed_to - 1 for m in model.markers[-8:]):
+                self._marker_count = -1
+                self._update_markers(model)
         self._placed_to = float(model.metrics.last_step())
         return a or b
 
-    def _replace_last(self, model: RunModel) -> None:
-        """A marker after the last step known when it was drawn lies between that step and the
-        next: now the next is here, on a non-step axis its place moves."""
-        last = self._placed_to
-        if not self.marker_lines or float(model.metrics.last_step()) == last:
-            return
-        steps = np.array([m.step for m in model.markers], dtype=np.float64)
-        late = np.nonzero(steps > last - 1)[0]
-        if not len(late):
-            return
-        xs = self.to_x(steps[late])
-        per_marker = len(self.marker_lines) // max(1, len(model.markers))
-        for i, x in zip(late, xs):
-            for _plot, line in self.marker_lines[i * per_marker:(i + 1) * per_marker]:
-                line.setValue(float(x))
-
-    def _update_markers(self, model: RunModel, memory_shown: bool) -> bool:
+    def _update_markers(self, model: RunModel) -> bool:
         if len(model.markers) == self._marker_count:
             return False
         self._marker_count = len(model.markers)
-        self._clear(self.marker_lines)
-        pen = pg.mkPen(self.pal.marker, width=1.5, style=Qt.PenStyle.DashLine)
-        xs = self.to_x(np.array([m.step for m in model.markers], dtype=np.float64))
-        for i, (m, x) in enumerate(zip(model.markers, xs)):
-            position = 0.93 - 0.14 * (i % 3)  # staggered, so markers close together keep readable labels
-            for p in self.plots.all:
-                if p is self.plots.mem and not memory_shown:
-                    continue
-                label = m.label if p is self.plots.loss else short_label(m.label)
-                line = pg.InfiniteLine(pos=float(x), angle=90, pen=pen, label=label,
-                                       labelOpts={"position": position, "color": self.pal.marker,
-                                                  # right of the line, or left of it near the right
-                                                  # edge (pyqtgraph turns it toward the view's middle)
-                                                  "anchors": [(0, 0.5), (1, 0.5)],
-                                                  "fill": pg.mkBrush(self.pal.background + "d8")})
-                line.setZValue(20)
-                p.addItem(line, ignoreBounds=True)
-                self.marker_lines.append((p, line))
+        steps = np.array([m.step for m in model.markers], dtype=np.float64)
+        labels = [m.label for m in model.markers]
+        self.settings.set_marked(Marked(self.to_x(steps), steps, labels, [short_label(t) for t in labels],
+                                        ["changes"] * len(labels)))
         return True
 
     def _update_nonfinite(self, buf: MetricsBuffer) -> bool:
-        steps = buf.nonfinite_steps
+        steps = np.asarray(buf.nonfinite_steps, dtype=np.float64)
         if len(steps) == self._nonfinite_count:
             return False
         self._nonfinite_count = len(steps)
-        self._clear(self.nonfinite_lines)
-        pen = pg.mkPen(self.pal.nonfinite, width=1.5, style=Qt.PenStyle.DotLine)
-        shown = steps[-MAX_LINE_MARKERS:]
-        xs = self.to_x(np.array(shown, dtype=np.float64))
-        for i, s in enumerate(xs):
-            for p in (self.plots.loss, self.plots.norm):
-                label = "NaN/Inf" if (p is self.plots.loss and i == len(shown) - 1) else None
-                line = pg.InfiniteLine(pos=float(s), angle=90, pen=pen, label=label,
-                                       labelOpts={"position": 0.08, "color": self.pal.nonfinite,
-                                                  "anchors": [(0, 0.5), (1, 0.5)]})
-                line.setZValue(15)
-                p.addItem(line, ignoreBounds=True)
-                self.nonfinite_lines.append((p, line))
+        rows = np.searchsorted(buf.view("step"), steps) if len(buf) else np.zeros(0, dtype=int)
+        rows = np.minimum(rows, max(0, len(buf) - 1))
+        loss = buf.view("loss")[rows] if len(buf) else steps * np.nan
+        norm = buf.view("grad_norm")[rows] if len(buf) else steps * np.nan
+        words = [nonfinite_word(float(v), float(g)) for v, g in zip(loss, norm)]
+        self.nonfinite.set_marked(Marked(self.to_x(steps), steps, words, words, words))
         return True
-
-    @staticmethod
-    def _clear(lines: list[tuple[pg.PlotItem, pg.InfiniteLine]]) -> None:
-        for plot, line in lines:
-            plot.removeItem(line)
-        lines.clear()

@@ -3,7 +3,9 @@ went back to a checkpoint (each rolled_back event, like the settings markers), t
 threw away drawn greyed on the loss and gradient-norm plots (the model's `discarded` steps:
 from the run folder's discarded_metrics when it is opened, or kept as they were replaced
 during a live run), so nothing a run trained is hidden without a trace; and, for a fork,
-a line at its fork point naming the run and checkpoint it came from."""
+a line at its fork point naming the run and checkpoint it came from; and a line at each step
+where the run was continued (a resume: its run_started after steps), as one run's history.
+The lines are MarkerSets (markers.py): merged when they crowd, their labels never overlapping."""
 from __future__ import annotations
 
 from typing import Callable, Optional
@@ -13,14 +15,17 @@ import pyqtgraph as pg
 from PySide6.QtCore import Qt
 
 from app.model.runmodel import RunModel
-from .parts import PlotSet
 from app.ui.theme import Palette
+from .markers import Marked, MarkerSet, layout_for
+from .marks import RANK_CONTINUED, RANK_FORK, RANK_ROLLBACK, every_plot
+from .parts import PlotSet
+
+CONTINUED = "continued"
 
 
 class RollbackMarks:
     def __init__(self, plots: PlotSet, pal: Palette) -> None:
         self.plots, self.pal = plots, pal
-        self.lines: list[tuple[pg.PlotItem, pg.InfiniteLine]] = []
         pen = pg.mkPen(pal.discarded, width=1.5)
         self.loss = plots.loss.plot(pen=pen)
         self.norm = plots.norm.plot(pen=pg.mkPen(pal.discarded, width=1))
@@ -28,10 +33,37 @@ class RollbackMarks:
             item.setZValue(-5)  # under the kept run's curves
         self.to_x: Callable[[np.ndarray], np.ndarray] = lambda steps: np.asarray(steps, dtype=np.float64)
         self.fork: Optional[tuple[int, str]] = None  # (the parent's step, where from) of a fork shown
-        self.fork_lines: list[tuple[pg.PlotItem, pg.InfiniteLine]] = []
+        self.memory_shown = False
+        fill = pal.background + "d8"
+        on_every_plot = every_plot(lambda: self.memory_shown)
+        layout = layout_for(plots)
+        self.rolled = layout.add(MarkerSet(
+            "rollback", pg.mkPen(pal.rollback, width=2, style=Qt.PenStyle.DashDotLine), pal.rollback, fill, 21,
+            on_every_plot, lambda ps, p: True, "middle", "\u21b6 rollbacks", RANK_ROLLBACK))
+        self.forked = layout.add(MarkerSet(
+            "fork", pg.mkPen(pal.foreground, width=1.5, style=Qt.PenStyle.DotLine), pal.foreground, fill, 19,
+            on_every_plot, lambda ps, p: p is ps.loss, "bottom", "forks", RANK_FORK))
+        self.continued = layout.add(MarkerSet(
+            "continued", pg.mkPen(pal.foreground, width=1.5, style=Qt.PenStyle.DashDotDotLine), pal.foreground, fill,
+            19, on_every_plot, lambda ps, p: p is ps.loss, "top", CONTINUED, RANK_CONTINUED))
+        self._resumes: list[int] = []  # the steps a run was continued from (run_started after steps)
+        self._scanned = 0  # the model's notes looked at for them
         # Each stretch thrown away, shaded grey where it was (its loss may be NaN: nothing to draw).
         self.bands: list[tuple[pg.PlotItem, pg.LinearRegionItem]] = []
         self._key: tuple = ()
+
+    @property
+    def lines(self) -> list[tuple[pg.PlotItem, pg.InfiniteLine]]:
+        """The rollback lines drawn now, plot by plot."""
+        return self.rolled.lines()
+
+    @property
+    def fork_lines(self) -> list[tuple[pg.PlotItem, pg.InfiniteLine]]:
+        return self.forked.lines()
+
+    @property
+    def continued_lines(self) -> list[tuple[pg.PlotItem, pg.InfiniteLine]]:
+        return self.continued.lines()
 
     def set_fork(self, step: Optional[int], label: str = "") -> None:
         """The run shown is a fork of a checkpoint at `step` (None: it is not)."""
@@ -40,68 +72,66 @@ class RollbackMarks:
 
     def reset(self) -> None:
         self._key = ()
+        self._resumes, self._scanned = [], 0
+
+    def _scan(self, model: RunModel) -> bool:
+        """Look at the notes that came since the last look for a run continued (a run_started
+        after steps: --resume, or Resume in the window; not a fork's start). True if one came."""
+        notes = model.notes
+        if len(notes) < self._scanned:
+            self._resumes, self._scanned = [], 0
+        before = len(self._resumes)
+        for n in notes[self._scanned:]:
+            if n.kind == "run_started" and n.step > 0 and n.data.get("resumed") and not n.data.get("forked_from"):
+                self._resumes.append(int(n.step))
+        self._scanned = len(notes)
+        return len(self._resumes) != before
 
     def stale(self, model: RunModel) -> bool:
-        return not self._key or self._key[:2] != (len(model.rollbacks), model.discarded.version)
+        return (not self._key or self._key[:2] != (len(model.rollbacks), model.discarded.version)
+                or len(model.notes) != self._scanned)
 
-    def legend(self, model: RunModel) -> tuple[bool, bool]:
-        """(rollbacks shown, discarded steps shown), for the loss plot's legend."""
-        return bool(model.rollbacks), len(model.discarded) > 0
+    def legend(self, model: RunModel) -> tuple[bool, bool, bool]:
+        """(rollbacks shown, discarded steps shown, continued shown), for the loss plot's legend."""
+        self._scan(model)
+        return bool(model.rollbacks), len(model.discarded) > 0, bool(self._resumes)
 
     def update(self, model: RunModel, memory_shown: bool) -> bool:
         """Redraw what changed. True if the loss plot's legend changes."""
-        state = (len(model.rollbacks), model.discarded.version, memory_shown, model.metrics.last_step(), self.fork)
+        resumed = self._scan(model)
+        state = (len(model.rollbacks), model.discarded.version, memory_shown, model.metrics.last_step(), self.fork,
+                 len(self._resumes))
         if state == self._key:
             return False
         before = self._key
         self._key = state
+        self.memory_shown = memory_shown
         if state[:3] != before[:3] or state[4:] != before[4:]:
-            self._draw_lines(model, memory_shown)
-        elif self.lines:  # new steps: on a non-step axis the places move with them
-            xs = self.to_x(np.array([r.to_step + 0.5 for r in model.rollbacks], dtype=np.float64))
-            per = len(self.lines) // max(1, len(model.rollbacks))
-            for i, x in enumerate(xs):
-                for _p, line in self.lines[i * per:(i + 1) * per]:
-                    line.setValue(float(x))
+            self._mark(model)
+        elif any(r.to_step + 0.5 > before[3] - 1 for r in model.rollbacks) or any(
+                s + 0.5 > before[3] - 1 for s in self._resumes):
+            self._mark(model)  # new steps: on a non-step axis the places of the latest move with them
         if len(model.discarded) or not before or before[1] != state[1]:
             self._draw_discarded(model)
-        return not before or before[:2] != state[:2]
+        return not before or before[:2] != state[:2] or resumed
 
-    def _draw_lines(self, model: RunModel, memory_shown: bool) -> None:
-        for plot, line in self.lines + self.fork_lines:
-            plot.removeItem(line)
-        self.lines.clear()
-        self.fork_lines.clear()
+    def _mark(self, model: RunModel) -> None:
+        """The rollbacks, the fork point and the continued runs, on the axis shown."""
         if self.fork is not None:
             step, where = self.fork
-            x = float(self.to_x(np.array([step + 0.5]))[0])
-            for p in self.plots.all:
-                if p is self.plots.mem and not memory_shown:
-                    continue
-                line = pg.InfiniteLine(pos=x, angle=90, pen=pg.mkPen(self.pal.foreground, width=1.5,
-                                                                     style=Qt.PenStyle.DotLine),
-                                       label=f"\u2387 fork of {where}" if p is self.plots.loss else None,
-                                       labelOpts={"position": 0.08, "color": self.pal.foreground,
-                                                  "anchors": [(0, 0.5), (0, 0.5)],
-                                                  "fill": pg.mkBrush(self.pal.background + "d8")})
-                line.setZValue(19)
-                p.addItem(line, ignoreBounds=True)
-                self.fork_lines.append((p, line))
-        pen = pg.mkPen(self.pal.rollback, width=2, style=Qt.PenStyle.DashDotLine)
-        xs = self.to_x(np.array([r.to_step + 0.5 for r in model.rollbacks], dtype=np.float64))
-        for i, (r, x) in enumerate(zip(model.rollbacks, xs)):
-            for p in self.plots.all:
-                if p is self.plots.mem and not memory_shown:
-                    continue
-                label = (f"\u21b6 rolled back to {r.to_step} ({r.reason})" if p is self.plots.loss
-                         else f"\u21b6 {r.to_step}")
-                line = pg.InfiniteLine(pos=float(x), angle=90, pen=pen, label=label,
-                                       labelOpts={"position": 0.55 + 0.12 * (i % 2), "color": self.pal.rollback,
-                                                  "anchors": [(0, 0.5), (0, 0.5)],
-                                                  "fill": pg.mkBrush(self.pal.background + "d8")})
-                line.setZValue(21)
-                p.addItem(line, ignoreBounds=True)
-                self.lines.append((p, line))
+            text = f"\u2387 fork of {where}"
+            self.forked.set_marked(Marked(self.to_x(np.array([step + 0.5])), np.array([float(step)]), [text], [text],
+                                          ["forks"]))
+        else:
+            self.forked.set_marked(Marked())
+        rb = model.rollbacks
+        steps = np.array([r.to_step for r in rb], dtype=np.float64)
+        self.rolled.set_marked(Marked(self.to_x(steps + 0.5), steps,
+                                      [f"\u21b6 rolled back to {r.to_step} ({r.reason})" for r in rb],
+                                      [f"\u21b6 {r.to_step}" for r in rb], ["\u21b6 rollbacks"] * len(rb)))
+        resumes = np.array(self._resumes, dtype=np.float64)
+        self.continued.set_marked(Marked(self.to_x(resumes + 0.5), resumes, [f"\u21bb {CONTINUED}"] * len(resumes),
+                                         [CONTINUED] * len(resumes), [CONTINUED] * len(resumes)))
 
     def _draw_bands(self, model: RunModel) -> None:
         for plot, band in self.bands:

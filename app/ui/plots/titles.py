@@ -1,5 +1,5 @@
 """The plots' titles, each with its legend inline; what a legend lists follows what is drawn
-(setting markers, non-finite steps, rollbacks, discarded steps, the planned lr, the runs compared, named
+(setting markers, non-finite steps, rollbacks, continued runs, discarded steps, the planned lr, the runs compared, named
 on every plot they are drawn on)."""
 from __future__ import annotations
 
@@ -22,9 +22,11 @@ def set_titles(plots: PlotSet, pal: Palette, model: Optional[RunModel], planned:
         extra.append((pal.marker, "\u2506", "setting applied"))
     if model is not None and model.metrics.nonfinite_steps:
         extra.append((pal.nonfinite, "\u2506", "non-finite step"))
-    rolled, discarded = rollbacks.legend(model) if model is not None else (False, False)
+    rolled, discarded, continued = rollbacks.legend(model) if model is not None else (False, False, False)
     if rolled:
         extra.append((pal.rollback, "\u21b6", "rollback"))
+    if continued:
+        extra.append((pal.foreground, "\u2506", "continued"))
     if discarded:
         extra.append((pal.discarded, "\u2588", "discarded steps"))
     name = ""
