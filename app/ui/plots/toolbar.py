@@ -7,8 +7,9 @@ from typing import Optional
 
 from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtWidgets import (QCheckBox, QComboBox, QDoubleSpinBox, QHBoxLayout, QLabel, QPushButton, QSlider,
-                               QToolBar, QWidget)
+                               QToolBar, QToolButton, QWidget)
 
+from app.core import assets
 from app.model.smoothing import DEFAULT_WEIGHT, MAX_WEIGHT, WEIGHT_DECIMALS, clamp_weight
 from app.model.x_axis import COMPARE_HINT, X_AXES
 from app.ui.elided import ElidedLabel
@@ -117,6 +118,11 @@ class PlotToolbar(QWidget):
             self.row.addWidget(w)
         self._clear_action = self.row.addWidget(self.clear_compare)
         self._clear_action.setVisible(False)  # while runs are compared
+        ext = self.row.findChild(QToolButton, "qt_toolbar_ext_button")
+        if ext is not None:  # as the main toolbar's (app/ui/actions.py): the style sheets draw no arrow on it
+            ext.setIcon(assets.icon("more"))
+            ext.setStyleSheet("QToolButton { padding: 0px; }")
+            ext.setToolTip("More plot controls")
         bar.addWidget(self.row)
         bar.addWidget(self.hint, 1)
 
