@@ -32,6 +32,8 @@ def test_compared_runs_are_drawn_on_every_plot_they_have_a_metric_for(qtbot, mak
     w.history.set_checked(b, True)
     w.history.set_checked(c, True)
     p = w.plots
+    for plot in (p.loss_plot, p.norm_plot, p.lr_plot, p.tput_plot):  # each compared run named where it is drawn
+        assert ">b</span>" in plot.titleLabel.text and ">c</span>" in plot.titleLabel.text, plot.titleLabel.text[:60]
     compared = p._overlays.runs
     assert set(compared) == {"b", "c"} and compared["b"].color != compared["c"].color
     weight = p.toolbar.smoothing.weight()

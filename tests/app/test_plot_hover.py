@@ -1,6 +1,6 @@
 """Hover values (app/ui/plots/hover.py): the mouse over a plot shows a line across the plots at
 the nearest step and a readout naming the x and every series' value there, the run's own and a
-compared run's; it goes when the mouse leaves."""
+compared run's, and what a marker says there; it goes when the mouse leaves."""
 from __future__ import annotations
 
 import pytest
@@ -15,14 +15,25 @@ from test_window_layout import settle
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("runs")
-    return write_run(root / "a", 120, 1.0, 0), write_run(root / "b", 100, 0.7, 1)
+    return write_run(root / "a", 120, 1.0, 0, changes_at=(60,)), write_run(root / "b", 100, 0.7, 1)
 
 
 def move_to(qtbot, panel, plot, x: float) -> str:
     """A real mouse move onto the canvas, over x (data) in the middle of `plot`'s height."""
     vb = plot.getViewBox()
-    (_x0, _x1), (y0, y1) = vb.viewRange()
-    at = panel.canvas.mapFromScene(vb.mapViewToScene(QPointF(x, (y0 + y1) / 2)))
+
+    def where() -> QPoint:
+        (_x0, _x1), (y0, y1) = vb.viewRange()
+        return panel.canvas.mapFromScene(vb.mapViewToScene(QPointF(x, (y0 + y1) / 2)))
+
+    at, same = where(), 0
+    for _ in range(250):  # until the plots' layout has settled: x stays where it is on the screen
+        if same == 3:
+            break
+        qtbot.wait(20)
+        now = where()
+        at, same = now, (same + 1 if now == at else 0)
+    assert same == 3, "the plots' layout never settled"
     before = panel.hover.text()
     QTest.mouseMove(panel.canvas.viewport(), at + QPoint(0, 3))  # Qt takes the first move into a window as an enter
     QTest.mouseMove(panel.canvas.viewport(), at)
@@ -52,6 +63,7 @@ def test_hovering_shows_the_step_and_every_runs_values(qtbot, make_window, runs)
     assert f"loss  {fmt(own.view('loss_ema')[i])}  (raw {fmt(own.view('loss')[i])})" in text
     assert f"b  {fmt(other.view('loss_ema')[i])}  (raw {fmt(other.view('loss')[i])})" in text
     assert "validation" in text  # the last validation before: step 40's
+    assert "accum 4\u21925" in text  # what the marker after step 60 says
     lines = p.hover.lines
     assert all(lines[n].isVisible() and lines[n].value() == 60 for n in ("loss", "norm", "lr"))
     assert p.hover.label.isVisible() and p.canvas.viewport().rect().contains(p.hover.label.geometry())
@@ -64,6 +76,7 @@ def test_hovering_shows_the_step_and_every_runs_values(qtbot, make_window, runs)
     assert "step 110" in text and "b  " not in text
 
     p.set_x_axis("samples")  # the x in the axis' unit, and the step
+    settle(qtbot, w)
     x = float(own.view("samples_seen")[29])
     text = move_to(qtbot, p, p.loss_plot, x)
     assert text.splitlines()[0] == f"{x:,.0f} samples \u00b7 step 30", text

@@ -2,7 +2,8 @@
 step and, by the mouse, a readout of that plot: the x in the chosen axis' unit (step, samples,
 tokens, wall time; the step too on the other axes), then every series drawn there, the run's
 own and each compared run's (its smoothed value with its raw one, as TensorBoard's and W&B's
-tooltips do). Hidden when the mouse leaves the plots.
+tooltips do), and what the markers say there (a setting changed, a non-finite step: the label
+left out where markers crowd). Hidden when the mouse leaves the plots.
 
 Cheap: the scene's mouse moves reach it through one pg.SignalProxy (at most RATE_HZ a second),
 each a searchsorted on the x columns and a few values read; nothing runs while the mouse is
@@ -10,6 +11,7 @@ still, except that a refresh of the plots (new steps) reads the values under the
 """
 from __future__ import annotations
 
+import bisect
 import html
 import math
 from dataclasses import dataclass, field
@@ -105,6 +107,7 @@ def readout(panel: "PlotPanel", plot: str, x: float) -> Optional[Readout]:
     out = Readout(x_line, fmt_x(axis, x_line, int(ref.view("step")[i])))
     if own is not None and ref is own:
         out.rows += _own_rows(panel, plot, own, i, pal)
+        out.rows += _marks_at(panel, int(own.view("step")[i]))
     for run in panel._overlays.runs.values():
         j = _row_index(run.buf, axis, x_line)
         if j is None:
@@ -122,6 +125,20 @@ def readout(panel: "PlotPanel", plot: str, x: float) -> Optional[Readout]:
             text += f"  @ step {int(run.buf.view('step')[j])}"
         out.rows.append((run.color, text))
     return out
+
+
+def _marks_at(panel: "PlotPanel", step: int) -> list[tuple[str, str]]:
+    """What the markers say at this step (a label left out where markers crowd is read here):
+    a setting changed after it, or the step was non-finite."""
+    model, pal = panel.model, panel.pal
+    if model is None:
+        return []
+    rows = [(pal.marker, m.label) for m in model.markers if math.floor(m.step) == step]
+    bad = model.metrics.nonfinite_steps
+    k = bisect.bisect_left(bad, step)
+    if k < len(bad) and bad[k] == step:
+        rows.append((pal.nonfinite, "non-finite step"))
+    return rows
 
 
 def _own_rows(panel: "PlotPanel", plot: str, buf: MetricsBuffer, i: int, pal: Palette) -> list[tuple[str, str]]:
