@@ -116,10 +116,12 @@ class RunSummary:
     nonfinite_mode: Optional[str] = None  # its --nonfinite
     rollbacks: tuple[RolledBackRow, ...] = ()
     final_loss: Optional[float] = None
-
-    @property
-    def duration(self) -> Optional[float]:
-        return self.finished - self.started if self.finished and self.started else None
+    # Where its segments start and end, as run.db says (a run continued with --resume has one per
+    # engine that took the folder): (kind, time, time of the last row before it) of each
+    # run_started, run_finished and run_failed event, in order, as stored (app/model/run_time.py
+    # reads them); and the time of its last row (where a segment that said no end ended).
+    marks: tuple[tuple[str, Any, Any], ...] = ()
+    last_row: Any = None
 
     def label(self) -> str:
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(self.started)) if self.started else "?"
@@ -155,17 +157,22 @@ def summarize(path: str) -> Optional[RunSummary]:
 
 
 def _ending_rows(reader: RunReader) -> dict[str, Any]:
-    """How the run ended, from its events (run_finished, run_failed, rolled_back) and its last
-    loss, read with three small queries; {} for a run.db that cannot say."""
+    """How the run ended and when its segments ran, from its events (run_started, run_finished,
+    run_failed, rolled_back) and its last row, read with a few small queries; {} for a run.db
+    that cannot say."""
     import json
     import sqlite3
     out: dict[str, Any] = {}
     try:
         db = reader.connection
-        rows = db.execute("SELECT kind, data FROM events WHERE kind IN ('run_finished', 'run_failed', "
-                          "'rolled_back') ORDER BY id").fetchall()
+        rows = db.execute("SELECT kind, data, time FROM events WHERE kind IN ('run_started', 'run_finished', "
+                          "'run_failed', 'rolled_back') ORDER BY id").fetchall()
+        out["marks"] = _marks(db, [(kind, t) for kind, _d, t in rows if kind != "rolled_back"])
         rolled: list[RolledBackRow] = []
-        for kind, raw in rows:
+        for kind, raw, _t in rows:
+            if kind == "run_started":  # a continued run: how an earlier segment ended is not how the run did
+                out.pop("finish_reason", None)
+                continue
             try:
                 data = json.loads(raw) if raw else {}
             except (TypeError, ValueError):
@@ -183,9 +190,37 @@ def _ending_rows(reader: RunReader) -> dict[str, Any]:
         last = db.execute("SELECT loss FROM metrics ORDER BY step DESC LIMIT 1").fetchone()
         if last is not None and isinstance(last[0], (int, float)):
             out["final_loss"] = float(last[0])
+        if out["marks"] and out["marks"][-1][0] == "run_started":  # the last segment said no end (yet)
+            out["last_row"] = _last_row_before(db, None)
     except (sqlite3.Error, AttributeError):
         return out
     return out
+
+
+def _marks(db: Any, marks: list[tuple[str, Any]]) -> tuple[tuple[str, Any, Any], ...]:
+    """Each mark with, for a run_started after a segment that said no end (its process died),
+    the time of the last row written before it: one query each, only for those."""
+    out = []
+    for i, (kind, t) in enumerate(marks):
+        before = _last_row_before(db, t) if kind == "run_started" and i and marks[i - 1][0] == "run_started" else None
+        out.append((kind, t, before))
+    return tuple(out)
+
+
+def _last_row_before(db: Any, t: Any) -> Any:
+    """The newest `time` of a metrics row, kept or discarded (a resume sets apart the rows past
+    its checkpoint: they were trained all the same), before `t` (None: of all)."""
+    import sqlite3
+    newest = None
+    for table in ("metrics", "discarded_metrics"):
+        try:
+            sql = f"SELECT max(time) FROM {table}" + (" WHERE time < ?" if t is not None else "")
+            (v,) = db.execute(sql, (t,) if t is not None else ()).fetchone()
+        except (sqlite3.Error, OverflowError, ValueError, TypeError):  # no such table; a time sqlite cannot bind
+            continue
+        if isinstance(v, (int, float)) and (newest is None or v > newest):
+            newest = v
+    return newest
 
 
 def list_runs(root: str, extra: tuple[str, ...] = ()) -> list[RunSummary]:

@@ -6,23 +6,32 @@ set, or, with --max-steps, the smaller of that and max steps x the starting effe
 (engine/loop/setup.py planned_samples). Where the max-steps term is the smaller, the data set size
 is known only once an epoch has ended (RunModel.samples_per_epoch). Windows left = samples
 left / the samples of the latest window (accumulation can change mid-epoch), never past
---max-steps. Seconds per window come from the last steps' wall time, so the ETA is there from
-the second step on, not only after epoch 1. Qt-free; O(1) per update (the running sums of
+--max-steps. Seconds per window are the median pace of the last steps (seconds_per_window), so
+the ETA is there from the first steps on, not only after epoch 1, and holds still: no ETA
+before MIN_PACED steps past a segment's warm-up (the first steps of a run, or of a run
+continued with --resume, pay for allocation and compilation: early ETAs swung from 0:48 to
+7:35:13). The elapsed time counts every segment of a continued run (app/model/run_time.py),
+never from 0 again at a resume. Qt-free; O(1) per update (the running sums of
 app/model/x_axis.py).
 """
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
 
+from .metrics import MetricsBuffer
+from .run_time import MARK_KINDS, STARTED, Mark, RunTime, run_time
 from .runmodel import RunModel
 from .stored import whole
 from .x_axis import columns, fmt_clock
 
-RATE_STEPS = 50  # seconds per window over the last 50 steps
+RATE_STEPS = 50  # seconds per window: the median pace of the last 50 steps
+WARMUP_STEPS = 2  # a segment's first steps (allocation, autotuning, compilation) are not its pace
+MIN_PACED = 5  # no ETA before this many steps past the warm-up: a guess from one or two steps swings
 
 
 @dataclass(frozen=True)
@@ -72,14 +81,38 @@ class ProgressTracker:
         self._model: Optional[RunModel] = None
         self._notes = 0
         self.planned_total: Optional[float] = None  # samples the engine plans for the whole run
+        self._marks: list[Mark] = []  # the run's segments' starts and ends (run_started, run_finished...)
+        self.time = RunTime()
 
     def _read(self, model: RunModel) -> None:
         if model is not self._model or len(model.notes) < self._notes:
             self._model, self._notes, self.planned_total = model, 0, None
+            self._marks, self.time = [], RunTime()
+        marks = len(self._marks)
         for note in model.notes[self._notes:]:
             if note.kind == "lr_planned" and note.data.get("total_samples"):
                 self.planned_total = float(note.data["total_samples"])
+            elif note.kind in MARK_KINDS:
+                self._marks.append(self._mark(note.kind, note.time, model.metrics))
         self._notes = len(model.notes)
+        if len(self._marks) != marks:
+            self.time = run_time(self._marks)
+
+    def _mark(self, kind: str, when: float, buf: MetricsBuffer) -> Mark:
+        """A segment's start or end; a start after a segment that said no end (its process died)
+        carries the time of the last row before it, where that segment ended."""
+        died = kind == STARTED and bool(self._marks) and self._marks[-1].kind == STARTED
+        return Mark(kind, when, last_row_before(buf, when) if died else None)
+
+    def elapsed(self, model: RunModel, live: bool, now: Optional[float] = None) -> Optional[float]:
+        """Seconds trained, every segment of a continued run together; the one going counts to
+        now while the run is live, else to its last row (a run whose process died)."""
+        self._read(model)
+        if live:
+            until: Optional[float] = now or time.time()
+        else:
+            until = last_row_before(model.metrics, None)
+        return self.time.seconds(until)
 
     def epoch_samples(self, model: RunModel) -> Optional[float]:
         """Samples in one epoch (len(train_data) x the ranks' share), if it can be told yet."""
@@ -115,7 +148,7 @@ class ProgressTracker:
         max_steps = whole(cfg.get("max_steps")) or None
         steps_left = max(0, max_steps - model.step) if max_steps else None
         per_epoch = self.epoch_samples(model)
-        secs = seconds_per_window(model)
+        secs = seconds_per_window(model, self.time.last_started)
         if per_epoch is None:
             eta = steps_left * secs if (steps_left is not None and secs is not None) else None
             return EpochProgress(epoch, done, None, eta, eta, model.step, max_steps, by_steps=max_steps is not None)
@@ -133,22 +166,51 @@ class ProgressTracker:
         return EpochProgress(epoch, done, done + left, eta, run_eta, model.step, max_steps)
 
 
-def seconds_per_window(model: RunModel) -> Optional[float]:
-    """Wall seconds per optimizer step over the last steps: the median time between two rows
-    (a pause, or a validation pass, between two of them is one gap among fifty, not a tenth of
-    the pace: the ETA jumped from 4:23 to 14:06 after a pause); their step_time until rows are
-    apart in time."""
+def last_row_before(buf: MetricsBuffer, t: Optional[float]) -> Optional[float]:
+    """The time of the newest row before `t` (None: of all), or None."""
+    times = buf.view("time")
+    if t is not None:
+        times = times[times < t]
+    times = times[np.isfinite(times)]
+    return float(times.max()) if len(times) else None
+
+
+def seconds_per_window(model: RunModel, segment_start: Optional[float] = None) -> Optional[float]:
+    """Wall seconds per optimizer step: the median pace of the last RATE_STEPS steps of the run's
+    current segment (the one that started at `segment_start`; None: at the first row), past its
+    first WARMUP_STEPS; None until MIN_PACED steps can say.
+
+    A step's pace is the wall time since the row before. Rows that reach run.db together (a run
+    followed from its folder) share one time: the time since the batch before is shared among
+    them (the gaps alone said 0 s, or the commit interval, a step: early ETAs swung from 0:48 to
+    7:35:13). The step's own step_time is the least it took. The median leaves a pause, a
+    validation pass or a checkpoint between two steps as one gap among fifty."""
     buf = model.metrics
     n = len(buf)
-    if n == 0:
+    k = min(n, RATE_STEPS + WARMUP_STEPS + 1)
+    if k < MIN_PACED + 1:
         return None
-    k = min(RATE_STEPS, n)
-    t = columns(buf).values("time")
-    if k >= 3 and t[-1] > t[-k]:
-        gaps = np.diff(t[-k:])
-        gaps = gaps[np.isfinite(gaps) & (gaps > 0)]
-        if len(gaps):
-            return float(np.median(gaps))
-    st = buf.view("step_time")[-k:]
-    st = st[np.isfinite(st)]
-    return float(st.mean()) if len(st) and st.mean() > 0 else None
+    t = buf.view("time")[-k:]
+    # A long run opened from its folder leaves step_time on disk until asked for: not read for this.
+    step_time = buf.view("step_time")[-k:] if buf.holds("step_time") else np.full(k, np.nan)
+    before = np.flatnonzero(t < segment_start) if segment_start is not None else np.array([], dtype=np.int64)
+    if len(before):
+        first: Optional[int] = int(before[-1]) + 1  # the segment's first row, in the tail
+    else:
+        first = 0 if n == k else None  # the whole run is in the tail; else the segment began before it
+    lo = first + WARMUP_STEPS if first is not None else 1
+    if lo >= k:
+        return None
+    pace = np.fmax(batch_gaps(t[lo - 1:]), step_time[lo:])  # fmax: where one is NaN, the other
+    pace = pace[np.isfinite(pace) & (pace > 0)][-RATE_STEPS:]
+    return float(np.median(pace)) if len(pace) >= MIN_PACED else None
+
+
+def batch_gaps(t: np.ndarray) -> np.ndarray:
+    """Each row's share of the time since the row before (t[0] is that row for t[1]): rows that
+    share one time (written together) share the time since the rows before them; NaN for rows
+    that share the first row's time (what came before it is not in `t`)."""
+    starts = np.flatnonzero(np.r_[True, t[1:] != t[:-1]])  # where the time changes (a NaN: a batch of its own)
+    sizes = np.diff(np.r_[starts, len(t)])
+    per_row = np.r_[np.nan, np.diff(t[starts])] / sizes
+    return np.repeat(per_row, sizes)[1:]

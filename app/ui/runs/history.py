@@ -21,11 +21,13 @@ from app.core.runs import RunSummary, list_runs
 from app.model import lineage
 from app.model.ending import Ending, ending
 from app.model.epoch_progress import fmt_duration
+from app.model.run_time import Mark, RunTime, run_time, single
+from app.model.stored import number
 from app.model.x_axis import BY_KEY, COMPARE_HINT, DEFAULT_AXIS
 
 PATH_ROLE = Qt.ItemDataRole.UserRole
 COLUMNS = ("Compare", "Run", "Fork: what changed", "Task", "Status", "Steps", "Final loss", "Duration", "Started")
-RUN, CHANGE, STATUS = 1, 2, 4
+RUN, CHANGE, STATUS, DURATION, STARTED = 1, 2, 4, 7, 8
 
 
 def summary_ending(r: RunSummary) -> Ending:
@@ -36,6 +38,35 @@ def summary_ending(r: RunSummary) -> Ending:
 
 def fmt_loss(v: Optional[float]) -> str:
     return "" if v is None else f"{v:.4g}"
+
+
+def summary_time(r: RunSummary) -> RunTime:
+    """A listed run's segments: from its run.db's events, or (a run on another machine, listed
+    by headroom-ctl) its run table's started and finished."""
+    return run_time(Mark(*m) for m in r.marks) if r.marks else single(r.started, r.finished)
+
+
+def trained_seconds(r: RunSummary, rt: RunTime, now: Optional[float] = None) -> Optional[float]:
+    """Every segment together: a run going counts to now, one whose process died to its last row."""
+    until = (now or time.time()) if r.status == "running" else number(r.last_row, None)
+    return rt.seconds(until)
+
+
+def fmt_when(t: Optional[float], pattern: str = "%m-%d %H:%M") -> str:
+    try:
+        return time.strftime(pattern, time.localtime(t)) if t is not None else ""
+    except (OverflowError, ValueError, OSError):  # a time no calendar holds (a damaged run.db)
+        return ""
+
+
+def segments_tip(rt: RunTime) -> str:
+    """'Continued 2 times: trained 12-01 10:02-10:31, 12-01 14:00-14:12, 12-02 09:00-...'."""
+    if not rt.continued:
+        return ""
+    spans = ", ".join(f"{fmt_when(s.started)}\u2013{fmt_when(s.ended, '%H:%M') if s.ended is not None else '...'}"
+                      for s in rt.segments)
+    return (f"Continued {len(rt.segments) - 1} time{'s' if len(rt.segments) > 2 else ''} (--resume): trained "
+            f"{spans}. Duration is the time trained, the time between them left out.")
 
 
 class HistoryPanel(QWidget):
@@ -206,7 +237,8 @@ class HistoryPanel(QWidget):
             self.open_requested.emit(path)
 
     def _item(self, r: RunSummary, node: Optional[lineage.RunNode], names: dict[str, str]) -> QTreeWidgetItem:
-        when = time.strftime("%m-%d %H:%M", time.localtime(r.started)) if r.started else ""
+        rt = summary_time(r)  # a continued run is one run: its first start, its segments' time together
+        when = fmt_when(rt.first_started)
         change = ""
         if node is not None and node.parent is not None:
             p = node.parent
@@ -216,10 +248,15 @@ class HistoryPanel(QWidget):
             if node.loops:
                 change = f"{change} (parent record loops back: shown as a top-level run)"
         end = summary_ending(r)
-        duration = fmt_duration(r.duration) if r.duration is not None else ""
+        seconds = trained_seconds(r, rt)
+        duration = fmt_duration(seconds) if seconds is not None else ""
         item = QTreeWidgetItem(["", r.name, change, r.task, end.word, f"{r.steps:,}" if r.steps else "",
                                 fmt_loss(r.final_loss), duration, when])
         item.setToolTip(STATUS, end.text)
+        tip = segments_tip(rt)
+        if tip:
+            item.setToolTip(DURATION, tip)
+            item.setToolTip(STARTED, tip)
         item.setFlags(item.flags() | Qt.ItemFlag.ItemIsUserCheckable)
         item.setCheckState(0, Qt.CheckState.Checked if r.path in self.checked else Qt.CheckState.Unchecked)
         item.setData(RUN, PATH_ROLE, r.path)

@@ -208,12 +208,12 @@ class StatusBar(QStatusBar):
             self.progress.setText(f"step {model.step:,}, epoch {model.epoch}{total}")
         else:
             self.progress.setText("step -")
-        self.elapsed.setText(f"elapsed {fmt_duration(model.elapsed())}")
+        self.elapsed.setText(f"elapsed {fmt_duration(self.tracker.elapsed(model, state.is_live))}")  # all segments
         self._show_progress(prog, state, model)
         if state is RunState.PAUSED:
             self.eta.setText("ETA: paused")  # the clock stops while the run waits
         elif state.is_live:
-            eta = prog.run_eta if prog is not None and prog.run_eta is not None else model.eta()
+            eta = prog.run_eta if prog is not None else None  # none until the pace is known (epoch_progress)
             self.eta.setText(f"ETA {fmt_eta(eta)}" if eta is not None else "ETA after the first steps")
         else:
             self.eta.setText("ETA --")
