@@ -28,6 +28,8 @@ ANSWERED = ("applied", "refused", "expired")
 # Settings `set` takes: the live ones, and precision (which the engine refuses, saying why).
 SETTABLE = tuple(s.name for s in LIVE_SETTINGS) + ("precision",)
 ACTIONS: dict[str, type[Command]] = {"pause": Pause, "unpause": Unpause, "stop": Stop}
+ETA_ROWS = 20  # status: the pace of the last 20 steps
+WARMUP_STEPS, MIN_PACED = 2, 5  # no ETA from a segment's first steps (as app/model/epoch_progress.py)
 
 
 def run_path(path: str) -> str:
@@ -75,16 +77,20 @@ def status(path: str) -> dict[str, Any]:
 def _status(reader: RunReader) -> dict[str, Any]:
     info = reader.info()
     writer = runlock.writer(reader.run_dir, info)
-    tail = reader.last_metrics(20)
+    tail = reader.last_metrics(ETA_ROWS)
     last = tail[-1] if tail else {}
-    events = reader.events(kinds=("settings_applied", "paused", "resumed", "run_finished", "run_failed"))
+    events = reader.events(kinds=("settings_applied", "paused", "resumed", "run_finished", "run_failed",
+                                  "run_started"))
     paused = False
     reason = None
+    since = None  # when the run's current segment started (a run continued with --resume has several)
     for e in events:
         if e["kind"] in ("paused", "resumed"):
             paused = e["kind"] == "paused"
         elif e["kind"] in ("run_finished", "run_failed"):
             reason = e["data"].get("reason") or e["data"].get("error") or e["message"]
+        elif e["kind"] == "run_started":  # a new segment: an earlier one's pause or ending is not this one's
+            paused, reason, since = False, None, finite_or_none(e.get("time"))
     state = info.get("status") or "unknown"
     if writer is not None:
         state = "paused" if paused else "running"
@@ -94,7 +100,7 @@ def _status(reader: RunReader) -> dict[str, Any]:
         "kind": "status", "run_dir": reader.run_dir, "live": writer is not None, "writer": writer,
         "state": state, "status": info.get("status"), "reason": reason, "task": info.get("task"),
         "step": last.get("step"), "epoch": last.get("epoch"), "loss": last.get("loss"),
-        "settings": _settings(info, events, last), "eta_s": _eta(info, reader, tail) if writer else None,
+        "settings": _settings(info, events, last), "eta_s": _eta(info, reader, tail, since) if writer else None,
         "started": info.get("started"), "finished": info.get("finished"),
         "checkpoint": os.path.exists(os.path.join(reader.run_dir, "checkpoints", "last.pt")),
     }
@@ -116,16 +122,24 @@ def _settings(info: dict[str, Any], events: list[dict[str, Any]], last: dict[str
     return out
 
 
-def _eta(info: dict[str, Any], reader: RunReader, tail: list[dict[str, Any]]) -> Optional[float]:
+def _eta(info: dict[str, Any], reader: RunReader, tail: list[dict[str, Any]],
+         since: Optional[float] = None) -> Optional[float]:
     """Seconds left, from the recent steps' pace and the steps left: --max-steps, or the epochs
-    left at the steps an epoch took so far. None when neither can be told yet."""
-    if len(tail) < 2:
+    left at the steps an epoch took so far. The pace is that of the current segment's rows (those
+    since its run_started at `since`: a continued run's rows before it, and the hours between, are
+    not its pace), past the segment's first WARMUP_STEPS; None until MIN_PACED steps say it (as
+    the app's status bar, app/model/epoch_progress.py), or when the steps left cannot be told."""
+    timed = [(r, finite_or_none(r.get("time"))) for r in tail]
+    rows = [(r, t) for r, t in timed if t is not None and (since is None or t >= since)]
+    if len(rows) < len(tail) or len(tail) < ETA_ROWS:  # the segment's first rows are among these
+        rows = rows[WARMUP_STEPS:]
+    if len(rows) < MIN_PACED + 1:
         return None
-    t0, t1 = finite_or_none(tail[0].get("time")), finite_or_none(tail[-1].get("time"))
-    if t0 is None or t1 is None or t1 <= t0:
+    t0, t1 = rows[0][1], rows[-1][1]
+    if t1 <= t0:
         return None
-    per_step = (t1 - t0) / (len(tail) - 1)
-    step = int(tail[-1]["step"])
+    per_step = (t1 - t0) / (len(rows) - 1)
+    step = int(rows[-1][0]["step"])
     config = info.get("config") if isinstance(info.get("config"), dict) else {}
     left: list[float] = []
     if isinstance(config.get("max_steps"), int):
