@@ -6,7 +6,8 @@ value across outliers (outside Tukey's fences of the whole loss column, app/mode
 as the plain one holds across non-finite steps. The fences move as rows arrive; while they
 class every earlier value as before, new rows only extend the column, and when a value
 changes sides the column is computed again (vectorised: a million values in tens of ms).
-Qt-free.
+It is the plots' one smoothing (app/model/smoothing.py, the user's weight) fed only the
+inliers, not a second average of its own. Qt-free.
 """
 from __future__ import annotations
 

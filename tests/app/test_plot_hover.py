@@ -18,13 +18,15 @@ def runs(tmp_path_factory):
     return write_run(root / "a", 120, 1.0, 0, changes_at=(60,)), write_run(root / "b", 100, 0.7, 1)
 
 
-def move_to(qtbot, panel, plot, x: float) -> str:
-    """A real mouse move onto the canvas, over x (data) in the middle of `plot`'s height."""
+def move_to(qtbot, panel, plot, x: float, view=None) -> str:
+    """A real mouse move onto the canvas (or another view of the panel's), over x (data) in the
+    middle of `plot`'s height."""
+    view = view or panel.canvas
     vb = plot.getViewBox()
 
     def where() -> QPoint:
         (_x0, _x1), (y0, y1) = vb.viewRange()
-        return panel.canvas.mapFromScene(vb.mapViewToScene(QPointF(x, (y0 + y1) / 2)))
+        return view.mapFromScene(vb.mapViewToScene(QPointF(x, (y0 + y1) / 2)))
 
     at, same = where(), 0
     for _ in range(250):  # until the plots' layout has settled: x stays where it is on the screen
@@ -35,8 +37,8 @@ def move_to(qtbot, panel, plot, x: float) -> str:
         at, same = now, (same + 1 if now == at else 0)
     assert same == 3, "the plots' layout never settled"
     before = panel.hover.text()
-    QTest.mouseMove(panel.canvas.viewport(), at + QPoint(0, 3))  # Qt takes the first move into a window as an enter
-    QTest.mouseMove(panel.canvas.viewport(), at)
+    QTest.mouseMove(view.viewport(), at + QPoint(0, 3))  # Qt takes the first move into a window as an enter
+    QTest.mouseMove(view.viewport(), at)
     qtbot.waitUntil(lambda: bool(panel.hover.text()) and panel.hover.text() != before, timeout=3000)
     return panel.hover.text()
 
@@ -84,3 +86,25 @@ def test_hovering_shows_the_step_and_every_runs_values(qtbot, make_window, runs)
     QApplication.sendEvent(p.canvas.viewport(), QEvent(QEvent.Type.Leave))  # the mouse leaves the plots
     assert p.hover.text() == "" and not p.hover.label.isVisible()
     assert not any(line.isVisible() for line in p.hover.lines.values())
+
+
+@pytest.mark.slow
+def test_hovering_the_scalars_plot_reads_every_runs_scalars(qtbot, make_window, tmp_path):
+    from test_app_scalars import scalar_run
+    a, b = scalar_run(tmp_path / "sa"), scalar_run(tmp_path / "sb", steps=8)
+    w = make_window()
+    w.resize(1440, 900)
+    for path in (a, b):
+        w.history.add_extra(path)
+    w.history.refresh()
+    assert w.open_run(a)
+    w.history.set_checked(b, True)
+    p, sp = w.plots, w.plots.scalars
+    qtbot.waitUntil(lambda: sp.isVisible() and ("sb", "eval_accuracy") in sp.compared_curves, timeout=5000)
+    settle(qtbot, w)
+    color = p._overlays.runs["sb"].color  # the compared run's scalars in its colour on the other plots
+    assert sp.compared_curves[("sb", "eval_accuracy")].opts["pen"].color().name() == color
+    text = move_to(qtbot, p, sp.plot.getPlotItem(), 7.8, view=sp.plot)
+    assert text.splitlines()[0] == "step 8", text
+    assert "eval_accuracy  0.5  (step 8)" in text and "sb: eval_accuracy  0.5  (step 8)" in text
+    assert p.hover.lines["loss"].isVisible() and p.hover.lines["loss"].value() == 8  # the line across the plots

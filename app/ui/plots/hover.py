@@ -15,12 +15,12 @@ import bisect
 import html
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QEvent, QObject, QPoint, QPointF, Qt
-from PySide6.QtWidgets import QLabel
+from PySide6.QtWidgets import QLabel, QWidget
 
 from app.model.metrics import MetricsBuffer
 from app.model.x_axis import BY_KEY, columns, fmt_clock
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
 RATE_HZ = 40
 GAP_PX = 14  # between the mouse and the readout
-PLOT_NAMES = ("loss", "norm", "lr", "mem", "tput", "stack")
+PLOT_NAMES = ("loss", "norm", "lr", "mem", "tput", "stack")  # the canvas' plots (PlotSet); and "scalars"
 
 
 @dataclass
@@ -54,6 +54,11 @@ def nearest(xs: np.ndarray, x: float) -> int:
     if i > 0 and abs(xs[i - 1] - x) <= abs(xs[i] - x):
         return i - 1
     return i
+
+
+def nearest_unsorted(xs: np.ndarray, x: float) -> int:
+    """The index of the value of xs nearest x (xs not empty, in any order: scalars come as logged)."""
+    return int(np.nanargmin(np.abs(np.asarray(xs, dtype=np.float64) - x)))
 
 
 def fmt(v: float) -> str:
@@ -105,6 +110,9 @@ def readout(panel: "PlotPanel", plot: str, x: float) -> Optional[Readout]:
     i = nearest(columns(ref).values(axis), x)
     x_line = float(columns(ref).values(axis)[i])
     out = Readout(x_line, fmt_x(axis, x_line, int(ref.view("step")[i])))
+    if plot == "scalars":
+        out.rows += _scalar_rows(panel, x_line)
+        return out
     if own is not None and ref is own:
         out.rows += _own_rows(panel, plot, own, i, pal)
         out.rows += _marks_at(panel, int(own.view("step")[i]))
@@ -125,6 +133,25 @@ def readout(panel: "PlotPanel", plot: str, x: float) -> Optional[Readout]:
             text += f"  @ step {int(run.buf.view('step')[j])}"
         out.rows.append((run.color, text))
     return out
+
+
+def _scalar_rows(panel: "PlotPanel", x: float) -> list[tuple[str, str]]:
+    """The picked scalars of the run and of each compared run: each one's point nearest x (a
+    framework logs them now and then, not every step), with its step."""
+    sp, rows = panel.scalars, []
+    sources = [("", sp.scalars, panel.steps_to_x, None)]
+    for run, (other, buf) in sp.compared.items():  # placed by their own steps, as the plot draws them
+        sources.append((run, other, lambda s, c=columns(buf): c.at_steps(panel.axis, s), sp.compared_colors.get(run)))
+    for run, scalars, to_x, color in sources:
+        for name in sp.picked:
+            steps, values = scalars.arrays(name)
+            if not len(steps):
+                continue
+            j = nearest_unsorted(to_x(steps), x)
+            item = sp.curves.get(name) if not run else sp.compared_curves.get((run, name))
+            c = color or (item.opts["pen"].color().name() if item is not None else panel.pal.foreground)
+            rows.append((c, f"{run + ': ' if run else ''}{name}  {fmt(float(values[j]))}  (step {int(steps[j])})"))
+    return rows
 
 
 def _marks_at(panel: "PlotPanel", step: int) -> list[tuple[str, str]]:
@@ -176,10 +203,20 @@ def _own_rows(panel: "PlotPanel", plot: str, buf: MetricsBuffer, i: int, pal: Pa
     return rows
 
 
+def _readout_label(parent: QWidget) -> QLabel:
+    label = QLabel(parent)
+    label.setObjectName("hover_readout")
+    label.setTextFormat(Qt.TextFormat.RichText)
+    label.setAttribute(Qt.WidgetAttribute.WA_TransparentForMouseEvents)
+    label.hide()
+    return label
+
+
 class PlotHover(QObject):
     """The line and the readout (see the module doc), made once per panel; attach() puts the
     lines on the plots each time they are built (a theme switch builds them again, on a new
-    canvas perhaps)."""
+    canvas perhaps). The Scalars plot under the canvas (scalars.py, a view of its own) has its
+    line and readout too."""
 
     def __init__(self, panel: "PlotPanel") -> None:
         super().__init__(panel)
@@ -190,6 +227,15 @@ class PlotHover(QObject):
         self.lines: dict[str, pg.InfiniteLine] = {}
         self.shown: Optional[Readout] = None
         self._where: Optional[tuple[str, float, QPointF]] = None  # (plot, x, scene position) under the mouse
+        scalars = panel.scalars.plot
+        self.scalars_label = _readout_label(scalars.viewport())
+        self.scalars_line = pg.InfiniteLine(angle=90, movable=False)
+        self.scalars_line.setZValue(90)
+        self.scalars_line.hide()
+        scalars.getPlotItem().addItem(self.scalars_line, ignoreBounds=True)
+        self._scalars_proxy = pg.SignalProxy(scalars.scene().sigMouseMoved, rateLimit=RATE_HZ,
+                                             slot=self._moved_scalars)
+        scalars.viewport().installEventFilter(self)
         panel.on_updated.append(self._data_changed)
 
     def _bind(self, canvas: pg.GraphicsLayoutWidget) -> None:
@@ -199,11 +245,7 @@ class PlotHover(QObject):
         if self.canvas is not None:
             self.canvas.viewport().removeEventFilter(self)
         self.canvas = canvas
-        self.label = QLabel(canvas.viewport())
-        self.label.setObjectName("hover_readout")
-        self.label.setTextFormat(Qt.TextFormat.RichText)
-        self.label.setAttribute(Qt.WidgetAttribute.WA_TransparentForMouseEvents)
-        self.label.hide()
+        self.label = _readout_label(canvas.viewport())
         self._proxy = pg.SignalProxy(canvas.scene().sigMouseMoved, rateLimit=RATE_HZ, slot=self._moved)
         canvas.viewport().installEventFilter(self)
 
@@ -221,10 +263,12 @@ class PlotHover(QObject):
             line.hide()
             getattr(self.panel.plot_set, name).addItem(line, ignoreBounds=True)
             self.lines[name] = line
+        self.scalars_line.setPen(pen)
         bg = pg.mkColor(pal.background)
-        self.label.setStyleSheet(
-            f"QLabel#hover_readout {{ background: rgba({bg.red()},{bg.green()},{bg.blue()},230); "
-            f"color: {pal.foreground}; border: 1px solid {pal.note}; border-radius: 3px; padding: 3px 6px; }}")
+        for label in (self.label, self.scalars_label):
+            label.setStyleSheet(
+                f"QLabel#hover_readout {{ background: rgba({bg.red()},{bg.green()},{bg.blue()},230); "
+                f"color: {pal.foreground}; border: 1px solid {pal.note}; border-radius: 3px; padding: 3px 6px; }}")
         self.hide()
 
     # -- events -----------------------------------------------------------------------------
@@ -236,13 +280,19 @@ class PlotHover(QObject):
     def _moved(self, args: tuple) -> None:
         self.at_scene(args[0])
 
+    def _moved_scalars(self, args: tuple) -> None:
+        self.at_scene(args[0], scalars=True)
+
     def _data_changed(self) -> None:
         if self._where is not None:
             plot, x, pos = self._where
             self._show(plot, x, pos)
 
     # -- showing ----------------------------------------------------------------------------
-    def _plot_at(self, pos: QPointF) -> Optional[str]:
+    def _plot_at(self, pos: QPointF, scalars: bool) -> Optional[str]:
+        if scalars:
+            vb = self.panel.scalars.plot.getPlotItem().getViewBox()
+            return "scalars" if self.panel.scalars.isVisible() and vb.sceneBoundingRect().contains(pos) else None
         ps = self.panel.plot_set
         for name in PLOT_NAMES:
             p = getattr(ps, name)
@@ -250,13 +300,21 @@ class PlotHover(QObject):
                 return name
         return None
 
-    def at_scene(self, pos: QPointF) -> Optional[Readout]:
-        """Show the readout for the mouse at scene position `pos` (hidden outside the plots)."""
-        plot = self._plot_at(pos)
+    def _view(self, plot: str) -> tuple[Optional[QLabel], Any, pg.ViewBox]:
+        """The readout label, the view (a QGraphicsView) and the view box of a plot."""
+        if plot == "scalars":
+            w = self.panel.scalars.plot
+            return self.scalars_label, w, w.getPlotItem().getViewBox()
+        return self.label, self.canvas, getattr(self.panel.plot_set, plot).getViewBox()
+
+    def at_scene(self, pos: QPointF, scalars: bool = False) -> Optional[Readout]:
+        """Show the readout for the mouse at scene position `pos` of the canvas (or of the Scalars
+        plot); hidden outside the plots."""
+        plot = self._plot_at(pos, scalars)
         if plot is None:
             self.hide()
             return None
-        x = getattr(self.panel.plot_set, plot).getViewBox().mapSceneToView(pos).x()
+        x = self._view(plot)[2].mapSceneToView(pos).x()
         return self._show(plot, x, pos)
 
     def _show(self, plot: str, x: float, pos: QPointF) -> Optional[Readout]:
@@ -266,22 +324,25 @@ class PlotHover(QObject):
             return None
         self._where = (plot, x, pos)
         self.shown = r
-        for line in self.lines.values():
+        for line in [*self.lines.values(), self.scalars_line]:
             line.setValue(r.x)
             line.show()
         rows = "".join(f"<br><span style='color:{c}'>\u25cf</span>&nbsp;{html.escape(t)}" for c, t in r.rows)
-        label = self.label
-        assert label is not None and self.canvas is not None
+        label, view, _vb = self._view(plot)
+        other = self.scalars_label if plot != "scalars" else self.label
+        if other is not None:
+            other.hide()
+        assert label is not None and view is not None
         label.setText(f"<b>{html.escape(r.head)}</b>{rows}")
         label.adjustSize()
-        self._place(label, self.canvas.mapFromScene(pos))
+        self._place(label, view.mapFromScene(pos))
         label.show()
         label.raise_()
         return r
 
     @staticmethod
     def _place(label: QLabel, at: QPoint) -> None:
-        """By the mouse, on the side with room (right and below first), inside the canvas."""
+        """By the mouse, on the side with room (right and below first), inside its view."""
         vp = label.parentWidget()
         w, h = label.width(), label.height()
         x = at.x() + GAP_PX if at.x() + GAP_PX + w <= vp.width() else at.x() - GAP_PX - w
@@ -291,11 +352,13 @@ class PlotHover(QObject):
     def hide(self) -> None:
         self._where = None
         self.shown = None
-        if self.label is not None:
-            self.label.hide()
-        for line in self.lines.values():
+        for label in (self.label, self.scalars_label):
+            if label is not None:
+                label.hide()
+        for line in [*self.lines.values(), self.scalars_line]:
             line.hide()
 
     def text(self) -> str:
         """What the readout says now ('' when hidden)."""
-        return self.shown.text() if self.shown is not None and self.label is not None and self.label.isVisible() else ""
+        label = self.label if self._where is None or self._where[0] != "scalars" else self.scalars_label
+        return self.shown.text() if self.shown is not None and label is not None and label.isVisible() else ""

@@ -402,7 +402,7 @@ class PlotPanel(QWidget):
         buf.set_smoothing(self.smoothing)
         self._overlays.add(name, buf, val)
         if run_dir:
-            self.scalars.add_compared(name, run_dir, buf)
+            self.scalars.add_compared(name, run_dir, buf, self._overlays.runs[name].color)
         self.toolbar.show_clear_compare(True)
         self._set_downsampling()
         self._set_titles()

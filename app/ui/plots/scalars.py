@@ -68,6 +68,7 @@ class ScalarsPlot(QWidget):
         self.plot.addLegend(offset=(-10, 5))  # top right: the curves start at the left
         self.curves: dict[str, pg.PlotDataItem] = {}
         self.compared: dict[str, tuple[Scalars, MetricsBuffer]] = {}  # Compare's runs, by overlay name
+        self.compared_colors: dict[str, str] = {}  # each one's colour on the other plots
         self.compared_curves: dict[tuple[str, str], pg.PlotDataItem] = {}  # (run, scalar)
         lay = QVBoxLayout(self)
         lay.setContentsMargins(0, 0, 0, 0)
@@ -120,15 +121,18 @@ class ScalarsPlot(QWidget):
                 tuple((n, o.version, b.version) for n, (o, b) in self.compared.items()))
 
     # -- Compare ----------------------------------------------------------------------------
-    def add_compared(self, name: str, run_dir: str, buf: MetricsBuffer) -> None:
+    def add_compared(self, name: str, run_dir: str, buf: MetricsBuffer, color: str = "") -> None:
         """A run overlaid on the loss plot: its picked scalars too (`buf`: its metrics, which
-        place its steps on the x axis)."""
+        place its steps on the x axis; `color`: its colour on the other plots)."""
         self.remove_compared(name)
         self.compared[name] = (Scalars(run_dir), buf)
+        if color:
+            self.compared_colors[name] = color
         self._key, self._next_read = (), 0.0
 
     def remove_compared(self, name: str) -> None:
         entry = self.compared.pop(name, None)
+        self.compared_colors.pop(name, None)
         if entry is not None:
             entry[0].close()
         for key in [k for k in self.compared_curves if k[0] == name]:
@@ -141,7 +145,7 @@ class ScalarsPlot(QWidget):
             self.plot.removeItem(self.compared_curves.pop(key))
         colors = self.pal.overlay
         for i, (run, (other, buf)) in enumerate(self.compared.items()):
-            c = colors[i % len(colors)]
+            c = self.compared_colors.get(run) or colors[i % len(colors)]
             for name in self.picked:
                 steps, values = other.arrays(name)
                 item = self.compared_curves.get((run, name))
