@@ -157,12 +157,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     install_message_filter(qInstallMessageHandler)
 
     from .core import assets, compat  # noqa: F401 - compat: see app/core/compat.py
+    from .model.title import APP_NAME
     from .window import MainWindow
 
     app = QApplication.instance() or QApplication(sys.argv[:1])
     app.setApplicationName("Headroom")
     app.setOrganizationName("Headroom")
-    app.setApplicationDisplayName("Headroom")
+    app.setApplicationDisplayName(APP_NAME)  # Qt appends it to a window title that does not end with it (title.py)
     from PySide6.QtGui import QGuiApplication
     QGuiApplication.setDesktopFileName("headroom")  # Wayland/X11: matches headroom.desktop (icon, grouping)
     app.setWindowIcon(assets.app_icon())

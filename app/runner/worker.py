@@ -78,6 +78,19 @@ def yield_the_cpu_to_the_gui() -> Optional[int]:
         return None
 
 
+def failure_line(e: BaseException, trainer: Any = None) -> str:
+    """The engine's own line for a run that failed (its run_failed message and the CLI's `error:`
+    line): the cause and where in the task's code it was raised ("RuntimeError: boom (at
+    task.py:12 in loss)"), so the dialog names the task file's line too."""
+    try:
+        from engine import distributed as D
+        from engine.declarations.outcome import TrainingError
+        from engine.loop.failure import failure_message
+        return failure_message(e, getattr(trainer, "ctx", None) or D.DistContext(), (TrainingError,))
+    except Exception:  # noqa: BLE001 - the line is a courtesy: never a second failure
+        return f"{type(e).__name__}: {e}"
+
+
 class EngineWorker(QObject):
     """Runs one `engine.Trainer` on the thread it is moved to."""
 
@@ -126,7 +139,7 @@ class EngineWorker(QObject):
             return
         except BaseException as e:  # noqa: BLE001 - anything from the task's own code
             log.error("run could not start:\n%s", traceback.format_exc())
-            self.bad_input.emit(f"{type(e).__name__}: {e}")
+            self.bad_input.emit(failure_line(e))
             return
         with self._lock:
             self._trainer = trainer
@@ -137,9 +150,7 @@ class EngineWorker(QObject):
         try:
             result = trainer.run()
         except BaseException as e:  # noqa: BLE001 - report everything, never let it kill the thread
-            message = str(e.args[0]) if isinstance(e, ConfigError) and e.args else (
-                str(e) if type(e).__name__ in ("TrainingError", "NonFiniteStop", "OutOfMemoryStop")
-                else f"{type(e).__name__}: {e}")
+            message = failure_line(e, trainer)
             log.error("run failed at step %s:\n%s", getattr(trainer, "step", "?"), traceback.format_exc())
             self.failed.emit(message)
             return

@@ -6,6 +6,7 @@ import importlib.util
 import inspect
 import os
 import sys
+import traceback
 from typing import Any, Callable, Optional
 
 import torch
@@ -33,6 +34,18 @@ def resolve_builder(spec: str) -> tuple[Callable[[int], Any], str]:
             raise TaskError(f"task {spec}: module {mod_name} has no callable {attr!r}")
         return fn, spec
     raise TaskError(f"unknown task {spec!r}: use one of {', '.join(BUILTIN_TASKS)}, a path/to/file.py or module:attr")
+
+
+def where(e: BaseException, task_file: str) -> str:
+    """' (at PATH:LINE in FUNC)': the last frame of e's traceback in the task's own file, where
+    its author looks first; '' if none of it ran there."""
+    if not task_file:
+        return ""
+    target = os.path.abspath(task_file)
+    for frame in reversed(traceback.extract_tb(e.__traceback__)):
+        if os.path.abspath(frame.filename) == target:
+            return f" (at {frame.filename}:{frame.lineno} in {frame.name})"
+    return ""
 
 
 def _check_accepts(builder: Callable[..., Any], name: str, args: dict[str, Any]) -> None:
@@ -101,7 +114,7 @@ def import_task_file(path: str, mod_name: Optional[str] = None) -> Any:
         raise TaskError(f"task file {path}: syntax error at line {e.lineno}: {e.msg}") from None
     except BaseException as e:  # noqa: BLE001 - user code, report anything (SystemExit too)
         sys.modules.pop(mod_name, None)
-        raise TaskError(f"task file {path}: importing it failed: {type(e).__name__}: {e}") from None
+        raise TaskError(f"task file {path}: importing it failed: {type(e).__name__}: {e}{where(e, path)}") from None
     TASK_FILES[mod_name] = os.path.abspath(path)
     return module
 
@@ -120,7 +133,9 @@ def load_task(spec: str, seed: int = 0, task_args: Optional[dict[str, Any]] = No
         raise  # Ctrl-C while the task builds is an interruption, not bad input
     except BaseException as e:  # noqa: BLE001 - user code: report anything (SystemExit too)
         shown = ", ".join([str(seed)] + [f"{k}={v!r}" for k, v in args.items()])
-        raise TaskError(f"task {name}: build_task({shown}) failed: {type(e).__name__}: {e}") from None
+        code = getattr(builder, "__code__", None)
+        raise TaskError(f"task {name}: build_task({shown}) failed: {type(e).__name__}: {e}"
+                        f"{where(e, code.co_filename if code is not None else '')}") from None
     if not isinstance(task, Task):
         raise TaskError(f"task {name}: build_task must return engine.Task, got {type(task).__name__}")
     if task.name == "task":

@@ -147,11 +147,11 @@ def _run_folder(path, world: int, strategy: str, device: str = "cuda:0") -> str:
 def test_the_title_of_a_distributed_run_names_its_gpus_and_strategy(qtbot, make_window, tmp_path):
     w = make_window()
     assert w.open_run(_run_folder(tmp_path / "sharded", 2, "fsdp"))
-    assert w.windowTitle() == "Headroom - sharded - 2 GPUs, fsdp"
+    assert w.windowTitle() == "sharded - 2 GPUs, fsdp - Headroom"
     assert w.open_run(_run_folder(tmp_path / "single", 1, "ddp"))
-    assert w.windowTitle() == "Headroom - single"  # one process: nothing about sharing
+    assert w.windowTitle() == "single - Headroom"  # one process: nothing about sharing
     assert w.open_run(_run_folder(tmp_path / "cpu", 4, "ddp", device="cpu"))
-    assert w.windowTitle() == "Headroom - cpu - 4 processes, ddp"
+    assert w.windowTitle() == "cpu - 4 processes, ddp - Headroom"
 
 
 @pytest.mark.ddp
@@ -181,7 +181,7 @@ def test_an_fsdp_launch_from_the_dialog_is_titled_and_its_sharded_checkpoints_ar
             ln.process.kill()
             ln.process.waitForFinished(10_000)
     name = os.path.basename(run_dir)
-    assert w.windowTitle() == f"Headroom - {name} - 2 processes, fsdp"
+    assert w.windowTitle() == f"{name} - 2 processes, fsdp - Headroom"
     ckpts = os.path.join(run_dir, "checkpoints")
     assert sorted(os.listdir(ckpts)) == ["last", "step-1"]  # folders, no .pt file (last: at step 2)
     assert all(os.path.isdir(os.path.join(ckpts, n)) for n in os.listdir(ckpts))

@@ -33,7 +33,8 @@ def test_what_a_number_reads_as():
 @pytest.mark.parametrize("v", ODD)
 def test_the_app_reads_any_stored_number(v):
     assert lineage.Parent.from_info({"parent": {"run_dir": "/r", "step": v}}).step in (0, 10**400)
-    assert window_title("/runs/a", {"world_size": v}).startswith("Headroom - a")
+    title = window_title("/runs/a", {"world_size": v})
+    assert title.startswith("a - ") and title.endswith(" - Headroom")
     note = Note.from_row({"kind": "epoch_end", "step": v, "epoch": v, "time": v})
     assert isinstance(note.step, int) and isinstance(note.epoch, int) and math.isfinite(note.time)
 
