@@ -12,7 +12,7 @@ STAMP := $(VENV)/.installed
 CONSTRAINTS := constraints.txt
 FAST_MARKERS := not slow and not ddp and not package and not gpu
 
-.PHONY: setup run demo-headless test test-fast lock package install-desktop uninstall-desktop clean
+.PHONY: setup run demo-headless test test-fast test-x11 lock package install-desktop uninstall-desktop clean
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -38,11 +38,25 @@ demo-headless: $(STAMP)
 TEST_WORKERS ?= auto
 PARALLEL := -n $(TEST_WORKERS) --maxprocesses=4 --dist loadfile
 
+# The window tests marked x11 (tests/x11) run a second time under a real X server: Xvfb (1920 x 1080)
+# and the openbox window manager, which tests/x11/x_server.py starts for them on a free display and
+# stops after. Offscreen has no window manager, no real screen and no focus, and it hid every layout,
+# theme and size fault of issue 28. One window at a time (focus is one per display), about a minute.
+# Without Xvfb or openbox this phase says so in one line and is skipped; HEADROOM_X11=required (CI:
+# .ci/run) makes that, or a server that does not start, an error.
+X11_TESTS := tests/x11
+X11_PHASE := $(PY) tests/x11/x_server.py -- env QT_QPA_PLATFORM=xcb $(PY) -m pytest -q -m x11 $(X11_TESTS)
+
 # The ddp tests start several processes each (torchrun, gloo): they run after the others, one
-# at a time, so their ranks never share the cores with another worker's tests.
+# at a time, so their ranks never share the cores with another worker's tests. Then the x11 phase.
 test: $(STAMP)
 	QT_QPA_PLATFORM=offscreen $(PY) -m pytest -q $(PARALLEL) -m "not ddp" tests
 	QT_QPA_PLATFORM=offscreen $(PY) -m pytest -q -m ddp tests
+	$(X11_PHASE)
+
+# The x11 phase alone.
+test-x11: $(STAMP)
+	$(X11_PHASE)
 
 # The quick loop: every test but the slow, multi-process, packaging and CUDA ones (under 3 min on 2 cores).
 test-fast: $(STAMP)
