@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+from PySide6.QtCore import Qt
 from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import (QAbstractItemView, QDialog, QDialogButtonBox, QHeaderView, QLabel, QMainWindow, QMenu,
                                QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget)
@@ -76,7 +77,10 @@ class ShortcutsDialog(QDialog):
         lay.addWidget(self.table, 1)
         lay.addWidget(note)
         lay.addWidget(buttons)
-        self.resize(520, min(640, 120 + 30 * len(self.rows)))
+        self.table.setFocusPolicy(Qt.FocusPolicy.NoFocus)  # a list to read, no cell to edit or pick
+        self.table.resizeRowsToContents()
+        rows_px = self.table.verticalHeader().length() + self.table.horizontalHeader().height() + 4
+        self.resize(520, min(720, rows_px + 150))  # every row in view, the note and Close under them
 
     def texts(self) -> list[tuple[str, str, str]]:
         """(menu, action, keys) as the table shows them."""
