@@ -131,6 +131,7 @@ class MainWindow(QMainWindow):
         self.close_question = CloseQuestion(self, self.preferences, aa.ask_close, restore_settings)
         self.field_notices = FieldNotices(self.controls)  # a field says what it refused
         self.view_prefs.bind_controls(self.controls)
+        self.view_prefs.bind_log_action(self.log_action)
         self._wire()
 
         self.timer = QTimer(self)
@@ -142,8 +143,8 @@ class MainWindow(QMainWindow):
         for t in self.preferences.recent("recent_tasks"):
             if os.path.isfile(t):
                 self.controls.set_task(t)
-        restored, state = (window_prefs.restore(self, self.preferences, self.controls, self.log_action,
-                                                self.base_config) if restore_settings else (False, None))
+        restored, state = (window_prefs.restore(self, self.preferences, self.controls, self.base_config)
+                           if restore_settings else (False, None))
         if not restored:
             self.resize(1440, 900)
         self.dock_layout.restore(state)  # checked once the plots are in (app/ui/shell/layout.py)
@@ -233,7 +234,7 @@ class MainWindow(QMainWindow):
             self.dock_layout.plots_in()
 
     def save_preferences(self) -> None:
-        window_prefs.save(self, self.preferences, self.controls, self.theme, self.log_action.isChecked())
+        window_prefs.save(self, self.preferences, self.controls, self.theme)
 
     def set_theme(self, theme: str) -> None:
         if theme == self.theme:

@@ -104,7 +104,8 @@ def test_memory_plot_says_no_gpu_plainly_on_cpu(qtbot, make_window):
     w.model = m
     w.plots.set_model(m)
     assert w.plots.gpu_mode() == "cpu"
-    assert "No GPU" in w.plots.mem_note.toPlainText() and w.plots.mem_note.isVisible()
+    line = w.plots.fold.line  # one line under the plots, not an empty plot (app/ui/plots/fold.py)
+    assert "no GPU" in line.text and line.isVisible() and not w.plots.mem_plot.isVisible()
     assert "no GPU" in w.plots.mem_plot.titleLabel.text
     assert not w.plots.mem_used.isVisible()
     m2 = RunModel()
@@ -113,7 +114,7 @@ def test_memory_plot_says_no_gpu_plainly_on_cpu(qtbot, make_window):
     assert w.plots.gpu_mode() == "gpu" and w.plots.headroom_fill.isVisible()
     x, y = w.plots.curve_data("mem_used")
     assert list(y) == [6.0] * 10
-    assert not w.plots.mem_note.isVisible()
+    assert w.plots.mem_plot.isVisible() and "GPU" not in w.plots.fold.plan.line
 
 
 @pytest.mark.slow

@@ -1,4 +1,10 @@
-"""Building the plot panel's plots, curves and parts (one function, run once by PlotPanel)."""
+"""Building the plot panel's canvas: its plots, curves and parts (one function).
+
+Everything drawn on the canvas, and every connection to it, is made here, on a new canvas each
+time: at the start, and again for a theme switch (PlotPanel.set_theme), so the light and the
+dark canvas are made by the same code and none of the old one's state (a plot folded out of
+its layout) is reused. What outlives a canvas is the panel's (its model, axis, log scales,
+toolbar) and what set_theme hands over (the runs compared, the fork, the zoom)."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -6,15 +12,15 @@ from typing import TYPE_CHECKING
 import pyqtgraph as pg
 from PySide6.QtCore import Qt
 
-from .fold import PlotFold
 from .marks import PlotMarks
 from .mem_stack import MemoryStack
 from .memory import MemoryPlot
 from .overlays import Overlays
-from .parts import Series, layout_plots
+from .parts import PlotCanvas, Series, make_plots
 from .plan import PlannedLr
 from .point_menu import PointViewBox
 from .rollbacks import RollbackMarks
+from .fold import PlotFold
 
 if TYPE_CHECKING:
     from .panel import PlotPanel
@@ -23,17 +29,27 @@ IDLE_NOTE = "Press Start (F5) to train, or open a run folder (Ctrl+O)"
 
 
 def build(panel: "PlotPanel") -> None:
-    """The panel's plots, curves and parts, built once (PlotPanel.__init__); what each holds is
-    named on the panel, which draws them."""
+    """A new canvas in the panel's palette, in place of the one it had (if any), with the
+    panel's plots, curves and parts; what each holds is named on the panel, which draws them."""
     pal = panel.pal
-    c = panel.canvas
+    old = panel.canvas
+    c = PlotCanvas(old.paint_listeners if old is not None else None)
+    if old is None:
+        panel.layout().insertWidget(1, c, 1)  # under the toolbar
+    else:
+        panel.layout().replaceWidget(old, c)
+        old.hide()
+        old.deleteLater()
+    panel.canvas = c
+    c.resized.connect(panel._fit_room)
     c.setBackground(pal.background)
     c.ci.setContentsMargins(4, 4, 10, 4)
     c.ci.setSpacing(8)
     panel.point_menu.actions = []
 
-    panel.plot_set = layout_plots(c, lambda: PointViewBox(panel.point_menu), pal)
+    panel.plot_set = make_plots(lambda: PointViewBox(panel.point_menu), pal)
     ps = panel.plot_set
+    panel.fold = PlotFold(c, ps, panel.hint, pal)
     panel.loss_plot, panel.norm_plot, panel.lr_plot = ps.loss, ps.norm, ps.lr
     panel.mem_plot, panel.tput_plot, panel.stack_plot = ps.mem, ps.tput, ps.stack
     panel.plots = ps.all
@@ -59,7 +75,6 @@ def build(panel: "PlotPanel") -> None:
     panel.tput_ema = panel.tput_plot.plot(pen=pg.mkPen(pal.throughput, width=2))
     panel.memory = MemoryPlot(panel.plot_set, pal)
     panel.mem_total, panel.mem_used, panel.headroom_fill = panel.memory.total, panel.memory.used, panel.memory.fill
-    panel.mem_note = panel.memory.note
     panel.stack = MemoryStack(panel.plot_set, pal)
     panel.marks = PlotMarks(panel.plot_set, pal)
     panel.marks.to_x = panel.steps_to_x
@@ -84,8 +99,6 @@ def build(panel: "PlotPanel") -> None:
         s.item.setClipToView(True)
     panel._set_downsampling()
     panel._set_titles()
-    panel.fold = PlotFold(c, ps, panel.hint)
-    panel.fold.update(c.height() if panel.isVisible() else 0)
 
     panel.loss_note = pg.TextItem("", color=pal.note, anchor=(0.5, 0.5))
     panel.loss_note.setZValue(50)
@@ -95,6 +108,8 @@ def build(panel: "PlotPanel") -> None:
     for p in (panel.norm_plot, panel.lr_plot, panel.tput_plot):
         p.setYRange(0, 1, padding=0)
     panel.memory.set_mode("none")
+    panel.log_scales.attach(ps)
+    panel._fit_room()
     panel._show_x_labels()
     panel._show_loss_note(IDLE_NOTE)
     panel.hover.attach()

@@ -7,7 +7,8 @@
 - YAxisItem: a left axis that writes the true values (no SI prefix: pyqtgraph's prefix for
   values beyond 1e24 said "(x1e+27)" beside ticks already scaled, 2e+09 for 2e+36) and
   labels only as many ticks as fit the plot's height (about one per LABEL_PX pixels), so
-  the labels of a short plot never overlap.
+  the labels of a short plot never overlap; on a log scale, the ticks of log_ticks.py (decades,
+  1-2-5, or round values, as the room allows) instead of pyqtgraph's, which piled up.
 """
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ from typing import Any
 import pyqtgraph as pg
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QGraphicsItem
+
+from .log_ticks import log_label, log_tick_levels
 
 MIN_TITLE_WIDTH = 60.0
 TITLE_PX = 20  # the title row (pyqtgraph's is 30): a short plot keeps more of its height for data
@@ -111,7 +114,12 @@ class YAxisItem(pg.AxisItem):
                   if 0 < m < major and span / m <= room and abs(major / m - round(major / m)) < 1e-6]
         return [(major, 0.0)] + minors[:1]
 
-    def tickStrings(self, values: list[float], scale: float, spacing: float) -> list[str]:  # noqa: N802
+    def tickValues(self, minVal: float, maxVal: float, size: float):  # noqa: N802, N803 - pyqtgraph names
         if self.logMode:
-            return super().tickStrings(values, scale, spacing)
+            return log_tick_levels(min(minVal, maxVal), max(minVal, maxVal), size, LABEL_PX)
+        return super().tickValues(minVal, maxVal, size)
+
+    def tickStrings(self, values: list[float], scale: float, spacing: Any) -> list[str]:  # noqa: N802
+        if self.logMode:  # a level without spacing is the unlabelled multiples (log_ticks.py)
+            return [] if spacing is None else [log_label(v) for v in values]
         return [fmt_true(v * scale, spacing * scale) for v in values]

@@ -2,7 +2,9 @@
 optimizer state and (on CUDA) the activations of each step, stacked, from the metrics
 columns mem_params, mem_grads, mem_optimizer and mem_activations. On a GPU the device's
 total and what is used on it are drawn too, with the headroom between them filled as on the
-plot above. On the CPU the three persistent kinds alone (there is no activation figure).
+plot above. On the CPU the three persistent kinds alone (there is no activation figure). A run
+that records none of them: empty_line() says so, and the plot gives its room to the others
+(fold.py).
 
 Drawn from the columns' min/max pyramids: where a pixel holds several steps each kind
 shows its largest value there, so the top errs on the high side; where every step has its
@@ -51,9 +53,6 @@ class MemoryStack:
         self.headroom = pg.FillBetweenItem(self.used, self.total, brush=pg.mkBrush(*pal.headroom))
         p.addItem(self.headroom)
         self.device = [Series(self.total, "mem_total", GIB, "max"), Series(self.used, "mem_used", GIB, "max")]
-        self.note = pg.TextItem("", color=pal.note, anchor=(0.5, 0.5))
-        self.note.setZValue(50)
-        p.addItem(self.note, ignoreBounds=True)
         self.y_shown = np.empty(0)  # the top of the stack as drawn, for the y range
         self.x_last: Optional[float] = None
         self.x_first: Optional[float] = None
@@ -61,18 +60,18 @@ class MemoryStack:
         self.scale, self.unit = GIB, "GiB"
         self.gpu = False
         self.key: tuple = ()
+        self.steps = 0  # of the run drawn
         self._title_key: tuple = ()
-        self.show_note("Memory by kind shows here\nduring a run.")
+
+    def empty_line(self) -> str:
+        """Why there is nothing to show, in one line ("": there is)."""
+        if self.kinds:
+            return ""
+        return "Memory by kind: not recorded by this run" if self.steps else "Memory by kind: shown during a run"
 
     def series(self) -> list:
         """What the y range follows: the stack's top and the device lines."""
         return [self] + (self.device if self.gpu else [])
-
-    def show_note(self, text: str) -> None:
-        self.note.setText(text)
-        self.note.setVisible(bool(text))
-        if text:
-            self.note.setPos(*self.plots.stack.getViewBox().viewRect().center().toTuple())
 
     def update(self, model: RunModel, buf: MetricsBuffer, x0: Optional[float], x1: Optional[float], width: int,
                axis: str) -> None:
@@ -80,16 +79,13 @@ class MemoryStack:
         if key == self.key:
             return
         self.key = key
-        n = len(buf)
+        n = self.steps = len(buf)
         held = [c for c, _ in LAYERS if n and np.isfinite(buf.view(c)[-min(n, 64):]).any()]
         self.gpu = buf.has_gpu_memory()
         if not held:
             self._clear()
-            self.show_note("Memory by kind: this run did not record it." if n else
-                           "Memory by kind shows here\nduring a run.")
             self._set_title()
             return
-        self.show_note("")
         self.kinds = tuple(held)
         xs = columns(buf).values(axis)
         i0, i1 = (0, n) if x0 is None else (max(0, int(np.searchsorted(xs, x0, side="left")) - 1),

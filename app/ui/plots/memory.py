@@ -1,5 +1,6 @@
 """The GPU memory plot: used, reserved, peak and total, with the headroom filled between used
-and total; on a CPU run, or before a run, it says plainly why there is nothing to show."""
+and total. On a CPU run, or before a run, there is nothing to show: empty_line() says why in one
+line, and the plot gives its room to the others (fold.py)."""
 from __future__ import annotations
 
 from typing import Optional
@@ -27,15 +28,17 @@ class MemoryPlot:
         p.addItem(self.fill)                                           # one path update, not two
         self.series = [Series(self.total, "mem_total", GIB, "max"), Series(self.used, "mem_used", GIB, "max"),
                        Series(self.reserved, "mem_reserved", GIB, "max"), Series(self.peak, "mem_peak", GIB, "max")]
-        self.note = pg.TextItem("", color=pal.note, anchor=(0.5, 0.5))
-        self.note.setZValue(50)
-        p.addItem(self.note, ignoreBounds=True)
         self.mode: Optional[str] = None
 
     @property
     def shown(self) -> bool:
         """The memory curves are on screen (a GPU run)."""
         return self.mode == "gpu"
+
+    def empty_line(self) -> str:
+        """Why there is nothing to show, in one line ("": there is)."""
+        return {"cpu": "GPU memory: no GPU (this run trains on the CPU)",
+                "none": "GPU memory: shown during a run on a GPU"}.get(self.mode or "none", "")
 
     def update(self, model: RunModel, buf: MetricsBuffer, x0: Optional[float], x1: Optional[float],
                width: int, axis: str = "step") -> None:
@@ -51,7 +54,7 @@ class MemoryPlot:
                 s.update(buf, x0, x1, width, axis)  # the headroom fill follows its two curves by itself
 
     def set_mode(self, mode: str) -> None:
-        """'gpu': memory curves; 'cpu': the plot says plainly there is no GPU; 'none': no run yet."""
+        """'gpu': memory curves; 'cpu': no GPU (the title says so); 'none': no run yet."""
         if mode == self.mode:
             return
         self.mode = mode
@@ -72,15 +75,6 @@ class MemoryPlot:
                               pal.foreground))
             (x0, x1), _ = self.plots.loss.getViewBox().viewRange()
             p.setXRange(x0, x1, padding=0)
-            self.note.setVisible(False)
         else:
             p.setRange(xRange=(0, 1), yRange=(0, 1), padding=0)
-            if mode == "cpu":
-                p.setTitle(legend("GPU memory: no GPU", [], pal.foreground))
-                text = "No GPU: this run trains on the CPU,\nso there is no GPU memory to show."
-            else:
-                p.setTitle(legend("GPU memory", [], pal.foreground))
-                text = "GPU memory shows here\nduring a run on a GPU."
-            self.note.setText(text)
-            self.note.setVisible(True)
-            self.note.setPos(0.5, 0.5)
+            p.setTitle(legend("GPU memory: no GPU" if mode == "cpu" else "GPU memory", [], pal.foreground))

@@ -33,10 +33,12 @@ from PySide6.QtWidgets import QVBoxLayout, QWidget
 from app.model.metrics import INLIER_EMA, MetricsBuffer
 from app.model.runmodel import RunModel
 from .build import IDLE_NOTE, build
+from .log_scale import LogScales
 from .hover import PlotHover
 from .parts import PlotCanvas, Series
 from .point_menu import PointMenu
 from .ranges import follow
+from .fold import TPUT_EMPTY
 from .readback import curve_data
 from .scalars import ScalarsPlot
 from .titles import set_titles
@@ -50,7 +52,8 @@ STARTING_NOTE = "Starting: loading torch and the task..."
 class PlotPanel(QWidget):
     """All live plots of one run, plus overlays of other runs' loss."""
 
-    log_scale_changed = Signal(bool)
+    log_scale_changed = Signal(bool)  # the loss plot's log scale
+    log_scales_changed = Signal(str, bool)  # any plot's: its name ("loss", "norm", "lr") and the scale
     x_axis_changed = Signal(str)  # the x axis' key (app/model/x_axis.py), when the user or set_x_axis changes it
     fork_requested = Signal(int)  # "Fork from here..." on a plot: the step under the point
     smoothing_changed = Signal(float)  # the smoothing weight (app/model/smoothing.py), when it changes
@@ -71,7 +74,8 @@ class PlotPanel(QWidget):
         self.refresh_cost = 0.0
         self._syncing_x = False
         self._tput_unit = ""
-        self._log = False
+        self.log_scales = LogScales(self)  # which plots have a log y axis (the choice outlives a canvas)
+        self.log_scales.changed.connect(self._log_changed)
         self.axis = DEFAULT_AXIS
         self.on_updated: list[Callable[[], None]] = []
         self.point_menu = PointMenu(self.x_to_step, self)
@@ -81,6 +85,8 @@ class PlotPanel(QWidget):
         tb = self.toolbar
         self.log_box, self.fit_button, self.hint, self.x_axis_box = tb.log_box, tb.fit_button, tb.hint, tb.x_axis_box
         self.log_box.toggled.connect(self.set_log_scale)
+        self.log_box.setToolTip("Show the loss on a logarithmic y axis (the gradient norm and the lr: "
+                                "\"Log scale\" in their right-click menu)")
         self.outliers_box = tb.outliers_box
         self.outliers_chosen = False  # the user ticked or cleared it: no longer set by itself
         self.outliers_box.toggled.connect(self._outliers_toggled)
@@ -88,12 +94,11 @@ class PlotPanel(QWidget):
         self.x_axis_box.currentIndexChanged.connect(lambda _i: self.set_x_axis(self.x_axis_box.currentData()))
         self.smoothing = tb.smoothing.weight()
         tb.smoothing.changed.connect(self.set_smoothing)
-        self.canvas = PlotCanvas()
+        self.canvas: Optional[PlotCanvas] = None  # made by build(), under the toolbar
         lay = QVBoxLayout(self)
         lay.setContentsMargins(0, 0, 0, 0)
         lay.setSpacing(2)
         lay.addWidget(self.toolbar)
-        lay.addWidget(self.canvas, 1)
         self.scalars = ScalarsPlot(self.pal)  # what a framework logged: hidden until the run has any
         lay.addWidget(self.scalars)
         self.hover = PlotHover(self)  # hover values (its lines go on the plots in build())
@@ -105,16 +110,22 @@ class PlotPanel(QWidget):
 
     def resizeEvent(self, ev) -> None:  # noqa: N802 - Qt name
         super().resizeEvent(ev)
-        self.fold.update(self.canvas.height())
+        self._fit_room()
+
+    def _fit_room(self) -> None:
+        """Lay the plots out for the canvas' height now and what has nothing to show (fold.py)."""
+        assert self.canvas is not None
+        self.fold.update(self.canvas.height() if self.isVisible() else 0, self.window().height(),
+                         {"mem": self.memory.empty_line(), "stack": self.stack.empty_line(),
+                          "tput": "" if self.series[6].x_last is not None else TPUT_EMPTY}, self.canvas.width())
 
     def _set_titles(self) -> None:
         set_titles(self.plot_set, self.pal, self.model, self.planned, self._overlays, self.rollbacks)
 
     # -- notes in the plot area ------------------------------------------------------------
     def _place_notes(self) -> None:
-        for plot, note in ((self.loss_plot, self.loss_note), (self.mem_plot, self.mem_note)):
-            if note.isVisible():
-                note.setPos(plot.getViewBox().viewRect().center())
+        if self.loss_note.isVisible():
+            self.loss_note.setPos(self.loss_plot.getViewBox().viewRect().center())
 
     def _show_loss_note(self, text: str) -> None:
         if text == self.loss_note.toPlainText() and self.loss_note.isVisible() == bool(text):
@@ -185,8 +196,7 @@ class PlotPanel(QWidget):
         label = BY_KEY[self.axis].label
         for p in self.plots:
             p.getAxis("bottom").set_key(self.axis)
-        for p in (self.loss_plot, self.stack_plot, self.tput_plot):
-            p.setLabel("bottom", label)
+        self.loss_plot.setLabel("bottom", label)  # once: the plots under it count the same (fold.py)
 
     def steps_to_x(self, steps: np.ndarray) -> np.ndarray:
         """Step positions (12.5: between steps 12 and 13) on the current x axis."""
@@ -227,15 +237,26 @@ class PlotPanel(QWidget):
         self.smoothing_changed.emit(weight)
 
     def set_log_scale(self, on: bool) -> None:
-        if self.log_box.isChecked() != on:
+        """The loss plot's log scale (the toolbar's box, the View menu's action)."""
+        self.set_log("loss", on)
+
+    def set_log(self, plot: str, on: bool) -> None:
+        """A log y axis on one plot: "loss", "norm" or "lr" (log_scale.py)."""
+        self.log_scales.set(plot, on)
+
+    def _log_changed(self, plot: str, on: bool) -> None:
+        """A plot's scale changed (here, in its menu or pyqtgraph's): its y range again, in the new
+        scale; the x range (a zoom) stays."""
+        if plot == "loss" and self.log_box.isChecked() != on:
             self.log_box.setChecked(on)
-            return
-        self._log = on
-        self.loss_plot.setLogMode(y=on)
-        self.loss_plot.setLabel("left", "loss (log)" if on else "loss")
-        self.follow = True
-        self.refresh(force=True)
-        self.log_scale_changed.emit(on)
+        if self.follow:
+            self.refresh(force=True, refit=True)
+        else:
+            follow(self.plot_set, self._y_series, [], memory_shown=self.memory.shown, refit=True,
+                   robust=self.ignore_outliers, only=getattr(self.plot_set, plot))
+        if plot == "loss":
+            self.log_scale_changed.emit(on)
+        self.log_scales_changed.emit(plot, on)
 
     @property
     def ignore_outliers(self) -> bool:
@@ -331,6 +352,7 @@ class PlotPanel(QWidget):
             if all_plots or self._turn == 1:
                 self.memory.update(model, buf, x0, x1, width, axis)
                 self.stack.update(model, buf, x0, x1, width, axis)
+                self._fit_room()  # a plot with nothing to show gives its room to the others
             self._update_epochs(model)
             legend_had = (self.planned.plan is not None, len(self.planned.changes))
             if all_plots or self._turn == 0 or self.planned.stale(model):  # with the lr plot's turn
@@ -343,14 +365,10 @@ class PlotPanel(QWidget):
             if unit != self._tput_unit:
                 self._tput_unit = unit
                 self.tput_plot.setLabel("left", unit)
-            if self.follow:
-                y_series = {**self._y_series, id(self.stack_plot): self.stack.series()}
-                for plot_id, compared in self._overlays.by_plot().items():  # the runs compared, on their plots
-                    y_series[plot_id] = y_series.get(plot_id, []) + compared
-                follow(self.plot_set, y_series, self._overlays.series("loss"), self.val_item, log=self._log,
-                       memory_shown=self.memory.shown, refit=refit or force,
-                       extra_y={id(self.lr_plot): [self.planned.y_shown]},
-                       robust=self.ignore_outliers, live=self.live)
+            if self.follow:  # each y range holds every curve on its plot (ranges.py: the runs compared too)
+                follow(self.plot_set, self._y_series, self.series[:1] + self._overlays.series("loss"),
+                       memory_shown=self.memory.shown, refit=refit or force, robust=self.ignore_outliers,
+                       live=self.live)
             self.scalars.match_x(*self.loss_plot.getViewBox().viewRange()[0])
             if len(buf) > 0 or self._overlays.entries:
                 self._show_loss_note("")
@@ -430,17 +448,34 @@ class PlotPanel(QWidget):
         return self.memory.mode
 
     def set_theme(self, theme: str) -> None:
-        """Rebuild the plots in the other palette (keeps the model and the overlays)."""
-        overlays, fork = self._overlays.buffers(), self.rollbacks.fork
+        """Draw the plots in the other palette: on a new canvas, built as the first one was (build.py).
+
+        Not canvas.clear() and a rebuild on the same canvas: pyqtgraph's clear() raised on a plot
+        folded out of the grid and left the plot area blank. Nor a restyle in place: every part
+        (curves, markers, fills, labels, the runs compared, the hover lines) would have to re-pen
+        each item it made, and one that forgot would keep the old theme's colours. A new canvas
+        draws every part in the new palette by construction. What it shows comes back from what
+        outlives a canvas (the model, x axis, log scales, smoothing and toolbar are the panel's)
+        and from the three things a canvas holds that no model says: the runs compared, the
+        fork point and the zoom."""
+        compared, fork = self._overlays.buffers(), self.rollbacks.fork
+        zoom = None if self.follow else [p.getViewBox().viewRange() for p in self.plot_set.all]
         self.theme, self.pal = theme, palette(theme)
         self.scalars.set_palette(self.pal)
-        self.canvas.clear()
         self._tput_unit = ""
         self._build()
         self.rollbacks.fork = fork
-        for n, b, val in overlays:
-            self.add_overlay(n, b, val=val)
-        if self._log:
-            self.loss_plot.setLogMode(y=True)
-            self.loss_plot.setLabel("left", "loss (log)")
+        for args in compared:
+            self._overlays.add(*args)
+        self._set_downsampling()
+        self._set_titles()
         self.set_model(self.model)
+        if zoom is not None:
+            self._updating = True
+            try:
+                for p, (xr, yr) in zip(self.plot_set.all, zoom):
+                    p.setRange(xRange=xr, yRange=yr, padding=0)
+            finally:
+                self._updating = False
+            self.follow = False
+            self.refresh(force=True)

@@ -1,5 +1,5 @@
 """The pieces the plot panel is built of: the canvas that times its paints, one curve fed
-from a metrics column, the five plots, and their styling."""
+from a metrics column, the six plots, and their styling (where each plot goes: fold.py)."""
 from __future__ import annotations
 
 import math
@@ -9,6 +9,7 @@ from typing import Callable, Optional
 
 import numpy as np
 import pyqtgraph as pg
+from PySide6.QtCore import Signal
 from PySide6.QtWidgets import QGraphicsItem
 
 from app.core import compat  # noqa: F401 - before any plotting (PySide6 6.12 + Python 3.11)
@@ -25,13 +26,21 @@ pg.setConfigOptions(antialias=False, foreground="#334155", background="#ffffff")
 
 class PlotCanvas(pg.GraphicsLayoutWidget):
     """GraphicsLayoutWidget that times its paints (the window paces updates by them) and
-    reports each one (for the latency benchmark)."""
+    reports each one (for the latency benchmark). `paint_listeners`: the list to call, shared
+    with the canvas this one replaces (a theme switch builds a new canvas: plots/build.py).
+    `resized`: its size changed (the plots are laid out again for it: fold.py)."""
 
-    def __init__(self) -> None:
+    resized = Signal()
+
+    def __init__(self, paint_listeners: Optional[list[Callable[[float], None]]] = None) -> None:
         super().__init__()
-        self.paint_listeners: list[Callable[[float], None]] = []
+        self.paint_listeners: list[Callable[[float], None]] = paint_listeners if paint_listeners is not None else []
         self.last_paint: float = 0.0
         self.paint_cost: float = 0.0  # seconds, moving average
+
+    def resizeEvent(self, ev):  # noqa: N802 - Qt name
+        super().resizeEvent(ev)
+        self.resized.emit()
 
     def paintEvent(self, ev):  # noqa: N802 - Qt name
         t0 = time.perf_counter()
@@ -142,8 +151,8 @@ def style_plot(p: pg.PlotItem, y_label: str, pal: Palette) -> None:
 
 @dataclass(frozen=True)
 class PlotSet:
-    """The panel's six plots: loss on top, then gradient norm and lr, then GPU memory with
-    memory by kind under it, beside the throughput."""
+    """The panel's six plots: loss on top, then gradient norm and lr, then GPU memory, memory
+    by kind and the throughput (fold.py)."""
     loss: pg.PlotItem
     norm: pg.PlotItem
     lr: pg.PlotItem
@@ -156,28 +165,15 @@ class PlotSet:
         return [self.loss, self.norm, self.lr, self.mem, self.tput, self.stack]
 
 
-def layout_plots(canvas: pg.GraphicsLayoutWidget, view_box: Callable[[], pg.ViewBox], pal: Palette) -> PlotSet:
-    """The six plots on the canvas: loss across the top; gradient norm | lr; GPU memory above
-    memory by kind | throughput beside both. Every bottom axis counts the chosen x axis; only
-    the bottom plot of each column shows its values."""
-    def plot(row: int, col: int, **span: int) -> pg.PlotItem:
+def make_plots(view_box: Callable[[], pg.ViewBox], pal: Palette) -> PlotSet:
+    """The six plots, styled; fold.py places them on the canvas (and folds or collapses them)."""
+    def plot() -> pg.PlotItem:
         # A long legend clips, never widens the plots (and the window): app/ui/plots/fitting.py.
-        p = FittingPlot(axisItems={"bottom": XAxisItem(), "left": YAxisItem()}, viewBox=view_box())
-        canvas.addItem(p, row=row, col=col, **span)
-        return p
-    loss = plot(0, 0, colspan=2)
-    norm, lr = plot(1, 0), plot(1, 1)
-    mem, tput, stack = plot(2, 0), plot(2, 1, rowspan=2), plot(3, 0)
-    plots = PlotSet(loss, norm, lr, mem, tput, stack)
-    for row, stretch in enumerate((5, 3, 3, 2)):
-        canvas.ci.layout.setRowStretchFactor(row, stretch)
-    for col, stretch in enumerate((3, 2)):
-        canvas.ci.layout.setColumnStretchFactor(col, stretch)
-    for p in plots.all:  # each keeps some room for its data under its title and axis, and the rest of
-        p.getViewBox().setMinimumHeight(MIN_DATA_PX)  # the height goes by the rows' stretch (not by
+        return FittingPlot(axisItems={"bottom": XAxisItem(), "left": YAxisItem()}, viewBox=view_box())
+    plots = PlotSet(*(plot() for _ in range(6)))
+    for p in plots.all:  # each keeps some room for its data under its title and axis; the rest of the
+        p.getViewBox().setMinimumHeight(MIN_DATA_PX)  # height goes by fold.py's rows (not by
         p.getViewBox().setPreferredHeight(MIN_DATA_PX)  # pyqtgraph's preferred sizes)
     for p, label in zip(plots.all, ("loss", "norm", "lr", "GiB", "samples/s", "GiB")):
         style_plot(p, label, pal)
-    for p in (norm, lr, mem):  # same steps as the plot below them
-        p.getAxis("bottom").setStyle(showValues=False)
     return plots

@@ -40,13 +40,41 @@ def follow_x(loss_plot: pg.PlotItem, leads: list[Series], refit: bool, live: boo
 
 def inside(ys: list[np.ndarray], bounds: Optional[tuple[float, float]]) -> list[np.ndarray]:
     """The values of each curve within bounds ("Ignore outliers": the outliers stay drawn, past
-    the axis' edge). The bounds come from the plot's raw curve, so its EMA, which a spike
-    drags up for many steps after, is ranged by them too."""
+    the axis' edge)."""
     if bounds is None:
         return ys
     lo, hi = bounds
     kept = [y[(y >= lo) & (y <= hi)] for y in ys]
     return kept if any(len(y) for y in kept) else ys
+
+
+def log_y(p: pg.PlotItem) -> bool:
+    """The plot's y axis is logarithmic (its own setting: log_scale.py and pyqtgraph's menu set it)."""
+    return bool(p.ctrl.logYCheck.isChecked())
+
+
+def shown_y(p: pg.PlotItem, own: list[Series], robust: bool) -> list[np.ndarray]:
+    """The y values a plot's range holds: those of every curve drawn on it that bounds its view
+    (pyqtgraph's addedItems: everything not added with ignoreBounds, such as the validation
+    points, the runs compared, the planned lr), as given, never as pyqtgraph maps them for a
+    log axis. "Ignore outliers": the plot's own curves (`own`: the raw one first, then what is
+    derived from it, such as its EMA, which a spike drags up for many steps after) within the
+    raw curve's fences; any other curve within its own fences (another run's loss is not an
+    outlier of this one's)."""
+    own_items = {id(s.item) for s in own}
+    mine: list[np.ndarray] = []
+    others: list[np.ndarray] = []
+    for item in p.getViewBox().addedItems:
+        if not isinstance(item, pg.PlotDataItem) or not item.isVisibleTo(p):
+            continue
+        _x, y = item.getOriginalDataset()
+        if y is None or not len(y):
+            continue
+        (mine if id(item) in own_items else others).append(np.asarray(y, dtype=np.float64))
+    if not robust:
+        return mine + others
+    raw = np.asarray(own[0].y_shown, dtype=np.float64) if own else np.empty(0)
+    return inside(mine, fences(raw) if len(raw) else None) + [inside([y], fences(y))[0] for y in others]
 
 
 def follow_y(p: pg.PlotItem, ys: list[np.ndarray], log: bool, from_zero: bool, refit: bool) -> None:
@@ -74,25 +102,16 @@ def follow_y(p: pg.PlotItem, ys: list[np.ndarray], log: bool, from_zero: bool, r
     p.setYRange(new_lo, new_hi, padding=0)
 
 
-def follow(plots: PlotSet, y_series: dict[int, list[Series]], overlays: list[Series], val_item: pg.PlotDataItem,
-           *, log: bool, memory_shown: bool, refit: bool, extra_y: Optional[dict[int, list[np.ndarray]]] = None,
-           robust: bool = False, live: bool = True) -> None:
-    """Every plot's ranges. `y_series`: the curves of each plot, by id(plot); `extra_y`: more
-    y values a plot must show (the planned lr), by id(plot)."""
-    follow_x(plots.loss, y_series[id(plots.loss)][:1] + overlays, refit, live)
+def follow(plots: PlotSet, own: dict[int, list[Series]], leads: list[Series], *, memory_shown: bool, refit: bool,
+           robust: bool = False, live: bool = True, only: Optional[pg.PlotItem] = None) -> None:
+    """Every plot's ranges (`only`: that plot's y alone). `own`: each plot's own curves, by
+    id(plot), the raw one first (shown_y); `leads`: the curves whose ends set x (the loss and
+    the runs compared)."""
+    if only is None:
+        follow_x(plots.loss, leads, refit, live)
     for p in plots.all:
-        if p is plots.mem and not memory_shown:
+        if (only is not None and p is not only) or (p is plots.mem and not memory_shown):
             continue
-        series = list(y_series[id(p)])
-        if p is plots.loss:
-            series += overlays
-        ys = [s.y_shown for s in series if len(s.y_shown)]
-        ys += [y for y in (extra_y or {}).get(id(p), []) if len(y)]
-        if p is plots.loss:
-            _x, vy = val_item.getData()
-            if vy is not None and len(vy):
-                ys.append(np.asarray(vy, float))
         from_zero = p in (plots.mem, plots.stack)
-        if robust and not from_zero and series and len(series[0].y_shown):
-            ys = inside(ys, fences(np.asarray(series[0].y_shown, float)))
-        follow_y(p, ys, log=p is plots.loss and log, from_zero=from_zero, refit=refit)
+        follow_y(p, shown_y(p, own.get(id(p), []), robust and not from_zero), log=log_y(p), from_zero=from_zero,
+                 refit=refit)

@@ -1,21 +1,20 @@
 """What the window keeps between sessions in the user's preferences: its geometry and dock
-layout, the form's last values, the theme and the loss plot's log scale."""
+layout, the form's last values and the theme (the plots' view choices: view_prefs.py)."""
 from __future__ import annotations
 
 from typing import Any, Optional
 
 from PySide6.QtCore import QByteArray
-from PySide6.QtGui import QAction
 from PySide6.QtWidgets import QMainWindow
 
 from app.core.preferences import Preferences
 from app.ui.controls.panel import ControlsPanel
 
 
-def restore(window: QMainWindow, p: Preferences, controls: ControlsPanel, log_scale: QAction,
+def restore(window: QMainWindow, p: Preferences, controls: ControlsPanel,
             base_config: dict[str, Any]) -> tuple[bool, Optional[Any]]:
-    """Restores the geometry, the form's last values (unless the command line gave run flags)
-    and the log scale. Returns (geometry restored, the saved dock state or None): the window's
+    """Restores the geometry and the form's last values (unless the command line gave run
+    flags). Returns (geometry restored, the saved dock state or None): the window's
     DockLayout restores that state and checks it leaves the plots room (app/ui/shell/layout.py)."""
     restored = False
     geo = p.get_bytes("geometry")
@@ -26,17 +25,14 @@ def restore(window: QMainWindow, p: Preferences, controls: ControlsPanel, log_sc
     last = p.get_json("last_config", {})
     if isinstance(last, dict) and not base_config:
         controls.set_values(last)
-    if p.get_json("log_scale", False):
-        log_scale.setChecked(True)
     return restored, state
 
 
-def save(window: QMainWindow, p: Preferences, controls: ControlsPanel, theme: str, log_scale: bool) -> None:
+def save(window: QMainWindow, p: Preferences, controls: ControlsPanel, theme: str) -> None:
     p.set_bytes("geometry", window.saveGeometry())
     p.set_bytes("window_state", window.saveState())
     values, _err = controls.values()
     if values:
         p.set_json("last_config", values)
     p.set_theme(theme)
-    p.set_json("log_scale", log_scale)
     p.sync()

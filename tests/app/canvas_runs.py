@@ -1,0 +1,41 @@
+"""Finished run folders for the plot tests, written through the run store (no torch, a few ms)."""
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+from engine.declarations.events import EpochEnd, RunFinished, RunStarted, SettingsApplied, StepMetrics
+from engine.store import RunStore
+
+
+def plot_run(run_dir: Path, steps: int = 120, epochs: int = 3, val_loss: float = 8.0, scale: float = 1.0,
+             parent: Optional[dict[str, Any]] = None) -> str:
+    """A finished CPU run whose validation loss (`val_loss`) sits well above its training loss
+    (1.55 falling to 0.05, times `scale`), whose lr decays within a decade (1e-4 to 8e-5: log
+    ticks between two decades) and whose gradient norm spans three decades; accum 2 -> 4 half way;
+memory by kind as a CPU run records it. `parent`: the run
+    table's record of a fork ({run_dir, checkpoint, step, changed})."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    store = RunStore(str(run_dir))
+    cfg = {"task": "mlp", "micro_batch": 64, "accum": 2, "lr": 1e-4, "clip": 0.0, "epochs": epochs, "device": "cpu"}
+    store.set_info(config=cfg, task="mlp", device="cpu", device_name="cpu", world_size=1, status="finished", pid=1,
+                   started=time.time() - 60, **({"parent": parent} if parent else {}))
+    store.record(RunStarted(0, 1, run_dir=str(run_dir), task="mlp", device="cpu", device_name="cpu",
+                            torch_version="-", world_size=1, resumed=False, config=cfg))
+    per_epoch = steps // epochs
+    for s in range(1, steps + 1):
+        e = min(epochs, 1 + (s - 1) // per_epoch)
+        loss = scale * (0.05 + 1.5 * math.exp(-s / 30))
+        store.record(StepMetrics(s, e, loss=loss, grad_norm=10 ** (-1 + 3 * ((s * 7) % 11) / 10), clipped=False,
+                                 lr=1e-4 - 2e-5 * s / steps, accum=2, clip=0.0, micro_batch=64, samples=128,
+                                 tokens=128, step_time=0.01, throughput=12800.0 + 100 * (s % 5), nonfinite=False,
+                                 scaler_skipped=False, mem_params=400_000, mem_grads=400_000, mem_optimizer=800_000))
+        if s == steps // 2:  # a marker on every plot
+            store.record(SettingsApplied(s, e, changes=(("accum", 2, 4),), at="step", from_step=s + 1))
+        if s % per_epoch == 0:
+            store.record(EpochEnd(s, e, train_loss=loss, val_loss=val_loss, seconds=1.0))
+    store.record(RunFinished(steps, epochs, reason="completed"))
+    store.close()
+    return str(run_dir)

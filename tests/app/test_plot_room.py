@@ -1,0 +1,82 @@
+"""The plots fit a laptop: the loss keeps at least 40% of the window's height (at 1366 x 768 it
+was 92 px tall), and a plot with nothing to show ("GPU memory: no GPU" on a CPU machine kept
+~80 px) is one line under the plots, its room given to the others (app/ui/plots/fold.py)."""
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from PySide6.QtCore import Qt
+
+from app.ui.plots.fold import LOSS_SHARE, plan_fold
+from canvas_runs import plot_run
+from test_window_layout import settle
+
+
+@pytest.fixture(scope="module")
+def cpu_run(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return plot_run(tmp_path_factory.mktemp("runs") / "cpu")
+
+
+def fits(w: Any) -> None:
+    """The loss plot at least 40% of the window's height; every plot inside the canvas."""
+    panel = w.plots
+    assert panel.loss_plot.height() >= LOSS_SHARE * w.height() - 1, (w.size(), panel.loss_plot.height())
+    assert panel.canvas.ci.height() <= panel.canvas.viewport().height() + 1
+    for p in panel.plots:
+        if p.isVisible():
+            bottom = p.mapToItem(panel.canvas.ci, p.boundingRect().bottomLeft()).y()
+            assert bottom <= panel.canvas.ci.height() + 1, p.titleLabel.text
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("size", [(1024, 640), (1366, 768)])
+def test_the_loss_keeps_its_room_on_a_laptop(qtbot, make_window, cpu_run, size):
+    w = make_window()
+    w.resize(*size)
+    w.use_default_layout()
+    assert w.open_run(cpu_run)
+    settle(qtbot, w)
+    assert w.size().toTuple() == size
+    fits(w)
+    assert w.plots.norm_plot.isVisible() and w.plots.lr_plot.isVisible()
+    w.resizeDocks([w.alerts_dock], [w.alerts_dock.height() + 80], Qt.Orientation.Vertical)  # a taller Alerts dock
+    settle(qtbot, w)
+    assert w.size().toTuple() == size
+    fits(w)
+    assert "folded" in w.plots.hint.text()  # what gave way says so
+
+
+@pytest.mark.slow
+def test_a_plot_with_nothing_to_show_is_one_line(qtbot, make_window, cpu_run):
+    w = make_window()
+    w.resize(1440, 900)
+    settle(qtbot, w)
+    panel = w.plots
+    line = panel.fold.line
+    # Before a run: memory and throughput have nothing to show yet.
+    assert not any(p.isVisible() for p in (panel.mem_plot, panel.stack_plot, panel.tput_plot))
+    assert line.isVisible() and "during a run" in line.text
+    assert w.open_run(cpu_run)
+    settle(qtbot, w)
+    # A CPU run: no GPU memory (one line), memory by kind and throughput drawn.
+    assert not panel.mem_plot.isVisible() and panel.stack_plot.isVisible() and panel.tput_plot.isVisible()
+    assert line.isVisible() and "GPU memory: no GPU" in line.text and line.height() <= 24
+    assert "Memory by kind" not in line.text and "Throughput" not in line.text
+    fits(w)
+
+
+def test_rows_fold_lowest_first_and_the_loss_keeps_its_share() -> None:
+    cpu = {"mem": "GPU memory: no GPU"}
+    full = plan_fold(600, 900, cpu)
+    assert full.rows == (("loss",), ("norm", "lr"), ("stack", "tput")) and full.line and not full.folded
+    assert full.loss_min == 360
+    short = plan_fold(356, 640, cpu)
+    assert short.rows == (("loss",), ("norm", "lr")) and short.folded == ("stack", "tput") and not short.line
+    shorter = plan_fold(300, 640, cpu)
+    assert shorter.rows == (("loss",),) and shorter.folded == ("norm", "lr", "stack", "tput")
+    assert shorter.loss_min == 256
+    assert plan_fold(200, 640, cpu).loss_min == 192  # a canvas under 40% of the window: all of it
+    everything_empty = plan_fold(600, 900, {"mem": "a", "stack": "b", "tput": "c"})
+    assert everything_empty.rows == (("loss",), ("norm", "lr")) and everything_empty.line == "a   \u00b7   b   \u00b7   c"
+    assert plan_fold(0, 900, cpu).rows == full.rows  # not laid out yet: everything
