@@ -147,6 +147,8 @@ def main(argv: Sequence[str]) -> int:
     except (RuntimeError, OSError) as e:
         say(f"error: {e}")
         return 1
+    except KeyboardInterrupt:  # Ctrl-C reached the command too; the server and the WM go with it
+        return 130
     finally:
         stop(cmd)
         stop(wm)
