@@ -82,7 +82,8 @@ class AppActions(QObject):
                                        tip="Follow and steer a run on another machine, through ssh")
         self.open_task = make_action(parent, "Open task file...", "open_task", "open")
         self.csv = make_action(parent, "Export metrics (CSV)...", "export_csv", "export-csv")
-        self.png = make_action(parent, "Export plots (PNG)...", "export_png", "export-png")
+        self.png = make_action(parent, "Export plots (PNG, SVG)...", "export_png", "export-png",
+                               "The whole dashboard, every plot, as a PNG at 2x or an SVG")
         self.log_scale = make_action(parent, "Log scale (loss)", "log_scale")
         self.log_scale.setCheckable(True)
         self.theme = make_action(parent, "Dark theme", "theme", "theme", "Switch light/dark")

@@ -1,14 +1,21 @@
-"""Export: the metrics as CSV, the plots (or the whole window) as PNG."""
+"""Export: the metrics as CSV; the dashboard (every plot) as a PNG at 2x or an SVG; the whole
+window as a PNG (--screenshot)."""
 from __future__ import annotations
 
 import csv
 import math
 import os
-from typing import Any, Callable, Optional
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Optional
 
-from PySide6.QtCore import QRect, Qt
+from PySide6.QtCore import QRect, QRectF, QSize, Qt
 from PySide6.QtGui import QColor, QFont, QImage, QPainter
-from PySide6.QtWidgets import QApplication, QFileDialog, QMainWindow, QWidget
+from PySide6.QtWidgets import QApplication, QFileDialog, QGraphicsWidget, QMainWindow, QWidget
+
+from engine.declarations.paths import default_runs_root
+
+from app.core.preferences import Preferences
 
 from app.model.metrics import STEP_COLUMNS, MetricsBuffer
 from app.model.runmodel import RunModel
@@ -92,6 +99,13 @@ def write_png(widget: QWidget, path: str) -> bool:
 
 
 HEADER_PX = 26  # the line above an exported plot: the run's name and what the x axis counts
+# An exported dashboard is laid out at this size whatever the window's (a 1024 x 640 laptop folds
+# plots away for room; the export has every plot), and drawn at EXPORT_SCALE device pixels per
+# pixel: sharp on a HiDPI screen, in a slide or a report.
+EXPORT_SIZE = (1280, 800)
+EXPORT_SCALE = 2
+FORMATS = {"png": "PNG image, 2x (*.png)", "svg": "SVG drawing (*.svg)"}
+EXPORT_DIR = "export_dir"  # preference: the folder the last export went to
 
 
 def plot_title(model: Optional[RunModel], x_label: str = "", run_dir: str = "") -> str:
@@ -101,28 +115,137 @@ def plot_title(model: Optional[RunModel], x_label: str = "", run_dir: str = "") 
     return " \u00b7 ".join(p for p in (name, task, f"x: {x_label}" if x_label else "") if p)
 
 
-def plots_png(plots: Any, model: Optional[RunModel], path: str, run_dir: str = "") -> bool:
-    """The plots alone (not the row of controls above them) under a line naming the run."""
-    if not path.lower().endswith(".png"):
+@contextmanager
+def laid_out_at(plots: Any, size: tuple[int, int]) -> Iterator[Any]:
+    """The plots' canvas at `size` for as long as the block runs, laid out for it as the panel
+    lays out any canvas (every plot placed that has room: none folded away for a short window),
+    then back as it was. Nothing is painted on screen in between, and no widget layout runs (it
+    would put the canvas back): only the plots' own layouts are activated."""
+    canvas = plots.canvas
+    hover = getattr(plots, "hover", None)
+    if hover is not None:
+        hover.hide()  # the mouse's readout is not part of a shared view
+    before = canvas.size()
+    try:
+        canvas.resize(*size)  # the panel lays its plots out for the new size (its canvas' resized signal)
+        _layout_plots(canvas)
+        plots.refresh(force=True)
+        _layout_plots(canvas)
+        # A plot never shown yet (folded since the start) learns its axes' widths from their tick
+        # texts as they are painted: paint once where nobody sees it, then lay out again.
+        scratch = QImage(canvas.viewport().size(), QImage.Format.Format_ARGB32)
+        p = QPainter(scratch)
+        canvas.render(p, QRectF(scratch.rect()), canvas.viewport().rect())
+        p.end()
+        _layout_plots(canvas)
+        yield canvas
+    finally:
+        canvas.resize(before)
+        _layout_plots(canvas)
+        plots.refresh(force=True)
+
+
+def _layout_plots(canvas: Any) -> None:
+    """Activate the layouts of the canvas' items now, top down (a parent's sets its children's
+    sizes, which invalidates theirs)."""
+    for _ in range(3):
+        # The canvas' own item fills it again: the view sized it before the panel laid the plots
+        # out for the new size, so the old plan's least height could still hold it taller.
+        canvas.ci.setGeometry(QRectF(canvas.viewport().rect()))
+        for item in canvas.scene().items(Qt.SortOrder.AscendingOrder):
+            lay = QGraphicsWidget.layout(item) if isinstance(item, QGraphicsWidget) else None  # pyqtgraph
+            if lay is not None and item.isVisible():  # names an attribute `layout`
+                lay.activate()
+
+
+def draw_dashboard(device: Any, plots: Any, model: Optional[RunModel], run_dir: str, size: tuple[int, int]) -> None:
+    """The dashboard laid out at `size`, under a line naming the run, painted on `device` (a 2x
+    image, an SVG generator: the scene is drawn anew for the device, never a screen grab scaled)."""
+    w, h = size
+    with laid_out_at(plots, size) as canvas:
+        p = QPainter(device)
+        try:
+            p.setRenderHint(QPainter.RenderHint.Antialiasing)
+            p.setRenderHint(QPainter.RenderHint.TextAntialiasing)
+            p.fillRect(QRectF(0, 0, w, h + HEADER_PX), QColor(plots.pal.background))
+            view = canvas.viewport().rect()  # the scene as the canvas shows it
+            canvas.render(p, QRectF(0, HEADER_PX, view.width(), view.height()), view)
+            p.setPen(QColor(plots.pal.foreground))
+            font = QFont(p.font())
+            font.setBold(True)
+            p.setFont(font)
+            p.drawText(QRect(8, 0, w - 16, HEADER_PX), int(Qt.AlignmentFlag.AlignVCenter),
+                       plot_title(model, plots.x_axis_box.currentText(), run_dir))
+        finally:
+            p.end()
+
+
+def dashboard_image(plots: Any, model: Optional[RunModel], run_dir: str = "",
+                    size: tuple[int, int] = EXPORT_SIZE, scale: int = EXPORT_SCALE) -> QImage:
+    """The dashboard as an image `scale` times as wide and tall as `size` (its device pixel ratio)."""
+    w, h = size
+    img = QImage(w * scale, (h + HEADER_PX) * scale, QImage.Format.Format_ARGB32)
+    img.setDevicePixelRatio(scale)
+    dots = round(96 * scale / 0.0254)  # the PNG says 192 dpi: a viewer that reads it shows it at its size
+    img.setDotsPerMeterX(dots)
+    img.setDotsPerMeterY(dots)
+    draw_dashboard(img, plots, model, run_dir, size)
+    return img
+
+
+def dashboard_svg(plots: Any, model: Optional[RunModel], path: str, run_dir: str = "",
+                  size: tuple[int, int] = EXPORT_SIZE) -> None:
+    """The dashboard as an SVG drawing (curves and text as vectors)."""
+    from PySide6.QtSvg import QSvgGenerator
+    w, h = size
+    gen = QSvgGenerator()
+    gen.setFileName(path)
+    gen.setSize(QSize(w, h + HEADER_PX))
+    gen.setViewBox(QRect(0, 0, w, h + HEADER_PX))
+    screen = QApplication.primaryScreen()  # points as on screen: the titles' sizes are in pt
+    gen.setResolution(round(screen.logicalDotsPerInch()) if screen is not None else 96)
+    gen.setTitle(plot_title(model, plots.x_axis_box.currentText(), run_dir))
+    gen.setDescription("Exported by Headroom")
+    draw_dashboard(gen, plots, model, run_dir, size)
+
+
+@dataclass(frozen=True)
+class Exported:
+    path: str
+    size: tuple[int, int]  # px of the file (an SVG's: its drawing's size)
+    kind: str  # "png" or "svg"
+
+    def said(self) -> str:
+        """'Wrote /runs/a.png (2560 x 1652 px, 2x)' for the status bar."""
+        w, h = self.size
+        how = f"{w} x {h} px, {EXPORT_SCALE}x" if self.kind == "png" else f"SVG, {w} x {h}"
+        return f"Wrote {self.path} ({how})"
+
+
+def export_plots(plots: Any, model: Optional[RunModel], path: str, run_dir: str = "") -> Exported:
+    """The dashboard to `path`: SVG for a .svg name, else PNG at 2x. OSError if it cannot be written."""
+    kind = "svg" if path.lower().endswith(".svg") else "png"
+    if kind == "png" and not path.lower().endswith(".png"):
         path += ".png"
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    plots.refresh(force=True)
-    QApplication.processEvents()
-    shot = plots.canvas.grab()
-    img = QImage(shot.width(), shot.height() + HEADER_PX, QImage.Format.Format_ARGB32)
-    img.fill(QColor(plots.pal.background))
-    p = QPainter(img)
+    if kind == "svg":
+        dashboard_svg(plots, model, path, run_dir)
+        if not os.path.isfile(path):
+            raise OSError(f"could not write {path}")
+        return Exported(path, (EXPORT_SIZE[0], EXPORT_SIZE[1] + HEADER_PX), kind)
+    img = dashboard_image(plots, model, run_dir)
+    if not img.save(path, "PNG"):
+        raise OSError(f"could not write {path}")
+    return Exported(path, (img.width(), img.height()), kind)
+
+
+def plots_png(plots: Any, model: Optional[RunModel], path: str, run_dir: str = "") -> bool:
+    """The dashboard as a PNG (export_plots); False if it could not be written."""
     try:
-        p.drawPixmap(0, HEADER_PX, shot)
-        p.setPen(QColor(plots.pal.foreground))
-        font = QFont(p.font())
-        font.setBold(True)
-        p.setFont(font)
-        p.drawText(QRect(8, 0, img.width() - 16, HEADER_PX), int(Qt.AlignmentFlag.AlignVCenter),
-                   plot_title(model, plots.x_axis_box.currentText(), run_dir))
-    finally:
-        p.end()
-    return bool(img.save(path, "PNG"))
+        export_plots(plots, model, path if path.lower().endswith(".png") else path + ".png", run_dir)
+    except OSError:
+        return False
+    return True
 
 
 def default_name(model: Optional[RunModel], suffix: str, shown: str = "") -> str:
@@ -131,9 +254,19 @@ def default_name(model: Optional[RunModel], suffix: str, shown: str = "") -> str
     return os.path.basename(os.path.normpath(str(run_dir))) + suffix
 
 
-def csv_dialog(parent: QMainWindow, model: RunModel, on_error: Callable[[str, str], Any]) -> None:
+def export_folder(preferences: Preferences) -> str:
+    """Where an export's file dialog opens: the folder the last export went to, if it is still
+    there, else the runs folder."""
+    last = preferences.get_json(EXPORT_DIR, "")
+    return last if isinstance(last, str) and last and os.path.isdir(last) else default_runs_root()
+
+
+def csv_dialog(parent: QMainWindow, model: RunModel, on_error: Callable[[str, str], Any],
+               preferences: Optional[Preferences] = None) -> None:
     """File > Export metrics (CSV)..."""
-    path, _ = QFileDialog.getSaveFileName(parent, "Export metrics", default_name(model, ".csv"), "CSV (*.csv)")
+    prefs = preferences or Preferences()
+    start = os.path.join(export_folder(prefs), default_name(model, ".csv"))
+    path, _ = QFileDialog.getSaveFileName(parent, "Export metrics", start, "CSV (*.csv)")
     if not path:
         return
     try:
@@ -141,19 +274,29 @@ def csv_dialog(parent: QMainWindow, model: RunModel, on_error: Callable[[str, st
     except OSError as e:
         on_error("Export failed", str(e))
         return
+    prefs.set_json(EXPORT_DIR, os.path.dirname(os.path.abspath(path)))
     say(parent, f"Wrote {n} rows to {path}")
 
 
 def png_dialog(parent: QWidget, model: RunModel, plots: Any, on_error: Callable[[str, str], Any],
-               run_dir: str = "") -> None:
-    """File > Export plots (PNG)...: the plots as they are now, redrawn first."""
-    path, _ = QFileDialog.getSaveFileName(parent, "Export plots", default_name(model, ".png", run_dir), "PNG (*.png)")
+               run_dir: str = "", preferences: Optional[Preferences] = None) -> Optional[Exported]:
+    """File > Export plots...: the whole dashboard (every plot, folded ones too) as a PNG at 2x
+    or an SVG, in the folder of the last export (else the runs folder)."""
+    prefs = preferences or Preferences()
+    start = os.path.join(export_folder(prefs), default_name(model, ".png", run_dir))
+    path, chosen = QFileDialog.getSaveFileName(parent, "Export plots", start, ";;".join(FORMATS.values()))
     if not path:
-        return
-    if not plots_png(plots, model, path, run_dir):
-        on_error("Export failed", f"could not write {path}")
-        return
-    say(parent, f"Wrote {path}")
+        return None
+    if chosen == FORMATS["svg"] and not path.lower().endswith(".svg"):
+        path = os.path.splitext(path)[0] + ".svg"
+    try:
+        done = export_plots(plots, model, path, run_dir)
+    except OSError as e:
+        on_error("Export failed", str(e))
+        return None
+    prefs.set_json(EXPORT_DIR, os.path.dirname(os.path.abspath(done.path)))
+    say(parent, done.said())
+    return done
 
 
 def say(parent: QWidget, text: str) -> None:

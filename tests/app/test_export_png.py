@@ -7,7 +7,7 @@ import pytest
 from PySide6.QtGui import QColor, QImage
 from PySide6.QtWidgets import QFileDialog
 
-from app.ui.export import HEADER_PX, plot_title
+from app.ui.export import EXPORT_SIZE, HEADER_PX, plot_title
 from test_window_layout import synthetic_run
 
 
@@ -19,11 +19,11 @@ def test_exported_plots_name_the_run_and_leave_out_the_toolbar(qtbot, make_windo
     monkeypatch.setattr(QFileDialog, "getSaveFileName", staticmethod(lambda *a, **k: (str(out), "")))
     w.app_actions.png.trigger()
     img = QImage(str(out))
-    canvas = w.plots.canvas
-    assert (img.width(), img.height()) == (canvas.width(), canvas.height() + HEADER_PX)  # no toolbar row
+    width, height = EXPORT_SIZE  # the dashboard at the export size (test_export_view.py), at 2x: no toolbar row
+    assert (img.width(), img.height()) == (2 * width, 2 * (height + HEADER_PX))
     assert "named-run" in plot_title(w.model, w.plots.x_axis_box.currentText(), w.views.shown_dir)
     bg = QColor(w.plots.pal.background).rgb()
-    header = {img.pixel(x, y) for x in range(0, 300) for y in range(4, HEADER_PX - 4)}
+    header = {img.pixel(x, y) for x in range(0, 600) for y in range(8, 2 * HEADER_PX - 8)}
     assert len(header - {bg}) > 0  # the run's name is written there
     assert "Wrote" in w.status.note.text() and str(out) in w.status.note.text()
     assert w.status.currentMessage() == ""  # nothing drawn over the progress bar
