@@ -55,6 +55,7 @@ def live_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     proc = subprocess.Popen([sys.executable, "-m", "engine", *LIVE_ARGS, "--run-dir", str(run_dir)], cwd=ROOT,
                             env=subprocess_env(engine_env(base)), stdin=subprocess.DEVNULL, stdout=log,
                             stderr=subprocess.STDOUT)
+    os.setpriority(os.PRIO_PROCESS, proc.pid, 10)  # the windows first: the engine trains on what they leave
     try:
         def started() -> bool:
             assert proc.poll() is None, f"the engine exited ({proc.returncode}): {(base / 'engine.out').read_text()}"
