@@ -17,7 +17,13 @@ Ranges: while "following" (the default, and after "Fit all") the panel sets the 
 itself, in steps (x grows by a fifth at a time, y only when the data leaves it or
 fills a small part of it), so the axes, whose text is the dearest thing to paint, are
 redrawn now and then rather than on every frame; they are cached as pixmaps between.
-Zooming or panning with the mouse stops following.
+Zooming or panning with the mouse stops following. Each y range holds every curve drawn on
+its plot (ranges.py), on the plot's own scale: the loss, the gradient norm and the lr each
+have a log scale of their own (log_scale.py).
+
+Room: the loss keeps at least 40% of the window's height; the rows under it fold away on a
+short canvas, and a plot with nothing to show is one line under the plots (fold.py). A theme
+switch draws everything on a new canvas, built as the first (build.py, set_theme).
 """
 from __future__ import annotations
 
@@ -33,12 +39,12 @@ from PySide6.QtWidgets import QVBoxLayout, QWidget
 from app.model.metrics import INLIER_EMA, MetricsBuffer
 from app.model.runmodel import RunModel
 from .build import IDLE_NOTE, build
-from .log_scale import LogScales
+from .fold import TPUT_EMPTY
 from .hover import PlotHover
+from .log_scale import LogScales
 from .parts import PlotCanvas, Series
 from .point_menu import PointMenu
 from .ranges import follow
-from .fold import TPUT_EMPTY
 from .readback import curve_data
 from .scalars import ScalarsPlot
 from .titles import set_titles
