@@ -39,3 +39,21 @@ memory by kind as a CPU run records it. `parent`: the run
     store.record(RunFinished(steps, epochs, reason="completed"))
     store.close()
     return str(run_dir)
+
+
+def gpu_run(run_dir: Path, steps: int = 300) -> str:
+    """A finished CUDA run as the engine records one: device memory and memory by kind every step."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    store = RunStore(str(run_dir))
+    store.set_info(status="finished", task="mlp", device="cuda:0", device_name="NVIDIA H100")
+    gib = 2 ** 30
+    for s in range(1, steps + 1):
+        store.record(StepMetrics(s, 1, loss=2.0 / (1 + s / 30), grad_norm=1 + 0.3 * math.sin(s / 5), clipped=False,
+                                 lr=1e-3, accum=4, clip=1.0, micro_batch=16, samples=64, tokens=64, step_time=0.02,
+                                 throughput=3200.0, nonfinite=False, scaler_skipped=False, mem_allocated=20 * gib,
+                                 mem_reserved=24 * gib, mem_peak=30 * gib, mem_used=32 * gib, mem_total=80 * gib,
+                                 mem_params=4 * gib, mem_grads=4 * gib, mem_optimizer=8 * gib,
+                                 mem_activations=12 * gib))
+    store.record(RunFinished(steps, 1, reason="completed"))
+    store.close()
+    return str(run_dir)

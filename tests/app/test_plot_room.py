@@ -9,7 +9,7 @@ import pytest
 from PySide6.QtCore import Qt
 
 from app.ui.plots.fold import LOSS_SHARE, plan_fold
-from canvas_runs import plot_run
+from canvas_runs import gpu_run, plot_run
 from test_window_layout import settle
 
 
@@ -64,6 +64,22 @@ def test_a_plot_with_nothing_to_show_is_one_line(qtbot, make_window, cpu_run):
     assert line.isVisible() and "GPU memory: no GPU" in line.text and line.height() <= 24
     assert "Memory by kind" not in line.text and "Throughput" not in line.text
     fits(w)
+
+
+@pytest.mark.slow
+def test_a_gpu_run_shows_its_memory_beside_memory_by_kind_and_throughput(qtbot, make_window, tmp_path):
+    """At 1440 x 900 every plot of a GPU run is drawn, the loss at 40%; the headroom fills
+    reach the run's last step (they were drawn as the curves were clipped to the range before
+    the first fit: the first 100 steps)."""
+    w = make_window()
+    w.resize(1440, 900)
+    assert w.open_run(gpu_run(tmp_path / "gpu"))
+    settle(qtbot, w)
+    panel = w.plots
+    assert all(p.isVisible() for p in panel.plots) and not panel.fold.line.isVisible() and not panel.hint.text()
+    fits(w)
+    for fill in (panel.headroom_fill, panel.stack.headroom):
+        assert fill.isVisible() and fill.path().boundingRect().right() >= 299, fill.path().boundingRect()
 
 
 def test_rows_fold_lowest_first_and_the_loss_keeps_its_share() -> None:

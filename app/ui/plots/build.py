@@ -95,7 +95,7 @@ def build(panel: "PlotPanel") -> None:
     panel._y_series = {id(panel.loss_plot): panel.series[0:2], id(panel.norm_plot): panel.series[2:5],
                       id(panel.lr_plot): panel.series[5:6], id(panel.tput_plot): panel.series[6:8],
                       id(panel.mem_plot): panel.mem_series}
-    for s in panel.series + panel.mem_series + panel.stack.device:
+    for s in panel.series:  # (the memory plots are not clipped: memory.py)
         s.item.setClipToView(True)
     panel._set_downsampling()
     panel._set_titles()

@@ -41,6 +41,7 @@ class MemoryStack:
     def __init__(self, plots: PlotSet, pal: Palette) -> None:
         self.plots, self.pal = plots, pal
         p = plots.stack
+        p.setClipToView(False)  # as the GPU memory plot's: its headroom fill is drawn from unclipped curves
         self.layers: list[pg.PlotDataItem] = []
         for i, color in enumerate(pal.mem_kinds):
             fill = pg.mkColor(color)

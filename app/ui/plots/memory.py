@@ -19,6 +19,11 @@ class MemoryPlot:
         self.plots = plots
         self.pal = pal
         p = plots.mem
+        # Not clipped to the view: the headroom fill is drawn from its two curves as they were
+        # clipped when their data was set and is not drawn again when the view moves (it covered
+        # the first 100 steps, the range before the first one set). The curves get only the
+        # visible span anyway (Series).
+        p.setClipToView(False)
         self.total = p.plot(pen=pg.mkPen(pal.mem_total, width=1.5))
         self.used = p.plot(pen=pg.mkPen(pal.mem_used, width=1.5))
         self.reserved = p.plot(pen=pg.mkPen(pal.mem_reserved, width=1))
