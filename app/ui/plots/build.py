@@ -92,7 +92,10 @@ def build(panel: "PlotPanel") -> None:
     panel.mem_series = panel.memory.series
     panel._every_frame = panel.series[0:2]
     panel._turns = (panel.series[2:6], panel.series[6:8])  # norm/clip/clipped/lr, then throughput (+ memory)
-    panel._y_series = {id(panel.loss_plot): panel.series[0:2], id(panel.norm_plot): panel.series[2:5],
+    # Each plot's own curves, the raw one first: "Ignore outliers" ranges them (and the steps a
+    # rollback threw away, the same run's) within the raw curve's fences (ranges.py).
+    panel._y_series = {id(panel.loss_plot): panel.series[0:2] + [panel.rollbacks.loss],
+                      id(panel.norm_plot): panel.series[2:5] + [panel.rollbacks.norm],
                       id(panel.lr_plot): panel.series[5:6], id(panel.tput_plot): panel.series[6:8],
                       id(panel.mem_plot): panel.mem_series}
     for s in panel.series:  # (the memory plots are not clipped: memory.py)

@@ -3,7 +3,7 @@ leaves it or fills a small part of it, so the axes (the dearest thing to paint) 
 now and then rather than on every frame."""
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 import numpy as np
 import pyqtgraph as pg
@@ -53,15 +53,15 @@ def log_y(p: pg.PlotItem) -> bool:
     return bool(p.ctrl.logYCheck.isChecked())
 
 
-def shown_y(p: pg.PlotItem, own: list[Series], robust: bool) -> list[np.ndarray]:
+def shown_y(p: pg.PlotItem, own: list[Any], robust: bool) -> list[np.ndarray]:
     """The y values a plot's range holds: those of every curve drawn on it that bounds its view
     (pyqtgraph's addedItems: everything not added with ignoreBounds, such as the validation
     points, the runs compared, the planned lr), as given, never as pyqtgraph maps them for a
-    log axis. "Ignore outliers": the plot's own curves (`own`: the raw one first, then what is
-    derived from it, such as its EMA, which a spike drags up for many steps after) within the
-    raw curve's fences; any other curve within its own fences (another run's loss is not an
-    outlier of this one's)."""
-    own_items = {id(s.item) for s in own}
+    log axis. "Ignore outliers": the plot's own curves (`own`: the raw one first, a Series, then
+    what is derived from it, such as its EMA, which a spike drags up for many steps after, and
+    the same run's steps thrown away, as Series or items) within the raw curve's fences; any
+    other curve within its own fences (another run's loss is not an outlier of this one's)."""
+    own_items = {id(getattr(s, "item", s)) for s in own}
     mine: list[np.ndarray] = []
     others: list[np.ndarray] = []
     for item in p.getViewBox().addedItems:
@@ -102,7 +102,7 @@ def follow_y(p: pg.PlotItem, ys: list[np.ndarray], log: bool, from_zero: bool, r
     p.setYRange(new_lo, new_hi, padding=0)
 
 
-def follow(plots: PlotSet, own: dict[int, list[Series]], leads: list[Series], *, memory_shown: bool, refit: bool,
+def follow(plots: PlotSet, own: dict[int, list[Any]], leads: list[Series], *, memory_shown: bool, refit: bool,
            robust: bool = False, live: bool = True, only: Optional[pg.PlotItem] = None) -> None:
     """Every plot's ranges (`only`: that plot's y alone). `own`: each plot's own curves, by
     id(plot), the raw one first (shown_y); `leads`: the curves whose ends set x (the loss and
