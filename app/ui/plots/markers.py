@@ -70,17 +70,29 @@ def label_of(line: pg.InfiniteLine) -> Optional[pg.InfLineLabel]:
     return getattr(line, "label", None)
 
 
-class MarkerSet:
-    """One kind of marker (see the module doc). `plots(plot_set)`: the plots it is drawn on now;
-    `labelled(plot_set, plot)`: whether its markers carry labels there; `prefer`: the rows its
-    labels try first ("top", "middle", "bottom"); `many`: what a group of mixed words counts."""
+@dataclass(frozen=True)
+class MarkerStyle:
+    """How one kind of marker looks and where it goes."""
+    kind: str
+    pen: QPen
+    color: str  # its labels' text
+    fill: str  # its labels' background
+    z: float
+    plots: Callable[[PlotSet], Sequence[pg.PlotItem]]  # the plots it is drawn on now
+    labelled: Callable[[PlotSet, pg.PlotItem], bool]  # whether its markers carry labels on a plot
+    prefer: str  # the rows its labels try first: "top", "middle" or "bottom"
+    many: str  # what a group of mixed words counts
+    rank: int  # the order labels are placed in (lower first: they win a contested row)
 
-    def __init__(self, kind: str, pen: QPen, color: str, fill: str, z: float,
-                 plots: Callable[[PlotSet], Sequence[pg.PlotItem]],
-                 labelled: Callable[[PlotSet, pg.PlotItem], bool], prefer: str, many: str, rank: int) -> None:
-        """rank: the order labels are placed in (lower first: they win a contested row)."""
-        self.kind, self.pen, self.color, self.fill, self.z = kind, pen, color, fill, z
-        self.plots, self.labelled, self.prefer, self.many, self.rank = plots, labelled, prefer, many, rank
+
+class MarkerSet:
+    """One kind of marker (see the module doc), drawn in its style."""
+
+    def __init__(self, style: MarkerStyle) -> None:
+        self.style = style
+        self.kind, self.pen, self.color, self.fill, self.z = style.kind, style.pen, style.color, style.fill, style.z
+        self.plots, self.labelled, self.prefer = style.plots, style.labelled, style.prefer
+        self.many, self.rank = style.many, style.rank
         self.marked = Marked()
         self.version = 0
         self.pools: dict[int, _Pool] = {}

@@ -15,7 +15,7 @@ from PySide6.QtCore import Qt
 from app.model.metrics import MetricsBuffer
 from app.model.runmodel import RunModel
 from app.ui.theme import Palette
-from .markers import Marked, MarkerSet, layout_for
+from .markers import Marked, MarkerSet, MarkerStyle, layout_for
 from .parts import PlotSet
 
 # The order labels are placed in (lower first): rare and telling before many and alike.
@@ -57,12 +57,14 @@ class PlotMarks:
         self.memory_shown = False
         fill = pal.background + "d8"
         layout = layout_for(plots)
-        self.settings = layout.add(MarkerSet(
-            "settings", pg.mkPen(pal.marker, width=1.5, style=Qt.PenStyle.DashLine), pal.marker, fill, 20,
-            every_plot(lambda: self.memory_shown), lambda ps, p: True, "top", "changes", RANK_SETTINGS))
-        self.nonfinite = layout.add(MarkerSet(
-            "nonfinite", pg.mkPen(pal.nonfinite, width=1.5, style=Qt.PenStyle.DotLine), pal.nonfinite, fill, 15,
-            lambda ps: [ps.loss, ps.norm], lambda ps, p: p is ps.loss, "bottom", "non-finite", RANK_NONFINITE))
+        self.settings = layout.add(MarkerSet(MarkerStyle(
+            "settings", pg.mkPen(pal.marker, width=1.5, style=Qt.PenStyle.DashLine), pal.marker, fill, z=20,
+            plots=every_plot(lambda: self.memory_shown), labelled=lambda ps, p: True, prefer="top", many="changes",
+            rank=RANK_SETTINGS)))
+        self.nonfinite = layout.add(MarkerSet(MarkerStyle(
+            "nonfinite", pg.mkPen(pal.nonfinite, width=1.5, style=Qt.PenStyle.DotLine), pal.nonfinite, fill, z=15,
+            plots=lambda ps: [ps.loss, ps.norm], labelled=lambda ps, p: p is ps.loss, prefer="bottom",
+            many="non-finite", rank=RANK_NONFINITE)))
         self._marker_count = -1
         self._nonfinite_count = -1
         self._placed_to = -1.0  # the last step the lines' places were worked out with

@@ -16,7 +16,7 @@ from PySide6.QtCore import Qt
 
 from app.model.runmodel import RunModel
 from app.ui.theme import Palette
-from .markers import Marked, MarkerSet, layout_for
+from .markers import Marked, MarkerSet, MarkerStyle, layout_for
 from .marks import RANK_CONTINUED, RANK_FORK, RANK_ROLLBACK, every_plot
 from .parts import PlotSet
 
@@ -37,15 +37,18 @@ class RollbackMarks:
         fill = pal.background + "d8"
         on_every_plot = every_plot(lambda: self.memory_shown)
         layout = layout_for(plots)
-        self.rolled = layout.add(MarkerSet(
-            "rollback", pg.mkPen(pal.rollback, width=2, style=Qt.PenStyle.DashDotLine), pal.rollback, fill, 21,
-            on_every_plot, lambda ps, p: True, "middle", "\u21b6 rollbacks", RANK_ROLLBACK))
-        self.forked = layout.add(MarkerSet(
-            "fork", pg.mkPen(pal.foreground, width=1.5, style=Qt.PenStyle.DotLine), pal.foreground, fill, 19,
-            on_every_plot, lambda ps, p: p is ps.loss, "bottom", "forks", RANK_FORK))
-        self.continued = layout.add(MarkerSet(
-            "continued", pg.mkPen(pal.foreground, width=1.5, style=Qt.PenStyle.DashDotDotLine), pal.foreground, fill,
-            19, on_every_plot, lambda ps, p: p is ps.loss, "top", CONTINUED, RANK_CONTINUED))
+        self.rolled = layout.add(MarkerSet(MarkerStyle(
+            "rollback", pg.mkPen(pal.rollback, width=2, style=Qt.PenStyle.DashDotLine), pal.rollback, fill, z=21,
+            plots=on_every_plot, labelled=lambda ps, p: True, prefer="middle", many="\u21b6 rollbacks",
+            rank=RANK_ROLLBACK)))
+        self.forked = layout.add(MarkerSet(MarkerStyle(
+            "fork", pg.mkPen(pal.foreground, width=1.5, style=Qt.PenStyle.DotLine), pal.foreground, fill, z=19,
+            plots=on_every_plot, labelled=lambda ps, p: p is ps.loss, prefer="bottom", many="forks",
+            rank=RANK_FORK)))
+        self.continued = layout.add(MarkerSet(MarkerStyle(
+            "continued", pg.mkPen(pal.foreground, width=1.5, style=Qt.PenStyle.DashDotDotLine), pal.foreground,
+            fill, z=19, plots=on_every_plot, labelled=lambda ps, p: p is ps.loss, prefer="top", many=CONTINUED,
+            rank=RANK_CONTINUED)))
         self._resumes: list[int] = []  # the steps a run was continued from (run_started after steps)
         self._scanned = 0  # the model's notes looked at for them
         # Each stretch thrown away, shaded grey where it was (its loss may be NaN: nothing to draw).
