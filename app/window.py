@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 from typing import Any, Callable, Optional
 
 from PySide6.QtCore import Qt, QTimer, Signal
@@ -20,7 +19,6 @@ from engine.declarations.paths import default_runs_root
 
 from .core import assets, logs
 from .core.preferences import Preferences
-from .model.notes import Note
 from .model.runmodel import RunModel
 from .model.title import window_title
 from .runner.controller import RunController
@@ -48,7 +46,6 @@ from .ui.shell.view_prefs import ViewPrefs
 log = logging.getLogger("headroom.window")
 
 STATUS_EVERY = 8  # status bar every 8th tick (~4 Hz)
-WINDOW_ERROR = "window_error"  # the alert kind of an exception a slot did not catch (slot_failed)
 JOIN_S = 2.0  # closing waits this long for the engine thread, then hides and closes when it ends
 
 
@@ -170,7 +167,7 @@ class MainWindow(QMainWindow):
             action.triggered.connect(lambda *_, slot=slot: slot())
         aa.log_scale.toggled.connect(lambda on: self._plots.set_log_scale(on) if self._plots else None)
         aa.theme.toggled.connect(lambda on: self.set_theme("dark" if on else "light"))
-        self.run_menu.aboutToShow.connect(self.check_gpus)
+        self.run_menu.aboutToShow.connect(self.launcher.check_gpus)  # enables Run on N GPUs, or says why not
         self.controls.task_file_wanted.connect(self.choose_task_file)
         self.controls.live.what_fits.clicked.connect(lambda: (self.levers_dock.show(), self.levers_dock.raise_()))
         self.alerts.count_changed.connect(lambda n: self.alerts_dock.setWindowTitle(f"Alerts ({n})" if n else "Alerts"))
@@ -287,10 +284,6 @@ class MainWindow(QMainWindow):
         """The form's settings under torchrun with n processes."""
         return self.starter.launch(n, run_dir)
 
-    def check_gpus(self) -> None:
-        """When the Run menu first opens: enables "Run on N GPUs..." (2 or more) or says why not."""
-        self.launcher.check_gpus()
-
     def run_on_gpus_dialog(self) -> Any:
         """The Run on N GPUs dialog, opened (None with fewer than 2 GPUs)."""
         return self.starter.launch_dialog()
@@ -341,10 +334,6 @@ class MainWindow(QMainWindow):
                 self.show_error("Display error", f"{type(e).__name__}: {e}\n\nThe run goes on; details are in "
                                                  f"{logs.log_path()}.")
 
-    def live_text(self) -> str:
-        """'live: pid N on HOST' while the run shown is going, else ''."""
-        return self.live_label.text()
-
     def _sync_live(self) -> None:
         self.live_label.show_text(self.session.live_text())
         self.central.set_banner(self.session.connection_text())  # a remote run's connection lost
@@ -388,9 +377,7 @@ class MainWindow(QMainWindow):
     def slot_failed(self, line: str) -> None:
         """An exception no slot caught (app/core/logs.py logged its traceback): an alert row that
         says it, and the window goes on."""
-        self.alerts.add([Note(WINDOW_ERROR, self.model.step, self.model.epoch,
-                              f"{line} (a fault in the window; the traceback is in {logs.log_path()})",
-                              time=time.time())])
+        self.alerts.window_error(line, self.model.step, self.model.epoch)
 
     def show_about(self) -> Any:
         self.about_dialog = dialogs.open_about(self)

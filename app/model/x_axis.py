@@ -165,6 +165,16 @@ class XColumns:
         return secs / d_samples if secs > 0 else None
 
 
+def nearest(xs: np.ndarray, x: float) -> int:
+    """The index of the value of sorted xs nearest x (xs not empty): an x axis' row under a point."""
+    i = int(np.searchsorted(xs, x))
+    if i >= len(xs):
+        return len(xs) - 1
+    if i > 0 and abs(xs[i - 1] - x) <= abs(xs[i] - x):
+        return i - 1
+    return i
+
+
 _COLUMNS: "weakref.WeakKeyDictionary[MetricsBuffer, XColumns]" = weakref.WeakKeyDictionary()
 
 

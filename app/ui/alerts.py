@@ -17,7 +17,7 @@ from PySide6.QtGui import QDesktopServices
 from PySide6.QtWidgets import (QAbstractItemView, QHBoxLayout, QHeaderView, QLabel, QMenu, QPushButton, QTableWidget,
                                QTableWidgetItem, QVBoxLayout, QWidget)
 
-from app.core import assets
+from app.core import assets, logs
 from app.model.notes import Note, NoteGroup, NoteGroups
 
 STEPS_ROLE = Qt.ItemDataRole.UserRole  # on the Step cell: (first step, last step)
@@ -100,6 +100,11 @@ class AlertsPanel(QWidget):
         self.total = 0  # occurrences, all kinds
         self.by_kind: dict[str, int] = {}  # occurrences by kind
         self.snapshot_paths: list[str] = []  # memory snapshots the rows have linked to
+
+    def window_error(self, line: str, step: int, epoch: int) -> None:
+        """An exception no slot of the window caught (app/core/logs.py logged its traceback)."""
+        self.add([Note("window_error", step, epoch, f"{line} (a fault in the window; the traceback is in "
+                                                      f"{logs.log_path()})", time=time.time())])
 
     def add(self, notes: Sequence[Note]) -> None:
         if not notes:

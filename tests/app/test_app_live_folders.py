@@ -81,7 +81,7 @@ def test_a_folder_another_process_writes_is_followed_live_and_names_its_writer(q
         w = make_window()
         assert w.open_run(str(run_dir))
         assert w.ui_state() == "training" and w.session.remote
-        assert w.live_text() == f"live: pid {proc.pid} on {HOST}"
+        assert w.live_label.text() == f"live: pid {proc.pid} on {HOST}"
         assert w.live_label.isVisible()
         first = w.model.step
         wait_until(qtbot, lambda: w.model.step >= first + 5, 20, "the app to follow run.db as it grows")
@@ -89,7 +89,7 @@ def test_a_folder_another_process_writes_is_followed_live_and_names_its_writer(q
         proc.wait()
         # The writer is gone (its lock went with it): run.db still says running, so: interrupted.
         wait_until(qtbot, lambda: w.model.state == "interrupted", 20, "the app to see the writer gone")
-        assert w.live_text() == ""
+        assert w.live_label.text() == ""
     assert w.last_error is None
 
 
@@ -136,12 +136,12 @@ def test_the_window_shows_its_own_run_live_without_refusing_itself(qtbot, make_w
     start(w, epochs=50, run_dir=str(run_dir))
     wait_until(qtbot, lambda: w.model.step >= 3, 90, "a few steps")
     w.tick()
-    assert w.live_text() == f"live: pid {os.getpid()} on {HOST}"
+    assert w.live_label.text() == f"live: pid {os.getpid()} on {HOST}"
     assert runlock.holder(str(run_dir))["pid"] == os.getpid()  # the engine thread holds the lock
     assert w.last_error is None
     w.stop_run()
     assert run_to_end(qtbot, w, 60)["reason"] == "stopped"
-    assert w.live_text() == "" and runlock.holder(str(run_dir)) is None
+    assert w.live_label.text() == "" and runlock.holder(str(run_dir)) is None
 
 
 # -- commands that cannot reach a run folder --------------------------------------------------

@@ -135,11 +135,11 @@ def _cli(*args: str) -> None:
 def _assert_rollback_shown(w) -> None:
     p = w.plots
     assert w.model.rollbacks and w.model.rollbacks[0].to_step == 6 and w.model.rollbacks[0].reason == "nonfinite"
-    on = {id(plot) for plot, _line in p.rollback_lines}
+    on = {id(plot) for plot, _line in p.rollbacks.lines}
     for plot in (p.loss_plot, p.norm_plot, p.lr_plot, p.tput_plot, p.stack_plot):
         assert id(plot) in on  # a marker on every plot (the memory plot says "no GPU" here)
-    assert all(abs(line.value() - 6.5) < 1e-9 for _plot, line in p.rollback_lines[:5])
-    label = next(line.label.toPlainText() for plot, line in p.rollback_lines if plot is p.loss_plot)
+    assert all(abs(line.value() - 6.5) < 1e-9 for _plot, line in p.rollbacks.lines[:5])
+    label = next(line.label.toPlainText() for plot, line in p.rollbacks.lines if plot is p.loss_plot)
     assert "rolled back to 6" in label and "nonfinite" in label
     x, y = p.curve_data("discarded_loss")
     steps = set(x[np.isfinite(x)].astype(int))
@@ -272,4 +272,4 @@ def test_a_run_followed_while_another_process_rolls_back_reads_the_new_rows(qtbo
     w.plots.refresh(force=True)
     x, y = w.plots.curve_data("discarded_loss")
     assert list(x) == [7, 8] and list(y) == [2.0, 2.0]
-    assert w.plots.rollback_lines and "rolled_back" in w.alerts.kinds()
+    assert w.plots.rollbacks.lines and "rolled_back" in w.alerts.kinds()

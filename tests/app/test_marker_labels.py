@@ -29,7 +29,7 @@ def test_a_marker_label_near_the_right_edge_stays_inside(qtbot, make_window, tmp
     p.follow = False  # as after zooming with the mouse
     p.loss_plot.setXRange(0, 112, padding=0)  # the marker (110.5) close to the right edge
     qtbot.wait(50)
-    lines = [line for plot, line in p.marker_lines if plot is p.loss_plot]
+    lines = [line for plot, line in p.marks.marker_lines if plot is p.loss_plot]
     assert lines
     label = lines[0].label
     label.updatePosition()

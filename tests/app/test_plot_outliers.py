@@ -51,7 +51,7 @@ def test_a_spike_neither_flattens_the_curve_nor_mislabels_the_axis(qtbot, make_w
     values = [float(t) for t in texts]
     assert max(values) > SPIKE and all(math.isfinite(v) for v in values)  # the true values, as they are
     p.set_ignore_outliers(True)  # the user's choice is kept (not set by itself again)
-    assert p.outliers_chosen and p.ignore_outliers
+    assert p.outliers.chosen and p.ignore_outliers
 
 
 @pytest.mark.slow

@@ -23,7 +23,7 @@ from PySide6.QtCore import QEvent, QObject, QPoint, QPointF, Qt
 from PySide6.QtWidgets import QLabel, QWidget
 
 from app.model.metrics import MetricsBuffer
-from app.model.x_axis import BY_KEY, columns, fmt_clock
+from app.model.x_axis import BY_KEY, columns, fmt_clock, nearest
 from app.ui.theme import Palette
 
 if TYPE_CHECKING:
@@ -44,16 +44,6 @@ class Readout:
     def text(self) -> str:
         """The readout as plain text (for tests and the tooltip of a screen reader)."""
         return "\n".join([self.head] + [t for _c, t in self.rows])
-
-
-def nearest(xs: np.ndarray, x: float) -> int:
-    """The index of the value of sorted xs nearest x (xs not empty)."""
-    i = int(np.searchsorted(xs, x))
-    if i >= len(xs):
-        return len(xs) - 1
-    if i > 0 and abs(xs[i - 1] - x) <= abs(xs[i] - x):
-        return i - 1
-    return i
 
 
 def nearest_unsorted(xs: np.ndarray, x: float) -> int:

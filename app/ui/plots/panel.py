@@ -42,6 +42,7 @@ from .build import IDLE_NOTE, build
 from .fold import TPUT_EMPTY
 from .hover import PlotHover
 from .log_scale import LogScales
+from .outliers_choice import OutliersChoice
 from .parts import PlotCanvas, Series
 from .point_menu import PointMenu
 from .ranges import follow
@@ -50,7 +51,7 @@ from .scalars import ScalarsPlot
 from .titles import set_titles
 from .toolbar import PlotToolbar
 from app.ui.theme import palette
-from app.model.x_axis import BY_KEY, DEFAULT_AXIS, axis_or_default, columns
+from app.model.x_axis import BY_KEY, DEFAULT_AXIS, axis_or_default, columns, nearest
 
 STARTING_NOTE = "Starting: loading torch and the task..."
 
@@ -94,8 +95,7 @@ class PlotPanel(QWidget):
         self.log_box.setToolTip("Show the loss on a logarithmic y axis (the gradient norm and the lr: "
                                 "\"Log scale\" in their right-click menu)")
         self.outliers_box = tb.outliers_box
-        self.outliers_chosen = False  # the user ticked or cleared it: no longer set by itself
-        self.outliers_box.toggled.connect(self._outliers_toggled)
+        self.outliers = OutliersChoice(self.outliers_box, self._outliers_toggled)
         self.fit_button.clicked.connect(self.fit)
         self.x_axis_box.currentIndexChanged.connect(lambda _i: self.set_x_axis(self.x_axis_box.currentData()))
         self.smoothing = tb.smoothing.weight()
@@ -215,11 +215,7 @@ class PlotPanel(QWidget):
         if self.model is None or not len(self.model.metrics) or not math.isfinite(x):
             return None
         buf = self.model.metrics
-        xs, steps = columns(buf).values(self.axis), buf.view("step")
-        i = int(np.clip(np.searchsorted(xs, x), 1, len(xs) - 1)) if len(xs) > 1 else 0
-        if i and abs(xs[i - 1] - x) <= abs(xs[i] - x):
-            i -= 1
-        return int(steps[i])
+        return int(buf.view("step")[nearest(columns(buf).values(self.axis), x)])
 
     def zoom_to_step(self, step: int) -> None:
         """Show the steps around `step` (an alert clicked), whatever the x axis."""
@@ -266,28 +262,16 @@ class PlotPanel(QWidget):
 
     @property
     def ignore_outliers(self) -> bool:
-        return self.outliers_box.isChecked()
+        return self.outliers.on
 
     def set_ignore_outliers(self, on: bool) -> None:
-        """As the user's choice (the box is then no longer set by itself)."""
-        self.outliers_chosen = True
-        if self.outliers_box.isChecked() != on:
-            self.outliers_box.setChecked(on)
+        self.outliers.choose(on)
 
-    def _outliers_toggled(self, _on: bool) -> None:
+    def _outliers_toggled(self) -> None:
         if not self._updating:
-            self.outliers_chosen = True
+            self.outliers.chosen = True
         self.follow = True
         self.refresh(force=True, refit=True)
-
-    def _outliers_by_itself(self, model: RunModel) -> None:
-        """On by itself once the run has non-finite steps or rollbacks (their neighbours are
-        often spikes), unless the user chose."""
-        want = bool(len(model.metrics.nonfinite_steps) or model.rollbacks)
-        if not self.outliers_chosen and want != self.outliers_box.isChecked():
-            self.outliers_box.blockSignals(True)
-            self.outliers_box.setChecked(want)
-            self.outliers_box.blockSignals(False)
 
     def fit(self) -> None:
         """Show everything and follow new steps again."""
@@ -347,7 +331,7 @@ class PlotPanel(QWidget):
             self._version, self._range_key = buf.version, range_key
             axis = self.axis
             if self.follow:
-                self._outliers_by_itself(model)
+                self.outliers.follow_run(model)
             # "Ignore outliers" also draws the EMA without them: a spike folded into it keeps it
             # off the plot for hundreds of steps (app/model/inlier_ema.py).
             self.series[1].show_column(INLIER_EMA if self.ignore_outliers else "loss_ema")
@@ -402,19 +386,7 @@ class PlotPanel(QWidget):
         else:
             self.val_item.setData([], [])
 
-    # -- marks and overlays ----------------------------------------------------------------
-    @property
-    def marker_lines(self) -> list[tuple[pg.PlotItem, pg.InfiniteLine]]:
-        return self.marks.marker_lines
-
-    @property
-    def nonfinite_lines(self) -> list[tuple[pg.PlotItem, pg.InfiniteLine]]:
-        return self.marks.nonfinite_lines
-
-    @property
-    def rollback_lines(self) -> list[tuple[pg.PlotItem, pg.InfiniteLine]]:
-        return self.rollbacks.lines
-
+    # -- runs compared ----------------------------------------------------------------------
     @property
     def overlays(self) -> dict[str, tuple[MetricsBuffer, pg.PlotDataItem, Series]]:
         return self._overlays.entries
