@@ -47,3 +47,13 @@ def start(window: Any, **config: Any) -> None:
                                if k in ("max_steps", "seed", "run_dir", "nonfinite", "optimizer")})
     window.controls.set_values(cfg)
     assert window.start_run(), window.last_error
+
+
+def open_comparing(window: Any, shown: str, *compared: str) -> None:
+    """Open `shown` and tick `compared` in Run history's Compare, as a user does."""
+    for path in (shown, *compared):
+        window.history.add_extra(path)
+    window.history.refresh()
+    assert window.open_run(shown)
+    for path in compared:
+        window.history.set_checked(path, True)

@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from noisy_runs import write_run
+from app_helpers import open_comparing
+from recorded_runs import write_run
 from test_smoothing import tensorboard
 
 
@@ -25,12 +26,7 @@ def data(item) -> tuple[np.ndarray, np.ndarray]:
 def test_compared_runs_are_drawn_on_every_plot_they_have_a_metric_for(qtbot, make_window, runs):
     a, b, c = runs
     w = make_window()
-    for path in runs:
-        w.history.add_extra(path)
-    w.history.refresh()
-    assert w.open_run(a)
-    w.history.set_checked(b, True)
-    w.history.set_checked(c, True)
+    open_comparing(w, a, b, c)
     p = w.plots
     for plot in (p.loss_plot, p.norm_plot, p.lr_plot, p.tput_plot):  # each compared run named where it is drawn
         assert ">b</span>" in plot.titleLabel.text and ">c</span>" in plot.titleLabel.text, plot.titleLabel.text[:60]

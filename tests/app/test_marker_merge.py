@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from noisy_runs import write_run
+from recorded_runs import write_run
 from test_window_layout import settle
 
 STEPS, EVERY = 700, 7  # a non-finite step every 7th: 100 of them

@@ -8,7 +8,8 @@ from PySide6.QtCore import QEvent, QPoint, QPointF
 from PySide6.QtTest import QTest
 from PySide6.QtWidgets import QApplication
 
-from noisy_runs import write_run
+from app_helpers import open_comparing
+from recorded_runs import write_run
 from test_window_layout import settle
 
 
@@ -49,11 +50,7 @@ def test_hovering_shows_the_step_and_every_runs_values(qtbot, make_window, runs)
     a, b = runs
     w = make_window()
     w.resize(1440, 900)
-    for path in runs:
-        w.history.add_extra(path)
-    w.history.refresh()
-    assert w.open_run(a)
-    w.history.set_checked(b, True)  # Compare: b over a
+    open_comparing(w, a, b)  # Compare: b over a
     p = w.plots
     settle(qtbot, w)  # the places of the steps on the screen stay put
     own = w.model.metrics

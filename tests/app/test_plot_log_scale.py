@@ -14,7 +14,8 @@ import pytest
 
 from app.ui.plots.fitting import LABEL_PX
 from app.ui.plots.log_ticks import log_label, log_tick_levels
-from canvas_runs import plot_run
+from app_helpers import open_comparing
+from recorded_runs import plot_run
 from test_window_layout import overlapping_labels, settle
 
 
@@ -51,11 +52,7 @@ def outside_range(plot: Any) -> list[tuple[str, float]]:
 def test_a_log_loss_range_holds_the_validation_points_and_the_runs_compared(qtbot, make_window, runs):
     a, b = runs
     w = make_window()
-    for path in runs:
-        w.history.add_extra(path)
-    w.history.refresh()
-    assert w.open_run(a)
-    w.history.set_checked(b, True)  # Compare
+    open_comparing(w, a, b)  # Compare
     settle(qtbot, w)
     panel = w.plots
     panel.log_box.click()  # the toolbar's Log scale (loss)

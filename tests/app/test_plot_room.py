@@ -9,7 +9,7 @@ import pytest
 from PySide6.QtCore import Qt
 
 from app.ui.plots.fold import LOSS_SHARE, plan_fold
-from canvas_runs import gpu_run, plot_run
+from recorded_runs import gpu_run, plot_run
 from test_window_layout import settle
 
 

@@ -9,7 +9,8 @@ import pytest
 from app.model.metrics import INLIER_EMA
 from app.model.outliers import fences, inliers
 
-from noisy_runs import write_run
+from app_helpers import open_comparing
+from recorded_runs import write_run
 from test_smoothing import tensorboard
 
 
@@ -28,11 +29,7 @@ def drawn(item) -> tuple[np.ndarray, np.ndarray]:
 def test_the_smoothing_control_smooths_the_run_and_the_compared_runs(qtbot, make_window, runs):
     a, b = runs
     w = make_window()
-    for path in runs:
-        w.history.add_extra(path)
-    w.history.refresh()
-    assert w.open_run(a)
-    w.history.set_checked(b, True)
+    open_comparing(w, a, b)
     p = w.plots
     control = p.toolbar.smoothing
     assert control.isVisibleTo(p.toolbar) and control.weight() == 0.9  # the app's EMA until now

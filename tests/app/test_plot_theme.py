@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 from PySide6.QtGui import QColor, QImage
 
-from canvas_runs import plot_run
+from app_helpers import open_comparing
+from recorded_runs import plot_run
 from test_window_layout import settle
 
 
@@ -121,11 +122,7 @@ def test_theme_switch_draws_the_plots_folded_or_not_and_keeps_what_they_show(qtb
     parent, fork = runs
     w = make_window()
     w.resize(1024, 640)
-    for path in runs:
-        w.history.add_extra(path)
-    w.history.refresh()
-    assert w.open_run(fork)
-    w.history.set_checked(parent, True)  # Compare
+    open_comparing(w, fork, parent)  # Compare
     settle(qtbot, w)
     panel = w.plots
     assert panel.overlays and panel.rollbacks.fork is not None
