@@ -147,7 +147,7 @@ class MainWindow(QMainWindow):
         self.dock_layout.restore(state)  # checked once the plots are in (app/ui/shell/layout.py)
         self.controls.set_values(self.base_config)
         self.controls.set_task(str(self.base_config.get("task") or self.controls.task_spec()))
-        QTimer.singleShot(0, self.history.refresh)  # after the window shows
+        QTimer.singleShot(0, self.history, self.history.refresh)  # after the window shows
         self.views.sync_state()
 
     # -- construction ----------------------------------------------------------------------

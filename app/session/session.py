@@ -142,7 +142,7 @@ class RunSession:
         """'live: pid N on HOST' while the run shown is going, '' otherwise."""
         w = self.writer
         text = live_label(w) if w is not None and self.state.is_live else ""
-        if text and getattr(self.source, "connection", "") == "reconnecting":  # a run on another machine
+        if text and self.connection_lost:  # a run on another machine
             text += " (connection lost: reconnecting...)"
         return text
 

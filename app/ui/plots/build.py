@@ -16,7 +16,7 @@ from .marks import PlotMarks
 from .mem_stack import MemoryStack
 from .memory import MemoryPlot
 from .overlays import Overlays
-from .parts import PlotCanvas, Series, make_plots
+from .parts import PlotCanvas, Series, adopt_menus, make_plots
 from .plan import PlannedLr
 from .point_menu import PointViewBox
 from .rollbacks import RollbackMarks
@@ -49,6 +49,8 @@ def build(panel: "PlotPanel") -> None:
 
     panel.plot_set = make_plots(lambda: PointViewBox(panel.point_menu), pal)
     ps = panel.plot_set
+    for p in ps.all:
+        adopt_menus(p, c)  # freed with this canvas
     panel.fold = PlotFold(c, ps, panel.hint, pal)
     panel.loss_plot, panel.norm_plot, panel.lr_plot = ps.loss, ps.norm, ps.lr
     panel.mem_plot, panel.tput_plot, panel.stack_plot = ps.mem, ps.tput, ps.stack

@@ -27,6 +27,7 @@ from app.model.metrics import MetricsBuffer
 from app.model.scalars import Scalars
 from app.model.x_axis import columns
 from app.ui.theme import Palette
+from .parts import adopt_menus
 
 READ_S = 0.5
 HEIGHT_PX = 150
@@ -59,6 +60,7 @@ class ScalarsPlot(QWidget):
         top.addWidget(self.button)
         top.addWidget(self.note, 1)
         self.plot = pg.PlotWidget()
+        adopt_menus(self.plot.getPlotItem(), self.plot)  # freed with this widget
         self.plot.setBackground(pal.background)
         self.plot.showGrid(x=True, y=True, alpha=pal.grid_alpha)
         self.plot.setLabel("left", "scalars")

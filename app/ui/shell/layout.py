@@ -159,12 +159,12 @@ class DockLayout(QObject):
         lay out the default."""
         if self.restored:
             if self.w.isVisible():
-                QTimer.singleShot(0, self.check)
+                QTimer.singleShot(0, self, self.check)
             else:
                 self._check_when_shown = True
             return
         self.default()
-        QTimer.singleShot(0, self.default)  # again once the plots' size hints are in the layout
+        QTimer.singleShot(0, self, self.default)  # again once the plots' size hints are in the layout
 
     def check(self) -> bool:
         """True if the layout leaves the plots room; else lays out the default one."""
@@ -178,11 +178,11 @@ class DockLayout(QObject):
                  100 * h, 100 * wd)
         self.restored = False
         self.default()
-        QTimer.singleShot(0, self.default)
+        QTimer.singleShot(0, self, self.default)
         return False
 
     def eventFilter(self, obj: QObject, ev: QEvent) -> bool:  # noqa: N802 - Qt name
         if obj is self.w and ev.type() == QEvent.Type.Show and self._check_when_shown:
             self._check_when_shown = False
-            QTimer.singleShot(0, self.check)
+            QTimer.singleShot(0, self, self.check)
         return False

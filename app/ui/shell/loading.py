@@ -56,9 +56,9 @@ class PlotsArea(QWidget):
         lay.addWidget(self.banner)
         lay.addWidget(self.stack, 1)
         self.placeholder = LoadingPlots()
-        self.placeholder.paint_listeners.append(lambda _t: QTimer.singleShot(0, self.build))
+        self.placeholder.paint_listeners.append(lambda _t: QTimer.singleShot(0, self, self.build))
         self.stack.addWidget(self.placeholder)
-        QTimer.singleShot(250, self.build)  # in case the window is never painted (hidden)
+        QTimer.singleShot(250, self, self.build)  # in case the window is never painted (hidden)
 
     def set_banner(self, text: str) -> None:
         """The banner over the plots; '' hides it."""
