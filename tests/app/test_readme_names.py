@@ -24,7 +24,7 @@ def readme_names() -> set[str]:
     names |= {n for n in BOLD.findall(text) if n.endswith("...")}
     out: set[str] = set()
     for n in names:
-        for part in n.split(": "):  # "lr scaling: linear": a field and one of its choices
+        for part in re.split(r": | > ", n):  # "lr scaling: linear", "Help > Keyboard shortcuts"
             m = re.match(r"^(.*\b)(\w+)/(\w+)$", part)  # "Apply at next step/epoch"
             out |= {m.group(1) + m.group(2), m.group(1) + m.group(3)} if m else {part}
     return out
