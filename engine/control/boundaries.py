@@ -8,48 +8,43 @@ loop's, which compares them with the settings it had.
 """
 from __future__ import annotations
 
-import time
 from typing import Callable
 
-from engine.declarations.rules import CommandRules
 from engine.declarations.commands import Pause, Resume, Stop
-from engine.declarations.events import CommandRefused, Event, Paused, Resumed
-from .inbox import CommandInbox, Pending
+from engine.declarations.events import Event, Paused, Resumed
+from engine.declarations.rules import CommandRules
 from engine.declarations.settings import LiveSettings
 
-PAUSE_POLL_S = 0.05
+from .inbox import CommandInbox
+from .lifecycle import Received, while_paused
+
 NOTHING_PAUSED = "nothing is paused (a pause takes effect at the end of the epoch)"
 
 
 class Boundaries:
     def __init__(self, inbox: CommandInbox, rules: CommandRules, emit: Callable[[Event], None]) -> None:
         self.inbox, self.rules, self.emit = inbox, rules, emit
+        self.paused = False
 
     def epoch(self, step: int, epoch: int, settings: LiveSettings) -> LiveSettings:
         """Apply what is pending; wait here while paused (a stop ends the wait)."""
-        paused = False
-        while True:
-            self.inbox.poll(step, epoch, epoch, force=True)
-            batch = self.inbox.take()
-            for cmd, row_id in batch:
-                if isinstance(cmd, Pause):
-                    if not paused:
-                        self.emit(Paused(step, epoch - 1))
-                    paused = True
-                    self.inbox.mark(row_id, "", step)
-                elif isinstance(cmd, Resume):
-                    if paused:
-                        self.emit(Resumed(step, epoch))
-                        self.inbox.mark(row_id, "", step)
-                    else:  # said, not dropped: the sender sees why nothing happened
-                        self.inbox.mark(row_id, NOTHING_PAUSED, step)
-                        self.emit(CommandRefused(step, epoch, command=cmd.kind, reason=NOTHING_PAUSED))
-                    paused = False
-            settings = self.apply(settings, [(c, r) for c, r in batch if not isinstance(c, (Pause, Resume, Stop))],
-                                  step, epoch, "epoch")
-            if not paused or self.inbox.stop.is_set():
-                return settings
-            time.sleep(PAUSE_POLL_S)
+        self.paused = False  # a pause lasts one boundary's wait: the run is paused only while it waits here
+        settings = self._look(step, epoch, settings)
+        for _ in while_paused(lambda: self.paused and not self.inbox.stop.is_set()):
+            settings = self._look(step, epoch, settings)
+        return settings
+
+    def _look(self, step: int, epoch: int, settings: LiveSettings) -> LiveSettings:
+        """One look at the epoch boundary: pause and resume, then the settings."""
+        life = self.inbox.life
+        self.inbox.poll(step, epoch, epoch, force=True)
+        batch = self.inbox.take()
+        for item in batch:
+            if isinstance(item.cmd, (Pause, Resume)):
+                self.paused = life.pause_or_resume(item, self.paused, step, epoch, Paused(step, epoch - 1),
+                                                   Resumed(step, epoch), idle_resume=NOTHING_PAUSED)
+        return self.apply(settings, [r for r in batch if not isinstance(r.cmd, (Pause, Resume, Stop))],
+                          step, epoch, "epoch")
 
     def step(self, step: int, epoch: int, settings: LiveSettings, ranks_agreed: bool) -> LiveSettings:
         """Settings sent with at="step". Under torchrun every rank learnt from the step's all-reduce
@@ -62,12 +57,12 @@ class Boundaries:
             return settings
         return self.apply(settings, self.inbox.take(at="step"), step, epoch, "step")
 
-    def apply(self, settings: LiveSettings, batch: list[Pending], step: int, epoch: int, at: str) -> LiveSettings:
+    def apply(self, settings: LiveSettings, batch: list[Received], step: int, epoch: int, at: str) -> LiveSettings:
         if not batch:
             return settings
-        applied = self.rules.apply(settings, [c for c, _ in batch], step, epoch, at)
-        for (_, row_id), note in zip(batch, applied.notes):
-            self.inbox.mark(row_id, note, step)
+        applied = self.rules.apply(settings, [r.cmd for r in batch], step, epoch, at)
+        for item, note in zip(batch, applied.notes):
+            self.inbox.life.settle(item, note, step)  # the rules wrote the events that say why
         for e in applied.events:
             self.emit(e)
         return applied.settings

@@ -82,5 +82,10 @@ def _scale_lr(before: LiveSettings, after: LiveSettings, explicit_lr: bool, step
     ratio = new_eff / old_eff
     if after.lr_scaling != "none":
         return after.with_(lr=scale_lr(after.lr, after.lr_scaling, ratio)), []
-    return after, [LrHint(step, epoch, accum_old=before.accum, accum_new=after.accum,
-                          suggested_lr=scale_lr(after.lr, "linear", ratio))]
+    return after, [lr_hint(step, epoch, before.accum, after.accum, after.lr, ratio)]
+
+
+def lr_hint(step: int, epoch: int, accum_old: int, accum_new: int, lr: float, ratio: float) -> LrHint:
+    """The hint, where the effective batch changed by `ratio` and the lr did not: what the linear
+    rule would give. The engine's (rule 'none') and a plain loop's (engine.integrations) alike."""
+    return LrHint(step, epoch, accum_old=accum_old, accum_new=accum_new, suggested_lr=scale_lr(lr, "linear", ratio))

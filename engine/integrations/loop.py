@@ -286,7 +286,7 @@ class HeadroomRun:
                                 device=str(dev), device_name=name, torch_version=torch.__version__,
                                 world_size=self.world_size, resumed=self.step > 0, config=config))
         store.commit()
-        self._commands.open(os.path.join(self.run_dir, DB_NAME))
+        self._commands.open(os.path.join(self.run_dir, DB_NAME), store)
 
     def set_info(self, **items: Any) -> None:
         """Extra keys for run.db's `run` table (JSON values)."""
@@ -336,6 +336,17 @@ class HeadroomRun:
             raise RuntimeError("the run is not started (use `with headroom_run(...) as run:` or run.start())"
                                if not self.finished else "the run has finished")
         return self._store
+
+    # -- what its helpers (loop_rows, loop_steering) read of the run ----------------------------------
+    @property
+    def store(self) -> RunStore:
+        """The open run store (raises before start() and after the end)."""
+        return self._need_store()
+
+    @property
+    def last_step(self) -> Optional[StepMetrics]:
+        """The last metrics row written (None before the first)."""
+        return self._rows.last
 
     # -- writing (loop_rows.StepRows) -----------------------------------------------------------------
     def log_step(self, loss: Any, *, grad_norm: Any = None, lr: Any = None, accum: int = 1,
