@@ -9,8 +9,10 @@ Layers, each importing only the ones below it:
     app.main      the entry point (argument parsing, QApplication)
     app.window    the main window: layout and wiring
     app.ui        widgets and views (controls, plots, alerts, history, status bar, actions)
-    app.session   the run session (Qt-free state machine), its sources, the engine thread,
-                  torchrun launches and the Qt adapter that publishes typed signals
+    app.runner    the Qt side of running: the engine thread, torchrun launches, the typed
+                  signals and the controller that joins them to the session
+    app.session   the run session (Qt-free state machine), its sources and what a start,
+                  a launch or a start on a server sends
     app.model     Qt-free data: the run model, pending changes, metrics buffers
     app.core      resources, log, preferences, run folders, shortcuts
 """

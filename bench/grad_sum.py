@@ -1,4 +1,4 @@
-"""The engine's former gradient sum (issue 12, engine/distributed/grad_sync.py until issue 20),
+"""The engine's former gradient sum (issue 12, the engine's grad_sync module until issue 20),
 kept here so the benchmarks can hold --strategy ddp against it side by side.
 
 No wrapper: every micro-batch's backward is local, the last one too, and the window's

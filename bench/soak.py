@@ -25,7 +25,7 @@ Micro-batch 2, accumulation 1 (one micro-batch a step, ~10 ms on one core), so 2
 steps fit; --epochs is set to cover them and --max-steps stops the run at exactly N.
 
 Run:  QT_QPA_PLATFORM=offscreen .venv/bin/python bench/soak.py [--steps 20000] [--json out.json]
-      HEADROOM_ENGINE_NICE=0 ... : the same with the engine thread not reniced (app/worker.py)
+      HEADROOM_ENGINE_NICE=0 ... : the same with the engine thread not reniced (app/runner/worker.py)
 """
 from __future__ import annotations
 
@@ -363,7 +363,7 @@ def main() -> int:
     tid = engine_tid()
     probe.engine_tid = tid
     probe.engine_first = (t_first, *sched(tid)) if tid else None
-    try:  # app/worker.py renices its thread (HEADROOM_ENGINE_NICE=0: not)
+    try:  # app/runner/worker.py renices its thread (HEADROOM_ENGINE_NICE=0: not)
         engine_nice = os.getpriority(os.PRIO_PROCESS, int(tid)) - os.getpriority(os.PRIO_PROCESS, 0) if tid else None
     except OSError:
         engine_nice = None

@@ -198,7 +198,7 @@ def _steps_of(run_dir: str) -> tuple[dict[int, int], Optional[int]]:
 
 def checkpoints(run_dir: str) -> list[Checkpoint]:
     """The checkpoints in a run folder, oldest first: step-S, epoch-N, last; each a file or a
-    sharded run's folder, as the engine lists them (engine/checkpoints/names.py)."""
+    sharded run's folder, as the engine lists them (engine/declarations/checkpoint_names.py)."""
     found = ckpt_names.candidates(run_dir)
     if not found:
         return []

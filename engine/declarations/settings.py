@@ -132,7 +132,7 @@ LiveSettings.__module__ = __name__
 def scale_lr(lr: float, rule: str, ratio: float) -> float:
     """The lr for an effective batch `ratio` times the one `lr` was set for: linear (x ratio),
     sqrt (x sqrt(ratio)) or none (unchanged). The one place the rule is written: a batch
-    change mid-run (engine/control/rules.py) and --reference-batch at the start both use it."""
+    change mid-run (engine/declarations/rules.py) and --reference-batch at the start both use it."""
     if rule == "linear":
         return lr * ratio
     if rule == "sqrt":

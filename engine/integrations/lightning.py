@@ -172,7 +172,7 @@ class HeadroomCallback(Callback):
 
     # Lightning calls every hook of every callback, each under a profiler context (a few us a
     # call, six calls a micro-batch), and skips a hook that is not callable
-    # (trainer/call.py's _call_callback_hooks checks `callable(fn)`). The per-batch hooks this
+    # (lightning/pytorch/trainer/call.py's _call_callback_hooks checks `callable(fn)`). The per-batch hooks this
     # callback has no use for are None, so it costs no more than Lightning's own loop there.
     on_train_batch_start = None  # type: ignore[assignment]
     on_before_backward = None  # type: ignore[assignment]

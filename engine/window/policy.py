@@ -7,7 +7,7 @@ Two policies behind one interface:
   items (tokens); its number of micro-batches follows from the data, so
   accumulation is not a setting there and a `set_accum` is refused.
 
-Either way the order of samples is a function of (seed, epoch) only (windows.py),
+Either way the order of samples is a function of (seed, epoch) only (sampling.py),
 so two runs that differ only in how a window is split see the same windows.
 Torch is used only for the seeded permutation.
 """

@@ -81,10 +81,7 @@ def _lightning_run(tmp_path) -> str:
 
 
 def test_main_window_opens_integration_runs(qtbot, tmp_path):
-    try:  # before any widget is painted (app/compat.py; app/core/compat.py after the app's reorganisation)
-        from app.core import compat  # noqa: F401
-    except ImportError:
-        from app import compat  # noqa: F401
+    from app.core import compat  # noqa: F401 - imported for its effect: before any widget is painted
     from app.window import MainWindow
 
     runs = [_loop_run(str(tmp_path / "loop"))]

@@ -35,10 +35,7 @@ def _window(m: torch.nn.Module, opt: torch.optim.Optimizer, clip: float = 1.0) -
 
 
 def _list_runs():
-    try:  # the app's runs list (app/runs.py, or app/core/runs.py after the app's reorganisation)
-        from app.core.runs import list_runs
-    except ImportError:
-        from app.runs import list_runs
+    from app.core.runs import list_runs  # the app's runs list
     return list_runs
 
 

@@ -2,10 +2,10 @@
 
 Every plot shares one x axis, chosen in the toolbar: optimizer step, samples seen, tokens
 seen or wall time (app/model/x_axis.py; the other runs overlaid on the loss follow it too).
-The lr plot also shows the engine's planned lr ahead of the run, dashed (plot_plan.py).
-Under GPU memory, memory by kind (plot_mem_stack.py); on every plot, rollbacks and the steps
-they threw away (plot_rollbacks.py); in every plot's right-click menu, "Fork from here..."
-(plot_point_menu.py: the panel's `fork_requested` says the step).
+The lr plot also shows the engine's planned lr ahead of the run, dashed (plan.py).
+Under GPU memory, memory by kind (mem_stack.py); on every plot, rollbacks and the steps
+they threw away (rollbacks.py); in every plot's right-click menu, "Fork from here..."
+(point_menu.py: the panel's `fork_requested` says the step).
 
 Each curve is drawn from the metrics buffer's numpy columns through a min/max
 pyramid (app/model/decimate.py): only the visible span, in about two points per pixel,
@@ -419,7 +419,7 @@ class PlotPanel(QWidget):
 
     # -- reading back --------------------------------------------------------------------
     def curve_data(self, name: str) -> tuple[np.ndarray, np.ndarray]:
-        """What a curve currently shows (x, y), for tests and export (names: plot_readback.py)."""
+        """What a curve currently shows (x, y), for tests and export (names: readback.py)."""
         return curve_data(self, name)
 
     def gpu_mode(self) -> Optional[str]:

@@ -1,4 +1,4 @@
-"""The "What fits" table: the engine's latest memory_levers event (engine/memory/levers.py) as a grid,
+"""The "What fits" table: the engine's latest memory_levers event (engine/memory/plan/levers.py) as a grid,
 one row per micro-batch (with the accumulation that keeps the effective batch), one column
 per precision x activation checkpointing; each cell the predicted peak and whether it fits.
 Where a number comes from shows on the cell: measured or fit from this state's own steps
@@ -6,7 +6,7 @@ plainly, extrapolated from another state in italics with "≈" on a hatched back
 unknown as a dash. The run's own cell is bold ("● now").
 
 Below it, where the machine has 2 or more GPUs or the run is distributed, the sharding levers
-(engine/memory/sharding.py): FSDP over N GPUs, its reduction, CPU offload, each row an
+(engine/memory/plan/sharding.py): FSDP over N GPUs, its reduction, CPU offload, each row an
 estimate from the measured breakdown (said in its text and tooltip). They need a new launch
 (Run on N GPUs...), so they are shown, not applied.
 
