@@ -362,7 +362,7 @@ def true_max_micro(ctx: Ctx, data: RandomTokens, lo: int, hi: int) -> tuple[int,
                 hi = mid
         return lo, tried
     finally:
-        del task, opt
+        task = opt = None  # the model and its optimizer state go before the next section (fits is done)
         clean(dev)
 
 

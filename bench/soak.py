@@ -532,7 +532,7 @@ def main() -> int:
 
     if probe.ab and len(probe.ab_rows) > 2:
         rows_ab = np.array(list(probe.ab_rows))
-        t_ab, step_ab, nice_ab = rows_ab[:, 0], rows_ab[:, 1], rows_ab[:, 2]
+        t_ab, nice_ab = rows_ab[:, 0], rows_ab[:, 2]  # (time, step, nice) rows
         d = np.diff(rows_ab, axis=0)
         lat_tr = np.array([(v, t) for p, _s, v, t in probe.samples if p == PHASES.index("training")])
         idx = np.searchsorted(t_ab, lat_tr[:, 1], side="right") - 1

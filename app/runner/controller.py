@@ -187,11 +187,12 @@ class RunController(QObject):
             # [user@]host:path: followed through headroom-ctl over ssh (app/session/remote_source.py)
             src = RemoteSource(path, remote_python) if is_remote(path) else FolderSource(path)
         except (StoreError, ConfigError) as e:
+            message = str(e)
             holder = runlock.holder(path)
             if holder is not None:  # a writer still setting the run up: run.db comes with its first write
-                e = ConfigError(f"{runlock.describe(path, holder)}, which has not written its run.db yet; "
-                                "open it again in a moment")
-            self.error.emit("Cannot open the run folder", str(e))
+                message = (f"{runlock.describe(path, holder)}, which has not written its run.db yet; "
+                           "open it again in a moment")
+            self.error.emit("Cannot open the run folder", message)
             return False
         self.publish(self.session.open(src))
         self.run_dir_known.emit(path)

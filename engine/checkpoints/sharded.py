@@ -21,7 +21,6 @@ from typing import Any, Optional
 
 import torch
 import torch.distributed as dist
-from torch.distributed.checkpoint.api import CheckpointException
 
 from . import files as ckpt
 

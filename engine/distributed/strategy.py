@@ -21,7 +21,7 @@ micro-batch); one where they are cannot be redone apart and stops every rank.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, ContextManager, Optional
+from typing import Any, Callable, ContextManager
 
 import torch
 

@@ -16,7 +16,7 @@ import re
 import numpy as np
 import pytest
 
-from engine.declarations.commands import SetAccum, SetLr
+from engine.declarations.commands import SetAccum
 from engine.declarations.config import RANGES
 from engine.store import RunReader
 

@@ -5,7 +5,7 @@ Ctrl+E is a line edit's "end of line"); after Ctrl+Return (Apply) the focus leav
 from __future__ import annotations
 
 import pytest
-from PySide6.QtCore import QEvent, QObject, Qt
+from PySide6.QtCore import QEvent, QObject
 from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtTest import QTest
 from PySide6.QtWidgets import QApplication, QFileDialog

@@ -25,7 +25,7 @@ def test_a_closed_window_and_its_dropped_canvases_are_freed(qtbot):
     before = widgets_alive()
     w = MainWindow(restore_settings=False, theme="light")
     w.show()
-    w.plots  # the plots built
+    assert w.plots is not None  # the plots built
     w.set_theme("dark")  # a new canvas: the first one is dropped
     after_one_switch = widgets_alive()
     w.set_theme("light")

@@ -13,7 +13,6 @@ import math
 import pytest
 
 from engine.cli import build_parser, config_from_args
-from engine.declarations import limits
 from engine.declarations.commands import (COMMANDS, OLD_FIELDS, SETTING_COMMANDS, SetAccum, SetCheckpointing, SetClip,
     SetLr, SetLrScaling, SetMicroBatch, Unpause, command_for, command_from_json, payload_value, setting_change,
     setting_of)

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 
-import pytest
 
 import engine_helpers  # noqa: F401
 from engine.declarations.events import MemoryLevers, StepMetrics

@@ -442,7 +442,7 @@ def test_a_sigkill_during_a_checkpoint_write_leaves_an_orphan_the_next_writer_re
     from engine.store import runlock
     folder = tmp_path / "checkpoints"
     path = folder / "last.pt"
-    for attempt in range(6):
+    for _attempt in range(6):
         p = subprocess.Popen([sys.executable, "-c", WRITER.format(root=str(ROOT)), str(path)], stdout=subprocess.PIPE,
                              text=True)
         try:

@@ -200,7 +200,7 @@ def test_an_exception_fails_the_run_and_propagates(tmp_path):
     with pytest.raises(ZeroDivisionError):
         with headroom_run(tmp_path / "r") as run:
             run.log_step(loss=1.0)
-            1 / 0
+            raise ZeroDivisionError("division by zero")
     r = RunReader(str(tmp_path / "r"))
     assert r.info()["status"] == "failed"
     assert "ZeroDivisionError" in r.events(kinds=["run_failed"])[0]["message"]

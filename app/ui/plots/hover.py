@@ -15,7 +15,7 @@ import bisect
 import html
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import numpy as np
 import pyqtgraph as pg
@@ -23,7 +23,7 @@ from PySide6.QtCore import QEvent, QObject, QPoint, QPointF, Qt
 from PySide6.QtWidgets import QLabel, QWidget
 
 from app.model.metrics import MetricsBuffer
-from app.model.x_axis import BY_KEY, columns, fmt_clock, nearest
+from app.model.x_axis import BY_KEY, XColumns, columns, fmt_clock, nearest
 from app.ui.theme import Palette
 
 if TYPE_CHECKING:
@@ -125,13 +125,18 @@ def readout(panel: "PlotPanel", plot: str, x: float) -> Optional[Readout]:
     return out
 
 
+def _steps_to_x(panel: "PlotPanel", c: XColumns) -> Callable[[np.ndarray], np.ndarray]:
+    """A compared run's steps to x on its own columns, on the axis the panel shows at the call."""
+    return lambda steps: c.at_steps(panel.axis, steps)
+
+
 def _scalar_rows(panel: "PlotPanel", x: float) -> list[tuple[str, str]]:
     """The picked scalars of the run and of each compared run: each one's point nearest x (a
     framework logs them now and then, not every step), with its step."""
     sp, rows = panel.scalars, []
     sources = [("", sp.scalars, panel.steps_to_x, None)]
     for run, (other, buf) in sp.compared.items():  # placed by their own steps, as the plot draws them
-        sources.append((run, other, lambda s, c=columns(buf): c.at_steps(panel.axis, s), sp.compared_colors.get(run)))
+        sources.append((run, other, _steps_to_x(panel, columns(buf)), sp.compared_colors.get(run)))
     for run, scalars, to_x, color in sources:
         for name in sp.picked:
             steps, values = scalars.arrays(name)

@@ -263,7 +263,7 @@ class MarkerLayout:
             px, w = (line.value() - x0) * scale, float(rect.width())
             right, left = px + w <= width, px - w >= 0  # the sides where it fits inside the plot
             boxes.append(Box(px, w, right=right or not left, rows=row_order(s.prefer, n_rows) if right or left else ()))
-        for (s, line), box, row in zip(labels, boxes, place(boxes)):
+        for (_s, line), box, row in zip(labels, boxes, place(boxes)):
             label = line.label
             if row is None:
                 label.setVisible(False)
