@@ -63,7 +63,7 @@ MAX_TASK_ARGS = 64  # options of one task; more is not a configuration
 MAX_TASK_ARG_CHARS = 1024  # one value as JSON text: options, not data
 
 
-def check_task_args(args: Any) -> dict:
+def check_task_args(args: Any) -> dict[str, Any]:
     """Task arguments are keyword arguments of build_task: identifiers, JSON-able values."""
     if not isinstance(args, dict):
         raise ConfigError(f"--task-arg: task arguments must be KEY=VALUE pairs, got {limits.quote(args)}")
@@ -111,7 +111,7 @@ def parse_size(text: str) -> int:
         raise ConfigError(f"cannot read a memory size from {limits.quote(text)} (try 24GiB)")
     unit = (m.group(2) or "").upper().rstrip("B")
     whole, _, frac = m.group(1).partition(".")
-    value = (int(whole) * 10**len(frac) + int(frac or 0)) * _UNITS[unit] // 10**len(frac)
+    value: int = (int(whole) * 10**len(frac) + int(frac or 0)) * _UNITS[unit] // 10**len(frac)
     if value < 1:
         raise ConfigError(f"memory size must be positive, got {limits.quote(text)}")
     return value

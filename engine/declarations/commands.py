@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import MISSING, asdict, dataclass, field, fields, make_dataclass
-from typing import Any, ClassVar, Optional
+from typing import TYPE_CHECKING, Any, ClassVar, Optional
 
 from . import limits
 from .config import ConfigError, check_value
@@ -36,6 +36,9 @@ class SettingCommand(Command):
     run.db it is a payload field: {"accum": 4, "at": "step"}."""
     at: str = field(default="epoch", kw_only=True)
     setting: ClassVar[str] = ""  # the live setting it changes ("" for a command that is refused)
+
+    if TYPE_CHECKING:  # each set_<name> class is made from its declaration (below): its one field, then `at`
+        def __init__(self, *value: Any, at: str = "epoch", **field_value: Any) -> None: ...
 
     def __post_init__(self) -> None:
         if not isinstance(self.at, str) or self.at not in APPLY_AT:
@@ -119,16 +122,15 @@ class Stop(Command):
     at_epoch_boundary: ClassVar[bool] = False
 
 
-COMMANDS: dict[str, type[Command]] = {
-    c.kind: c for c in (*SETTING_COMMANDS.values(), SetPrecision, Pause, Unpause, Stop)
-}
+_ALL_COMMANDS: tuple[type[Command], ...] = (*SETTING_COMMANDS.values(), SetPrecision, Pause, Unpause, Stop)
+COMMANDS: dict[str, type[Command]] = {c.kind: c for c in _ALL_COMMANDS}
 # Command kinds older versions wrote, and what they are called now (command_from_json reads them).
 OLD_KINDS: dict[str, str] = {"resume": "unpause"}
 
 
 def command_for(name: str, value: Any, at: str = "epoch") -> SettingCommand:
     """The command that sets live setting `name` to `value` (ConfigError if out of range)."""
-    return SETTING_COMMANDS[name](value, at=at)  # type: ignore[call-arg]
+    return SETTING_COMMANDS[name](value, at=at)
 
 
 def setting_change(command: Command) -> Optional[tuple[Setting, Any]]:
@@ -155,7 +157,7 @@ def payload_value(kind: str, payload: dict[str, Any]) -> Any:
         return None
     if name in payload:
         return payload[name]
-    return next((payload[old] for old, new in OLD_FIELDS.get(cls.kind, {}).items() if old in payload), None)
+    return next((payload[old] for old in OLD_FIELDS.get(OLD_KINDS.get(kind, kind), {}) if old in payload), None)
 
 
 def command_from_json(kind: Any, payload: Any) -> Command:

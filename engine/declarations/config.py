@@ -43,9 +43,15 @@ from typing import Any, Optional
 from . import limits
 from ._declare import (BATCH, BOUNDS, CHECKPOINTS, GPUS, MEMORY, NONFINITE, OPTIMIZER, OUTPUT, PRECISION, SETTING,
     TASK, bounded, default_of, setting)
-# (ConfigError and the parsers are read from here too.)
-from ._reading import (MAX_TASK_ARG_CHARS, MAX_TASK_ARGS, ConfigError, check_task_args, parse_size,  # noqa: F401
-    parse_task_arg, read_task_arg, read_workers)
+# (ConfigError and the parsers are read from here too: re-exported, `name as name`.)
+from ._reading import MAX_TASK_ARG_CHARS as MAX_TASK_ARG_CHARS
+from ._reading import MAX_TASK_ARGS as MAX_TASK_ARGS
+from ._reading import ConfigError as ConfigError
+from ._reading import check_task_args as check_task_args
+from ._reading import parse_size as parse_size
+from ._reading import parse_task_arg as parse_task_arg
+from ._reading import read_task_arg as read_task_arg
+from ._reading import read_workers as read_workers
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 OPTIMIZERS = ("adamw", "sgd")
@@ -66,7 +72,7 @@ class TrainConfig:
     task: str = setting(
         DEFAULT_TASK, TASK, "built-in name (mlp, charlm, cnn-bn), path/to/file.py or module:attr",
         label="Task", metavar="NAME|FILE|MODULE:ATTR")
-    task_args: dict = setting(
+    task_args: dict[str, Any] = setting(
         {}, TASK, "passed to build_task(seed, KEY=VALUE, ...); VALUE is read as JSON where it parses "
         "(repeatable)",
         label="Task args", flag="--task-arg", read=read_task_arg, metavar="KEY=VALUE", repeat=True)
@@ -208,7 +214,7 @@ class TrainConfig:
     # the free fraction of the card below which VRAM is called low (an alert)
     vram_low_fraction: float = bounded(0.10, low=0.0, high=1.0, high_open=True)
     # the fields the user set for the fork (else: those that differ from the parent's)
-    fork_changes: tuple = ()
+    fork_changes: tuple[Any, ...] = ()
 
     # The old single warmup field (< 1 a fraction, >= 1 samples): TrainConfig(warmup=W) still works and
     # sets warmup_fraction or warmup_samples. An argument only, never stored: read those two fields.
@@ -352,11 +358,13 @@ def _choice(who: str, value: str, choices: tuple[str, ...]) -> None:
 
 
 def check_lr(lr: Any, who: str = "--lr") -> float:
-    return RANGES["lr"].check(lr, who, ConfigError)
+    checked: float = RANGES["lr"].check(lr, who, ConfigError)
+    return checked
 
 
 def check_clip(clip: Any, who: str = "--clip") -> float:
-    return RANGES["clip"].check(clip, who, ConfigError)
+    checked: float = RANGES["clip"].check(clip, who, ConfigError)
+    return checked
 
 
 def check_range(name: str, value: Any, who: Optional[str] = None) -> Any:

@@ -40,7 +40,7 @@ class RunStarted(Event):
     torch_version: str
     world_size: int
     resumed: bool  # continues from a checkpoint: its own (a resume) or its parent's (a fork)
-    config: dict = field(default_factory=dict)
+    config: dict[str, Any] = field(default_factory=dict)
     forked_from: str = ""  # a fork: the parent's DIR@CHECKPOINT ("" for a new run or a resume)
     kind: ClassVar[str] = "run_started"
 
@@ -162,7 +162,7 @@ class CommandReceived(Event):
     """The engine took a command in and says when it will act on it: the app shows this,
     it never works the boundary out itself."""
     command: str  # the command's kind, e.g. "set_accum"
-    payload: dict  # the command's fields
+    payload: dict[str, Any]  # the command's fields
     applies: str  # "epoch" (next epoch boundary), "step" (next optimizer step) or "now" (stop)
     target_epoch: Optional[int]  # the epoch it applies from, for applies == "epoch"
     kind: ClassVar[str] = "command_received"
@@ -293,7 +293,7 @@ class MemoryLevers(Event):
     # The sharding levers this machine allows, estimates (engine/memory/plan/sharding.py ShardingRow.to_row):
     # (world, fsdp_reduce, cpu_offload, micro_batch, accum, predicted_peak, fits, largest, host_bytes,
     #  current, basis). Absent from runs before them.
-    sharding: tuple[tuple, ...] = ()
+    sharding: tuple[tuple[Any, ...], ...] = ()
     kind: ClassVar[str] = "memory_levers"
 
     def message(self) -> str:

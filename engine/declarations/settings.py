@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field, fields, make_dataclass, replace
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from . import limits
-from ._declare import GROUPS, LAUNCH_GROUP, SETTING, Declared, default_of  # noqa: F401 - GROUPS: cli.py and the app
-from ._reading import read_float, read_int, read_on_off, read_text
+from ._declare import GROUPS as GROUPS  # re-exported: cli.py, run_flags.py and the app read it here
+from ._declare import LAUNCH_GROUP, SETTING, Declared, default_of
+from ._reading import read_float as read_float  # re-exported: run_flags.py reads it here
+from ._reading import read_int, read_on_off, read_text
 from .config import RANGES, TrainConfig, check_value, value_type
 from .events import SettingsApplied
 
@@ -103,29 +105,40 @@ class _LiveSettingsMethods:
     def window_samples(self) -> int:  # per rank, for fixed windows
         return self.micro_batch * self.accum
 
-    def with_(self, **changes: Any) -> Any:
-        return replace(self, **changes)  # type: ignore[type-var]
+    def with_(self, **changes: Any) -> LiveSettings:
+        return replace(self._dataclass(), **changes)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)  # type: ignore[call-overload]
+        return asdict(self._dataclass())
 
     @classmethod
-    def from_config(cls, config: Any) -> Any:
-        return cls(**{name: getattr(config, name) for name in LIVE_NAMES})
+    def from_config(cls, config: Any) -> LiveSettings:
+        return LiveSettings(**{name: getattr(config, name) for name in LIVE_NAMES})
 
-    def updated(self, saved: Optional[dict[str, Any]]) -> Any:
+    def updated(self, saved: Optional[dict[str, Any]]) -> LiveSettings:
         """These settings with the values a checkpoint saved (unknown keys ignored)."""
-        known = {f.name for f in fields(self)}  # type: ignore[arg-type]
-        return replace(self, **{k: v for k, v in (saved or {}).items() if k in known})  # type: ignore[type-var]
+        known = {f.name for f in fields(self._dataclass())}
+        return replace(self._dataclass(), **{k: v for k, v in (saved or {}).items() if k in known})
+
+    def _dataclass(self) -> LiveSettings:
+        assert isinstance(self, LiveSettings)  # the methods of LiveSettings, a dataclass (below)
+        return self
 
 
-# Frozen: a change makes a new object, so the settings a window was trained with can never
-# change under it. Fields: the live settings in order, typed and defaulted as TrainConfig's.
-LiveSettings = make_dataclass(
-    "LiveSettings", [(s.name, s.type, field(default=s.default)) for s in LIVE_SETTINGS],
-    bases=(_LiveSettingsMethods,), frozen=True,
-    namespace={"__doc__": "The values of the live settings (engine/declarations/settings.py LIVE_SETTINGS)."})
-LiveSettings.__module__ = __name__
+if TYPE_CHECKING:
+    @dataclass(frozen=True, init=False)
+    class LiveSettings(_LiveSettingsMethods):
+        """What a type checker sees of LiveSettings: its fields are made from the declarations."""
+        def __init__(self, **values: Any) -> None: ...
+        def __getattr__(self, name: str) -> Any: ...
+else:
+    # Frozen: a change makes a new object, so the settings a window was trained with can never
+    # change under it. Fields: the live settings in order, typed and defaulted as TrainConfig's.
+    LiveSettings = make_dataclass(
+        "LiveSettings", [(s.name, s.type, field(default=s.default)) for s in LIVE_SETTINGS],
+        bases=(_LiveSettingsMethods,), frozen=True,
+        namespace={"__doc__": "The values of the live settings (engine/declarations/settings.py LIVE_SETTINGS)."})
+    LiveSettings.__module__ = __name__
 
 
 # -- the lr scaling rule ------------------------------------------------------------------------

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
-from typing import Optional
+from typing import Any, Optional
 
 Identity = Optional[tuple[int, int]]  # (st_dev, st_ino) of run.db, or None if there is none
 
@@ -72,7 +72,7 @@ def put_back(db: sqlite3.Connection, path: str) -> Optional[str]:
 _KINDS = (("m", "step rows"), ("p", "epoch rows"), ("e", "events"), ("x", "other writes"))
 
 
-def kind_of(op: tuple) -> str:
+def kind_of(op: tuple[Any, ...]) -> str:
     """'m' a metrics row, 'p' an epochs row, 'e' an events row, 'x' anything else (the run
     table, command marks, discards)."""
     if op[0] == "m":

@@ -29,7 +29,9 @@ def send_command(run_dir: str, command: Command) -> int:
         cur = db.execute("INSERT INTO commands (time, kind, payload) VALUES (?,?,?)",
                          (time.time(), command.kind, command.to_json()))
         db.commit()
-        return int(cur.lastrowid)
+        row_id = cur.lastrowid
+        assert row_id is not None  # an INSERT's row
+        return row_id
     except sqlite3.Error as e:
         raise StoreError(f"could not queue {command.kind} in {path}: {e}") from None
     finally:
@@ -127,7 +129,7 @@ class RunReader:
         through a long run instead of holding it all at once)."""
         return [dict(zip(METRIC_COLUMNS, r)) for r in self.metric_values(after_step, limit)]
 
-    def metric_values(self, after_step: int = -1, limit: Optional[int] = None) -> list[tuple]:
+    def metric_values(self, after_step: int = -1, limit: Optional[int] = None) -> list[tuple[Any, ...]]:
         """metrics(), as tuples in METRIC_COLUMNS order: for a reader that passes a long run on
         (headroom-ctl's follow) without building a dict per row."""
         page = "" if limit is None else f" LIMIT {max(0, int(limit))}"
@@ -197,8 +199,8 @@ class RunReader:
         rows = self._query(f"SELECT {','.join(cols)} FROM commands WHERE id = ?", (int(row_id),))
         return dict(zip(cols, rows[0])) if rows else None
 
-    def _query(self, sql: str, args: tuple = ()) -> list[tuple]:
-        rows: list[tuple] = []
+    def _query(self, sql: str, args: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        rows: list[tuple[Any, ...]] = []
         try:
             for row in self._db.execute(sql, args):  # row by row: a damaged table gives what it has
                 rows.append(row)

@@ -40,7 +40,7 @@ from typing import Any, Callable, Mapping, Optional
 from engine.declarations import limits
 from engine.declarations.commands import Command, command_from_json
 from engine.declarations.config import ConfigError
-from engine.declarations.events import Event, StepMetrics
+from engine.declarations.events import EpochEnd, Event, StepMetrics
 from ._reader import RunReader, send_command
 from ._tables import (DB_NAME, DISCARD_COLUMNS, METRIC_COLUMNS, METRIC_TYPES, SCALAR_COLUMNS, SCHEMA,
     SCHEMA_VERSION, STEP_FIELDS as _STEP_FIELDS, StoreError)
@@ -114,7 +114,7 @@ class RunStore:
             self._writer.push_metrics(_plain_row(_step_values(event)) + (now,))
             return
         ops = []
-        if event.kind == "epoch_end":
+        if isinstance(event, EpochEnd):
             ops.append(("x", "INSERT OR REPLACE INTO epochs VALUES (?,?,?,?,?,?)",
                         _row((event.epoch, event.step, event.train_loss, event.val_loss, event.seconds, now))))
         data = {k: v for k, v in event.to_dict().items() if k not in ("step", "epoch", "kind")}

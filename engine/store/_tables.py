@@ -113,7 +113,7 @@ def migrate(db: sqlite3.Connection) -> str:
 # -- the queued operations, as SQL ---------------------------------------------------------------
 # ("m", row): a metrics row (METRIC_COLUMNS' values); ("x", sql, args): one statement;
 # ("discard", step, reason): metrics rows past `step` move to discarded_metrics.
-def apply_ops(db: sqlite3.Connection, ops: list[tuple], moved_cols: str) -> None:
+def apply_ops(db: sqlite3.Connection, ops: list[tuple[Any, ...]], moved_cols: str) -> None:
     """Run `ops` in order inside the caller's transaction; runs of metrics rows in one batch."""
     now = time.time()
     i = 0
@@ -135,12 +135,12 @@ def apply_ops(db: sqlite3.Connection, ops: list[tuple], moved_cols: str) -> None
         i += 1
 
 
-def insert_metrics(db: sqlite3.Connection, rows: list[tuple], now: float, moved_cols: str) -> None:
+def insert_metrics(db: sqlite3.Connection, rows: list[tuple[Any, ...]], now: float, moved_cols: str) -> None:
     """Insert step rows; a step already on disk (or twice in this batch) keeps its
     earlier row in discarded_metrics, reason 'superseded'."""
     cols = ",".join(METRIC_COLUMNS)
-    latest: dict[Any, tuple] = {}
-    earlier: list[tuple] = []
+    latest: dict[Any, tuple[Any, ...]] = {}
+    earlier: list[tuple[Any, ...]] = []
     for r in rows:
         if r[0] in latest:
             earlier.append(latest[r[0]])

@@ -61,7 +61,7 @@ def bindable(v: Any) -> Any:
     return text(limits.quote(v, 200))
 
 
-def row(args: Iterable[Any]) -> tuple:
+def row(args: Iterable[Any]) -> tuple[Any, ...]:
     """A row of bindable values."""
     return tuple(bindable(a) for a in args)
 
@@ -69,7 +69,7 @@ def row(args: Iterable[Any]) -> tuple:
 _PLAIN = frozenset({float, bool, type(None)})  # sqlite3 binds these as they are (a bool as 0/1)
 
 
-def plain_row(values: tuple) -> tuple:
+def plain_row(values: tuple[Any, ...]) -> tuple[Any, ...]:
     """`row(values)`, fast when every value is already plain (floats, bools, None, ints within
     64 bits: a metrics row, every step): the tuple itself, with no call per value."""
     for v in values:

@@ -18,7 +18,7 @@ import json
 import sqlite3
 import threading
 import time
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 from engine.declarations import limits
 from . import _losses
@@ -56,7 +56,7 @@ class StoreWriter:
         self._reported = False
         self._dropped = 0
         self._cond = threading.Condition()  # guards the queue and the counters below
-        self._ops: list[tuple] = []  # ordered writes not yet on disk
+        self._ops: list[tuple[Any, ...]] = []  # ordered writes not yet on disk
         self._queued = 0  # ops queued so far (a sequence number)
         self.written = 0  # ops on disk so far
         self._since: Optional[float] = None  # monotonic time the oldest queued op was queued
@@ -94,12 +94,12 @@ class StoreWriter:
         self._ready = True
 
     # -- queueing (any thread; never touches the disk) -------------------------------------------
-    def push(self, *ops: tuple) -> int:
+    def push(self, *ops: tuple[Any, ...]) -> int:
         """Queue `ops` in order; returns the sequence number of the last (on disk once
         `written` reaches it)."""
         return self._enqueue(ops, sum(1 for op in ops if op[0] == "m"))
 
-    def _enqueue(self, ops: tuple, metric_rows: int) -> int:
+    def _enqueue(self, ops: tuple[Any, ...], metric_rows: int) -> int:
         with self._cond:
             if self._closed:
                 raise StoreError(f"{self.path}: the store is closed")
@@ -110,7 +110,7 @@ class StoreWriter:
             self._metric_rows += metric_rows
             return self._queued
 
-    def push_metrics(self, row: tuple) -> None:
+    def push_metrics(self, row: tuple[Any, ...]) -> None:
         """Queue one metrics row (the hot path); written when commit_interval has passed
         since the last write. Past MAX_BUFFERED rows waiting, the row is dropped (reported)."""
         if self._metric_rows >= self.MAX_BUFFERED:
@@ -147,7 +147,7 @@ class StoreWriter:
         if not self._db_lock.acquire(blocking=block):
             return False
         db = self._db
-        ops: list[tuple] = []
+        ops: list[tuple[Any, ...]] = []
         try:
             if not self._ops and self._ready:
                 return True
@@ -206,7 +206,7 @@ class StoreWriter:
         self._last_commit = now
         return True
 
-    def _retry_isolated(self, ops: list[tuple]) -> None:
+    def _retry_isolated(self, ops: list[tuple[Any, ...]]) -> None:
         """Inside the open transaction, after a non-transient error: undo, then write op by op,
         each in a savepoint, leaving out (and reporting) only the ones SQLite refuses."""
         db = self._db
@@ -336,7 +336,7 @@ class StoreWriter:
                 pass
         return not self.lost
 
-    def _losses(self, left: list[tuple]) -> str:
+    def _losses(self, left: list[tuple[Any, ...]]) -> str:
         """What did not reach the folder's run.db, in words ("" = nothing). Writes the run's
         status alone where the rest could not be written, and puts a deleted run.db back."""
         counts = {"m": self._dropped, "p": 0, "e": 0, "x": 0}
@@ -359,7 +359,7 @@ class StoreWriter:
                 self._say(f"{self._gone}: written back at the end of the run" + ("" if text else ", every row in it"))
         return text
 
-    def _write_alone(self, ops: list[tuple]) -> bool:
+    def _write_alone(self, ops: list[tuple[Any, ...]]) -> bool:
         """`ops` (the run table's rows) in a transaction of their own: small enough to fit where
         the whole queue did not."""
         try:
