@@ -58,6 +58,7 @@ from engine.window.grads import clip_params_by_host_norm_
 from ._exactness import WindowCheck, check_window, same
 from ._lightning_logger import HeadroomLogger
 from ._loop_rows import read_to_host
+from ._step_record import StepRecord
 from .loop import HeadroomRun, IntegrationError, StepSkipped, batch_size, clean, end_reason, set_lr
 
 __all__ = ["HeadroomCallback", "HeadroomLogger"]
@@ -362,7 +363,6 @@ class HeadroomCallback(Callback):
         outs_of = [[next(values) for _ in w.losses] for w in windows]
         counts_of = [[next(values) if isinstance(c, torch.Tensor) else float(c) for c in w.counts] for w in windows]
         world = run.world_size
-        finite = math.isfinite
         for s, outs, counts in zip(steps, outs_of, counts_of):
             w = s.window
             stepped = w.stepped
@@ -380,14 +380,12 @@ class HeadroomCallback(Callback):
                     check = _check(counts, s.accum)
             if s.scaler_skipped:
                 run.record(ScalerSkip(s.step, s.epoch, scale=float(self._scaler.get_scale())))
-            norm_ok = norm is None or finite(norm)
-            run.record_step(step=s.step, epoch=s.epoch, loss=weighted, grad_norm=norm, lr=stepped.lr,
-                            accum=len(outs) + w.none_micro, clip=clip, micro_batch=max(w.sizes) if w.sizes else None,
-                            samples=sum(w.sizes) * world, tokens=int(round(total)) * world, step_time=s.seconds,
-                            clipped=clip > 0 and norm is not None and norm_ok and norm > clip,
-                            nonfinite=not s.scaler_skipped and not (norm_ok and finite(weighted)),
-                            scaler_skipped=s.scaler_skipped, framework_loss=framework, bad_params=stepped.bad_params,
-                            nonfinite_action="not skipped (Lightning stepped)", check=check)
+            run.record_step(StepRecord(
+                step=s.step, epoch=s.epoch, loss=weighted, grad_norm=norm, lr=stepped.lr,
+                accum=len(outs) + w.none_micro, clip=clip, micro_batch=max(w.sizes) if w.sizes else None,
+                samples=sum(w.sizes) * world, tokens=int(round(total)) * world, step_time=s.seconds,
+                scaler_skipped=s.scaler_skipped, framework_loss=framework, bad_params=stepped.bad_params,
+                nonfinite_action="not skipped (Lightning stepped)"), check)
             if w.none_micro:
                 run.record(StepSkipped(s.step, s.epoch, micro_batches=w.none_micro,
                                        reason="training_step returned None: Lightning skipped their backward"))

@@ -49,6 +49,7 @@ from engine.store import DB_NAME, RunStore
 from ._loop_events import IntegrationError, LossWeighting, StepSkipped
 from ._loop_rows import StepRows
 from ._loop_steering import Steering
+from ._step_record import STEPPED, StepRecord, loop_step
 
 __all__ = ["HeadroomRun", "headroom_run", "set_lr", "LossWeighting", "StepSkipped", "IntegrationError",
            "batch_size", "clean"]
@@ -274,7 +275,7 @@ class HeadroomRun:
         self.step, self.epoch = step, epoch
         self._rows.open(dev)
         store = RunStore(self.run_dir, commit_interval=self.commit_interval)
-        self._store = store
+        self._store = self._rows.store = store
         _OPEN.add(self)
         name = _device_name(dev)
         config = {"task": self.task, **self.config}
@@ -354,8 +355,7 @@ class HeadroomRun:
                  clip: Any = 0.0, clipped: Optional[bool] = None, step_time: Optional[float] = None,
                  nonfinite: Optional[bool] = None, scaler_skipped: bool = False, epoch: Optional[int] = None,
                  step: Optional[int] = None, framework_loss: Optional[float] = None,
-                 bad_params: tuple[str, ...] = (), nonfinite_action: str = "not skipped (the optimizer stepped)"
-                 ) -> StepMetrics:
+                 bad_params: tuple[str, ...] = (), nonfinite_action: str = STEPPED) -> StepMetrics:
         """One optimizer step: one `metrics` row (buffered; committed at least once a second).
 
         loss: the window's loss (float or 0-d tensor: read to the host here, once).
@@ -370,25 +370,21 @@ class HeadroomRun:
         loop skipped the step). framework_loss: what the framework reports for the window,
         when it differs from `loss` (see LossWeighting).
         """
-        return self._rows.log_step(loss, grad_norm=grad_norm, lr=lr, accum=accum, micro_batch=micro_batch,
-                                   samples=samples, tokens=tokens, clip=clip, clipped=clipped, step_time=step_time,
-                                   nonfinite=nonfinite, scaler_skipped=scaler_skipped, epoch=epoch, step=step,
-                                   framework_loss=framework_loss, bad_params=bad_params,
-                                   nonfinite_action=nonfinite_action)
+        self._need_store()
+        now = time.perf_counter()
+        record = loop_step(loss, grad_norm=grad_norm, lr=lr, accum=accum, micro_batch=micro_batch, samples=samples,
+                           tokens=tokens, clip=clip, clipped=clipped, step_time=step_time, nonfinite=nonfinite,
+                           scaler_skipped=scaler_skipped, epoch=epoch, step=step, framework_loss=framework_loss,
+                           bad_params=bad_params, nonfinite_action=nonfinite_action, last_step=self.step,
+                           this_epoch=self.epoch, world_size=self.world_size, elapsed=self._rows.since_last(now))
+        self._rows.restart(now)  # (only once the arguments passed: a refused call leaves the timer running)
+        return self._rows.write(record)
 
-    def record_step(self, *, step: int, epoch: int, loss: float, grad_norm: Optional[float], lr: Optional[float],
-                    accum: int, clip: float, micro_batch: Optional[int], samples: Optional[int],
-                    tokens: Optional[int], step_time: float, clipped: bool, nonfinite: bool, scaler_skipped: bool,
-                    framework_loss: Optional[float] = None, bad_params: tuple[str, ...] = (),
-                    nonfinite_action: str = "not skipped (the optimizer stepped)", check: Any = None) -> StepMetrics:
-        """log_step without the checks and defaults, by keyword: every value already plain (the
-        adapters' path, which may record a few steps at once). step_time in seconds. check: the
-        step against the exact one (engine.integrations._exactness.WindowCheck), if measured."""
-        return self._rows.record_step(step=step, epoch=epoch, loss=loss, grad_norm=grad_norm, lr=lr, accum=accum,
-                                      clip=clip, micro_batch=micro_batch, samples=samples, tokens=tokens,
-                                      step_time=step_time, clipped=clipped, nonfinite=nonfinite,
-                                      scaler_skipped=scaler_skipped, framework_loss=framework_loss,
-                                      bad_params=bad_params, nonfinite_action=nonfinite_action, check=check)
+    def record_step(self, record: StepRecord, check: Any = None) -> StepMetrics:
+        """log_step without the checks and defaults: the adapters' path, which builds the record of
+        plain values itself (a few steps after one host sync). check: the step against the exact
+        one (engine.integrations._exactness.WindowCheck), if measured."""
+        return self._rows.write(record, check)
 
     def flush_epoch_gap(self) -> None:
         self._rows.flush_epoch_gap()

@@ -68,6 +68,7 @@ from ._exactness import WindowCheck
 from ._hf_loss import exact_loss
 from ._hf_meter import GRAD_CHECKS, Meter
 from ._loop_rows import read_to_host
+from ._step_record import StepRecord
 from .loop import HeadroomRun, IntegrationError, end_reason, set_lr
 
 __all__ = ["HeadroomCallback", "exact_loss"]
@@ -401,15 +402,11 @@ class HeadroomCallback(TrainerCallback):
             if s.scaler_skipped:
                 run.record(ScalerSkip(s.step, s.epoch, scale=float(scaler.get_scale()) if scaler is not None
                                       else float("nan")))
-            norm = w.norm
-            finite = norm is None or math.isfinite(norm)
-            run.record_step(step=s.step, epoch=s.epoch, loss=weighted, grad_norm=norm, lr=w.lr, accum=len(losses),
-                            clip=w.clip, micro_batch=max(w.sizes) if w.sizes else None,
-                            samples=sum(w.sizes) * world, tokens=tokens * world, step_time=s.seconds,
-                            clipped=w.clip > 0 and norm is not None and finite and norm > w.clip,
-                            nonfinite=not s.scaler_skipped and not (finite and math.isfinite(weighted)),
-                            scaler_skipped=s.scaler_skipped, framework_loss=framework, bad_params=w.bad_params,
-                            nonfinite_action="not skipped (the Trainer stepped)", check=check)
+            run.record_step(StepRecord(
+                step=s.step, epoch=s.epoch, loss=weighted, grad_norm=w.norm, lr=w.lr, accum=len(losses), clip=w.clip,
+                micro_batch=max(w.sizes) if w.sizes else None, samples=sum(w.sizes) * world, tokens=tokens * world,
+                step_time=s.seconds, scaler_skipped=s.scaler_skipped, framework_loss=framework,
+                bad_params=w.bad_params, nonfinite_action="not skipped (the Trainer stepped)"), check)
 
     # -- commands ------------------------------------------------------------------------------------
     def _commands(self, args: Any, state: Any, control: Any, t: Trainer, step_end: bool = True) -> None:

@@ -14,6 +14,7 @@ from engine.memory.breakdown import MemoryBreakdown, activations
 from engine.memory.telemetry import MemorySample
 from engine.declarations.settings import LiveSettings
 from engine.declarations.events import Event, NonFinite, ScalerSkip, StepMetrics
+from engine.declarations.step_flags import step_flags
 from engine.window.step import InFlight, WindowNumbers
 
 
@@ -58,10 +59,11 @@ def step_metrics(launched: Launched, nums: WindowNumbers, skip: str) -> StepMetr
     if nums.memory:  # torchrun on CUDA: the tightest rank's, gathered in the step's all-reduce
         mem = MemorySample(*nums.memory)
     step_time = time.perf_counter() - launched.started
+    # a non-finite window is skipped, never clipped: the flag needs the whole window finite
     return StepMetrics(
         launched.step, launched.epoch, loss=nums.loss, grad_norm=nums.norm,
-        clipped=s.clip > 0 and nums.finite and nums.norm > s.clip, lr=s.lr, accum=launched.accum, clip=s.clip,
-        micro_batch=s.micro_batch, samples=launched.samples, tokens=int(nums.count), step_time=step_time,
+        clipped=nums.finite and step_flags(nums.loss, nums.norm, s.clip).clipped, lr=s.lr, accum=launched.accum,
+        clip=s.clip, micro_batch=s.micro_batch, samples=launched.samples, tokens=int(nums.count), step_time=step_time,
         throughput=nums.count / step_time if step_time > 0 else 0.0, nonfinite=skip == "nonfinite",
         scaler_skipped=skip == "scaler", mem_allocated=mem.allocated, mem_reserved=mem.reserved,
         mem_peak=mem.peak, mem_used=mem.used, mem_total=mem.total,
