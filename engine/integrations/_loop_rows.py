@@ -1,7 +1,7 @@
 """The rows a training loop's steps and epochs become (behind `HeadroomRun.log_step` and co.).
 
-`StepRows` turns what a loop knows about an optimizer step (tensors or floats, defaults
-left out) into one `StepMetrics` row with the device's memory figures, times the steps,
+`StepRows` writes a step's record (engine.integrations._step_record: what a loop knows about
+an optimizer step, checked) as one `StepMetrics` row with the device's memory figures, times the steps,
 keeps the epoch's count-weighted loss for its `epochs` row, and raises `LossWeighting` when
 a step's update is off the exact one (an adapter's `WindowCheck`, engine.integrations._exactness)
 or, for a plain loop that gives only its framework's loss, when the two loss values differ:
