@@ -47,15 +47,15 @@ from typing import Any, Callable, Optional
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-import torch  # noqa: E402
+import torch  # noqa: E402 - after the sys.path set-up above
 
-from bench.common import (GPT_CFG, GPT_SMALL_CFG, BareLoop, RandomTokens, engine_default_optimizer,  # noqa: E402
+from bench.common import (GPT_CFG, GPT_SMALL_CFG, BareLoop, RandomTokens, engine_default_optimizer,  # noqa: E402 - after the sys.path set-up above
                           gpt_loss, make_gpt, median, temp_run_dir)
-from engine.declarations.config import TrainConfig  # noqa: E402
-from engine.declarations.events import MicroBatchFound, NonFinite, OomRecovered, StepMetrics  # noqa: E402
-from engine.window.oom import free_memory, is_oom  # noqa: E402
-from engine.tasks.task import Task  # noqa: E402
-from engine.loop.trainer import Trainer  # noqa: E402
+from engine.declarations.config import TrainConfig  # noqa: E402 - after the sys.path set-up above
+from engine.declarations.events import MicroBatchFound, NonFinite, OomRecovered, StepMetrics  # noqa: E402 - after the sys.path set-up above
+from engine.window.oom import free_memory, is_oom  # noqa: E402 - after the sys.path set-up above
+from engine.tasks.task import Task  # noqa: E402 - after the sys.path set-up above
+from engine.loop.trainer import Trainer  # noqa: E402 - after the sys.path set-up above
 
 GiB = 2**30
 CAP = 24 * GiB
@@ -303,7 +303,7 @@ def section_b(ctx: Ctx) -> None:
     from engine.memory.telemetry import MemoryProbe
     probe = MemoryProbe(dev)
     try:
-        if probe._handle is None:  # noqa: SLF001
+        if probe._handle is None:  # noqa: SLF001 - the probe's NVML handle says whether NVML answered
             c.fail("b", "nvml_available", f"NVML not used by MemoryProbe: {probe.reason}")
         x = torch.empty(2 * GiB, dtype=torch.uint8, device=dev)
         s = probe.sample()
@@ -339,7 +339,7 @@ def true_max_micro(ctx: Ctx, data: RandomTokens, lo: int, hi: int) -> tuple[int,
         try:
             loop.step()
             sync(dev)
-        except BaseException as e:  # noqa: BLE001
+        except BaseException as e:  # noqa: BLE001 - an OOM is what bisection looks for; anything else re-raised
             if not is_oom(e):
                 raise
             ok = False
@@ -448,7 +448,7 @@ def section_e(ctx: Ctx) -> None:
             c.figure("e", f"{precision}_trains", len(applied), f">= 3 of {n} steps applied", ok,
                      f"losses {[round(s.loss, 3) for s in steps]}; scaler skips {result.scaler_skips}; "
                      f"nonfinite {len(nonfinite)}")
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:  # noqa: BLE001 - a failed item is reported and the check goes on
             c.fail("e", f"{precision}_trains", f"{type(e).__name__}: {e}")
         finally:
             clean(dev)
@@ -527,7 +527,7 @@ def main() -> int:
             drv = pynvml.nvmlSystemGetDriverVersion()
             env["driver"] = drv.decode() if isinstance(drv, bytes) else drv
             pynvml.nvmlShutdown()
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:  # noqa: BLE001 - a failed item is reported and the check goes on
             env["driver"] = f"NVML unavailable: {e}"
     check.write(env)
     ctx = Ctx(small, dev, check)
@@ -548,7 +548,7 @@ def main() -> int:
             try:
                 set_cap(dev, None)
                 clean(dev)
-            except Exception:  # noqa: BLE001
+            except Exception:  # noqa: BLE001 - clean-up: best effort
                 pass
         check.write(dict(section=key, seconds=round(time.perf_counter() - t0, 1)))
     text = check.summary()

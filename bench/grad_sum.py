@@ -21,11 +21,11 @@ from typing import Any, Optional
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
+import torch  # noqa: E402 - after the sys.path set-up above
+import torch.distributed as dist  # noqa: E402 - after the sys.path set-up above
 
-from engine import distributed as D  # noqa: E402
-from engine.distributed.strategy import Replicated  # noqa: E402
+from engine import distributed as D  # noqa: E402 - after the sys.path set-up above
+from engine.distributed.strategy import Replicated  # noqa: E402 - after the sys.path set-up above
 
 BUCKET_BYTES = 25 * 1024 * 1024  # DDP's default bucket_cap_mb
 
@@ -116,7 +116,7 @@ class GradSum(Replicated):
 
 def main() -> int:
     import engine.loop.setup as setup
-    setup.build_strategy = lambda name, model, ctx, device, **kw: (  # type: ignore[assignment]
+    setup.build_strategy = lambda name, model, ctx, device, **kw: (  # type: ignore[assignment]  # the benchmark swaps in the old gradient sum
         (D.share_rank0_model(model, ctx, device), GradSum(model, ctx, device))[1] if ctx.enabled
         else _local(model, ctx))
     from engine.cli import main as engine_main

@@ -40,10 +40,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("WANDB_DISABLED", "true")
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
+import torch  # noqa: E402 - after the sys.path set-up above
+import torch.nn.functional as F  # noqa: E402 - after the sys.path set-up above
 
-from engine.tasks.builtin.mlp import build_task  # noqa: E402
+from engine.tasks.builtin.mlp import build_task  # noqa: E402 - after the sys.path set-up above
 
 MICRO, ACCUM, CLIP, LR, SEED, WARMUP = 16, 4, 1.0, 1e-3, 0, 5
 TARGET = 1.02

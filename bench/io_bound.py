@@ -22,15 +22,15 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
+import torch  # noqa: E402 - after the sys.path set-up above
+import torch.nn.functional as F  # noqa: E402 - after the sys.path set-up above
 
-from bench.common import emit_json, median, temp_run_dir  # noqa: E402
-from engine.window import sampling as W  # noqa: E402
-from engine.declarations.config import TrainConfig  # noqa: E402
-from engine.distributed.devices import to_device  # noqa: E402
-from engine.tasks.task import Task  # noqa: E402
-from engine.loop.trainer import Trainer  # noqa: E402
+from bench.common import emit_json, median, temp_run_dir  # noqa: E402 - after the sys.path set-up above
+from engine.window import sampling as W  # noqa: E402 - after the sys.path set-up above
+from engine.declarations.config import TrainConfig  # noqa: E402 - after the sys.path set-up above
+from engine.distributed.devices import to_device  # noqa: E402 - after the sys.path set-up above
+from engine.tasks.task import Task  # noqa: E402 - after the sys.path set-up above
+from engine.loop.trainer import Trainer  # noqa: E402 - after the sys.path set-up above
 
 MICRO, ACCUM, LOAD_S, N, SEED, WARM = 16, 4, 0.5e-3, 4096, 0, 3
 

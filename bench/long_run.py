@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-import numpy as np  # noqa: E402
+import numpy as np  # noqa: E402 - after the sys.path set-up above
 
 OPEN_TARGET_S = 5.0
 RSS_TARGET_MB = 400.0

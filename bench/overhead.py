@@ -32,13 +32,13 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import torch  # noqa: E402
+import torch  # noqa: E402 - after the sys.path set-up above
 
-from bench.common import BareLoop, engine_default_optimizer, median, temp_run_dir  # noqa: E402
-from engine.declarations.config import TrainConfig  # noqa: E402
-from engine.declarations.events import EventBuffer, StepMetrics  # noqa: E402
-from engine.tasks.loader import load_task  # noqa: E402
-from engine.loop.trainer import Trainer  # noqa: E402
+from bench.common import BareLoop, engine_default_optimizer, median, temp_run_dir  # noqa: E402 - after the sys.path set-up above
+from engine.declarations.config import TrainConfig  # noqa: E402 - after the sys.path set-up above
+from engine.declarations.events import EventBuffer, StepMetrics  # noqa: E402 - after the sys.path set-up above
+from engine.tasks.loader import load_task  # noqa: E402 - after the sys.path set-up above
+from engine.loop.trainer import Trainer  # noqa: E402 - after the sys.path set-up above
 
 TARGETS = {"mlp": 1.05, "charlm": 1.03}
 MICRO, ACCUM, CLIP, LR, SEED = 16, 4, 1.0, 1e-3, 0

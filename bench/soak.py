@@ -52,7 +52,7 @@ os.environ["HEADROOM_SETTINGS"] = os.path.join(_TMP, "settings.ini")  # never th
 os.environ["HEADROOM_RUNS"] = os.path.join(_TMP, "runs")
 os.environ["HEADROOM_LOG"] = os.path.join(_TMP, "headroom.log")
 
-import numpy as np  # noqa: E402
+import numpy as np  # noqa: E402 - after the sys.path set-up above
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 MB = 1e6
@@ -316,7 +316,7 @@ def main() -> int:
     from PySide6.QtCore import QTimer, qInstallMessageHandler
     from PySide6.QtWidgets import QApplication
     install_message_filter(qInstallMessageHandler)
-    from app.core import assets, compat  # noqa: F401
+    from app.core import assets, compat  # noqa: F401 - imported for their set-up before the window, as app/main.py does
     from app.window import MainWindow
 
     # Per-call timings of the GUI thread's work (class-level wraps, before the window exists).

@@ -26,9 +26,9 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import torch  # noqa: E402
+import torch  # noqa: E402 - after the sys.path set-up above
 
-from engine import distributed as D  # noqa: E402
+from engine import distributed as D  # noqa: E402 - after the sys.path set-up above
 from bench.grad_sum import GradSync  # noqa: E402 (the engine's gradient sum until issue 20)
 
 

@@ -35,7 +35,7 @@ os.environ["HEADROOM_SETTINGS"] = os.path.join(_TMP, "settings.ini")  # never th
 os.environ["HEADROOM_RUNS"] = os.path.join(_TMP, "runs")
 os.environ["HEADROOM_LOG"] = os.path.join(_TMP, "headroom.log")
 
-import numpy as np  # noqa: E402
+import numpy as np  # noqa: E402 - after the sys.path set-up above
 
 
 def pct(values, q: float) -> float:

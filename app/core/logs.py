@@ -79,7 +79,7 @@ def install_excepthook() -> None:
     def hook(etype: type[BaseException], value: BaseException, tb: Optional[TracebackType]) -> None:
         _hook(etype, value, tb, previous)
 
-    hook.headroom_hook = True  # type: ignore[attr-defined]
+    hook.headroom_hook = True  # type: ignore[attr-defined]  # a marker on the function object
     sys.excepthook = hook
 
 

@@ -188,7 +188,7 @@ class MetricsBuffer:
         if name in self._lazy:
             try:
                 return float(self._lazy[name].value(name, int(self.view("step")[index])))
-            except Exception:  # noqa: BLE001
+            except Exception:  # noqa: BLE001 - a lazy column that cannot be read: no value
                 return math.nan
         return float(self.view(name)[index])
 

@@ -32,7 +32,7 @@ def clamp_weight(weight: object) -> float:
     """A weight as the control and the buffers take it: a number in [0, MAX_WEIGHT] with
     WEIGHT_DECIMALS places; anything else (a damaged preference) is DEFAULT_WEIGHT."""
     try:
-        w = float(weight)  # type: ignore[arg-type]
+        w = float(weight)  # type: ignore[arg-type]  # any stored value: what float() refuses is caught below
     except (TypeError, ValueError, OverflowError):
         return DEFAULT_WEIGHT
     if not math.isfinite(w):

@@ -10,7 +10,7 @@ from typing import Optional
 def number(v: object, default: Optional[float] = 0.0) -> Optional[float]:
     """A finite float, or `default`."""
     try:
-        f = float(v)  # type: ignore[arg-type]
+        f = float(v)  # type: ignore[arg-type]  # any stored value: what float() refuses is caught below
     except (TypeError, ValueError, OverflowError):
         return default
     return f if math.isfinite(f) else default
@@ -28,6 +28,6 @@ def measured(v: object) -> float:
     """A step's measured value as a float: NaN where there is none (null, text, anything not a
     number). Infinities are kept: a non-finite loss is what the step measured."""
     try:
-        return float(v)  # type: ignore[arg-type]
+        return float(v)  # type: ignore[arg-type]  # any stored value: what float() refuses is caught below
     except (TypeError, ValueError, OverflowError):
         return math.nan

@@ -24,7 +24,7 @@ import torch
 from . import contents
 from engine.declarations.config import ConfigError
 # What a run folder holds, by name (torch-free, shared with the app): re-exported from here.
-from engine.declarations.checkpoint_names import CKPT_DIR, LAST, candidates, name_of  # noqa: F401
+from engine.declarations.checkpoint_names import CKPT_DIR, LAST, candidates, name_of  # noqa: F401 - re-exported: the engine reads the names from here
 
 if TYPE_CHECKING:
     from engine.store.runlock import RunLock
@@ -88,7 +88,7 @@ def write_error(e: BaseException) -> Optional[OSError]:
     while e is not None and seen < 8:
         if isinstance(e, OSError):
             return e
-        e = e.__cause__ or e.__context__  # type: ignore[assignment]
+        e = e.__cause__ or e.__context__  # type: ignore[assignment]  # the chain holds BaseException | None
         seen += 1
     return None
 

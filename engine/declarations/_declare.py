@@ -71,7 +71,7 @@ def setting(default: Any, group: str, help: str, *, low: Optional[Number] = None
         raise TypeError("setting(per_step=True) needs live=True: a metrics column records a live setting")
     meta: dict[str, Any] = {SETTING: Declared(group, help, **declared)}
     if low is not None or high is not None:
-        meta[BOUNDS] = Bounds(low, high, high_open, unit, note)  # type: ignore[arg-type]
+        meta[BOUNDS] = Bounds(low, high, high_open, unit, note)  # type: ignore[arg-type]  # one bound may be None: no limit on that side
     if isinstance(default, dict):
         return field(default_factory=dict, metadata=meta)
     return field(default=default, metadata=meta)

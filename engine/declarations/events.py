@@ -61,7 +61,7 @@ def _with_setting_columns(cls: type) -> type:
             notes[f.name] = f"Optional[{value_type(f.name).__name__}]"
             setattr(cls, f.name, None)
             added.append(f.name)
-    cls.setting_columns = tuple(added)  # type: ignore[attr-defined]
+    cls.setting_columns = tuple(added)  # type: ignore[attr-defined]  # a class attribute added to the decorated class
     return cls
 
 

@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from . import limits
 from ._declare import GROUPS as GROUPS  # re-exported: cli.py, run_flags.py and the app read it here
-from ._declare import LAUNCH_GROUP, SETTING, Declared, default_of
+from ._declare import LAUNCH_GROUP as LAUNCH_GROUP  # re-exported: the app's tests read it here
+from ._declare import SETTING, Declared, default_of
 from ._reading import read_float as read_float  # re-exported: run_flags.py reads it here
 from ._reading import read_int, read_on_off, read_text
 from .config import RANGES, TrainConfig, check_value, value_type

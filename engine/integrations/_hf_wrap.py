@@ -74,7 +74,7 @@ def guard_train(trainer: Trainer, owner: object, on_failure: Callable[[BaseExcep
             on_failure(e)
             raise
 
-    guarded_train._headroom_guard = owner  # type: ignore[attr-defined]
+    guarded_train._headroom_guard = owner  # type: ignore[attr-defined]  # a marker on the function object
     trainer.train = guarded_train  # an instance attribute: the class's method is untouched
 
 

@@ -175,13 +175,13 @@ class HeadroomCallback(Callback):
     # call, six calls a micro-batch), and skips a hook that is not callable
     # (lightning/pytorch/trainer/call.py's _call_callback_hooks checks `callable(fn)`). The per-batch hooks this
     # callback has no use for are None, so it costs no more than Lightning's own loop there.
-    on_train_batch_start = None  # type: ignore[assignment]
-    on_before_backward = None  # type: ignore[assignment]
-    on_after_backward = None  # type: ignore[assignment]
+    on_train_batch_start = None  # type: ignore[assignment]  # None: Lightning skips a hook that is not callable
+    on_before_backward = None  # type: ignore[assignment]  # None: Lightning skips a hook that is not callable
+    on_after_backward = None  # type: ignore[assignment]  # None: Lightning skips a hook that is not callable
     on_before_optimizer_step = None  # type: ignore[assignment]  # measured in the module's hook instead (_wrap)
-    on_before_zero_grad = None  # type: ignore[assignment]
-    on_validation_batch_start = None  # type: ignore[assignment]
-    on_validation_batch_end = None  # type: ignore[assignment]
+    on_before_zero_grad = None  # type: ignore[assignment]  # None: Lightning skips a hook that is not callable
+    on_validation_batch_start = None  # type: ignore[assignment]  # None: Lightning skips a hook that is not callable
+    on_validation_batch_end = None  # type: ignore[assignment]  # None: Lightning skips a hook that is not callable
 
     def __init__(self, run_dir: Optional[str] = None, *, task: Optional[str] = None,
                  config: Optional[Mapping[str, Any]] = None, val_key: str = "val_loss", count_key: str = "count",

@@ -248,7 +248,7 @@ class HeadroomCallback(TrainerCallback):
             cb._mb.append(_Micro(loss, inputs, *(m if m is not None else (None, None, None))))
             return loss
 
-        training_step._headroom = True  # type: ignore[attr-defined]
+        training_step._headroom = True  # type: ignore[attr-defined]  # a marker on the function object
         trainer.training_step = training_step  # an instance attribute: the class's method is untouched
         acc = trainer.accelerator
         kind = getattr(acc.distributed_type, "value", acc.distributed_type)

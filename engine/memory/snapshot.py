@@ -78,7 +78,7 @@ class SnapshotRecorder:
         if self.active:
             try:
                 torch.cuda.memory._record_memory_history(enabled=None)
-            except Exception:  # noqa: BLE001
+            except Exception:  # noqa: BLE001 - stopping the history is best effort: never fails the run
                 pass
             self.active = False
             self.reason = "stopped"
@@ -116,7 +116,7 @@ class SnapshotRecorder:
             with open(tmp, "rb") as f:
                 os.fsync(f.fileno())
             os.replace(tmp, path)
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:  # noqa: BLE001 - a snapshot not written is said (reason), never fails the run
             self.reason = f"memory snapshot not written: {type(e).__name__}: {e}"
             try:
                 os.unlink(tmp)

@@ -148,7 +148,7 @@ class Feeder:
             it = getattr(self._loader, "_iterator", None)
             if it is not None and hasattr(it, "_shutdown_workers"):
                 it._shutdown_workers()  # noqa: SLF001 - the documented way to end persistent workers early
-            self._loader._iterator = None  # noqa: SLF001
+            self._loader._iterator = None  # noqa: SLF001 - the loader then starts a new iterator
             self._loader = None
 
 

@@ -16,8 +16,8 @@ from PySide6.QtCore import Qt
 from app_helpers import ROOT
 
 sys.path.insert(0, os.path.join(ROOT, "tests", "ctl"))
-import sshkit  # noqa: E402
-from ctlkit import LiveRun, db_rows, written_run  # noqa: E402
+import sshkit  # noqa: E402 - after the sys.path set-up above
+from ctlkit import LiveRun, db_rows, written_run  # noqa: E402 - after the sys.path set-up above
 
 sshd = sshkit.sshd  # the shared server fixture (tests/ctl/sshkit.py)
 

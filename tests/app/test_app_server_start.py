@@ -16,8 +16,8 @@ from PySide6.QtWidgets import QDialogButtonBox
 from app_helpers import FAST, ROOT
 
 sys.path.insert(0, os.path.join(ROOT, "tests", "ctl"))
-import sshkit  # noqa: E402
-from ctlkit import db_rows  # noqa: E402
+import sshkit  # noqa: E402 - after the sys.path set-up above
+from ctlkit import db_rows  # noqa: E402 - after the sys.path set-up above
 
 sshd = sshkit.sshd  # the shared server fixture (tests/ctl/sshkit.py)
 

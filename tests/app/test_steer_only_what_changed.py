@@ -19,7 +19,7 @@ import pytest
 from app_helpers import ROOT, wait_until
 
 sys.path.insert(0, os.path.join(ROOT, "tests", "ctl"))
-from ctlkit import LiveRun, ctl  # noqa: E402
+from ctlkit import LiveRun, ctl  # noqa: E402 - after the sys.path set-up above
 
 pytestmark = pytest.mark.slow  # an engine in another process, steered by two clients
 

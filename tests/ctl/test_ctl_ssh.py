@@ -31,7 +31,7 @@ def remote(run_dir: str) -> str:
 
 @pytest.fixture(scope="module")
 def live(sshd, tmp_path_factory):
-    follow_over_ssh = lambda run_dir: Stream.follow(remote(run_dir), *sshd.ctl_args(), env=sshd.env)  # noqa: E731
+    follow_over_ssh = lambda run_dir: Stream.follow(remote(run_dir), *sshd.ctl_args(), env=sshd.env)  # noqa: E731 - a one-line function, named where it is passed
     with followed_live_run(str(tmp_path_factory.mktemp("ctl-ssh") / "run"), follow_over_ssh) as run:
         yield run
 

@@ -97,7 +97,7 @@ def build_task(seed: int) -> Task:
     class SGD(torch.optim.SGD):
         steps = 0
 
-        def step(self, closure=None):  # type: ignore[override]
+        def step(self, closure=None):  # type: ignore[override]  # torch's Optimizer.step is overloaded on the closure
             SGD.steps += 1
             if step_oom_at:
                 r, s = map(int, step_oom_at.split(":"))

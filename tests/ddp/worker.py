@@ -20,14 +20,14 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-from torch.nn.parallel import DistributedDataParallel  # noqa: E402
+import torch  # noqa: E402 - after the sys.path set-up above
+import torch.distributed as dist  # noqa: E402 - after the sys.path set-up above
+from torch.nn.parallel import DistributedDataParallel  # noqa: E402 - after the sys.path set-up above
 
-import engine.distributed as D  # noqa: E402
-from engine.declarations.config import TrainConfig  # noqa: E402
-from engine.loop.trainer import Trainer  # noqa: E402
-from tests.ddp import varlen_task  # noqa: E402
+import engine.distributed as D  # noqa: E402 - after the sys.path set-up above
+from engine.declarations.config import TrainConfig  # noqa: E402 - after the sys.path set-up above
+from engine.loop.trainer import Trainer  # noqa: E402 - after the sys.path set-up above
+from tests.ddp import varlen_task  # noqa: E402 - after the sys.path set-up above
 
 
 def full_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:

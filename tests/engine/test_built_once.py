@@ -8,7 +8,7 @@ import sys
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
-from engine_helpers import make_task  # noqa: E402
+from engine_helpers import make_task  # noqa: E402 - after the sys.path set-up above
 
 from engine.declarations.config import ConfigError, TrainConfig
 from engine.loop import setup

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-import engine_helpers  # noqa: F401
+import engine_helpers  # noqa: F401 - for its set-up: testkit's sys.path before the engine imports
 from engine.memory.activation_checkpointing import (checkpoint_modules, count_blocks, find_switch,
     why_no_switch)
 from engine.tasks.task import Task

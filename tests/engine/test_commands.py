@@ -31,7 +31,7 @@ def in_thread(fn) -> None:
     def target():
         try:
             fn()
-        except BaseException as e:  # noqa: BLE001
+        except BaseException as e:  # noqa: BLE001 - the thread hands back whatever the call raised
             err.append(e)
     t = threading.Thread(target=target)
     t.start()

@@ -30,7 +30,7 @@ def task(nan_at: set[int]) -> Task:
 
     t = Task(model=model, train_data=torch.utils.data.TensorDataset(x, y), loss=loss,
              optimizer=lambda p, lr: torch.optim.AdamW(p, lr=lr, fused=True), name="fused")
-    t.state = state  # type: ignore[attr-defined]
+    t.state = state  # type: ignore[attr-defined]  # a test-only attribute on the Task
     return t
 
 

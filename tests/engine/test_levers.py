@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-import engine_helpers  # noqa: F401
+import engine_helpers  # noqa: F401 - for its set-up: testkit's sys.path before the engine imports
 from engine.declarations.commands import SetAccum, SetMicroBatch
 from engine.memory.plan.levers import (CheckpointModel, Current, Persistent, accum_for, build_table, cast_bytes,
     commands_for, lines_for)

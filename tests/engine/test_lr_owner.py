@@ -10,7 +10,7 @@ import pytest
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from engine_helpers import RecordingSGD, make_task, run_trainer  # noqa: E402
+from engine_helpers import RecordingSGD, make_task, run_trainer  # noqa: E402 - after the sys.path set-up above
 
 from engine.control.lr import LrControl, rescale
 from engine.declarations.commands import SetLr

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-import engine_helpers  # noqa: F401
+import engine_helpers  # noqa: F401 - for its set-up: testkit's sys.path before the engine imports
 from engine.memory.snapshot import SnapshotRecorder
 from engine.window.oom import is_oom
 

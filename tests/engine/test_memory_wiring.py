@@ -12,7 +12,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(__file__))
-from engine_helpers import make_task, run_trainer  # noqa: E402
+from engine_helpers import make_task, run_trainer  # noqa: E402 - after the sys.path set-up above
 
 from engine.memory.activation_checkpointing import checkpoint_modules
 from engine.declarations.commands import SetCheckpointing, SetPrecision

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
-from engine_helpers import RecordingSGD, make_task, run_trainer  # noqa: E402
+from engine_helpers import RecordingSGD, make_task, run_trainer  # noqa: E402 - after the sys.path set-up above
 
 from engine.declarations.commands import SetLr
 from engine.declarations.schedule import LrSchedule

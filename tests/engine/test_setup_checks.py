@@ -11,7 +11,7 @@ import textwrap
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
-from engine_helpers import make_task, run_trainer  # noqa: E402
+from engine_helpers import make_task, run_trainer  # noqa: E402 - after the sys.path set-up above
 
 from engine.cli import main
 from engine.declarations.commands import SetMicroBatch

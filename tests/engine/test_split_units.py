@@ -11,7 +11,7 @@ import pytest
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from engine_helpers import make_task, run_trainer  # noqa: E402
+from engine_helpers import make_task, run_trainer  # noqa: E402 - after the sys.path set-up above
 
 from engine.declarations.rules import CommandRules
 from engine.declarations.commands import Pause, SetAccum, SetClip, SetLr, SetLrScaling, SetMicroBatch, command_for
@@ -36,7 +36,7 @@ def test_fixed_windows_cover_the_epoch_in_windows_of_micro_x_accum_x_world():
 
 def test_fixed_windows_order_depends_on_seed_and_epoch_only():
     policy = FixedWindows(30, seed=1)
-    flat = lambda plan: [i for w in plan for i in w]  # noqa: E731
+    flat = lambda plan: [i for w in plan for i in w]  # noqa: E731 - a one-line function, named where it is used
     assert flat(policy.plan(1, S, 1)) == flat(policy.plan(1, S.with_(micro_batch=1, accum=7), 1))
     assert flat(policy.plan(1, S, 1)) != flat(policy.plan(2, S, 1))
     assert flat(policy.plan(1, S, 1)) != flat(FixedWindows(30, seed=2).plan(1, S, 1))

@@ -15,8 +15,8 @@ os.environ.setdefault("WANDB_DISABLED", "true")
 
 from testkit import ROOT  # noqa: E402,F401 - re-exported: the integration tests import it from here
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
+import torch  # noqa: E402 - after the environment set-up above
+import torch.nn.functional as F  # noqa: E402 - after the environment set-up above
 
 VOCAB = 24
 

@@ -11,9 +11,9 @@ pytestmark = pytest.mark.slow  # three frameworks' runs, then the window
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 pytest.importorskip("pytestqt", reason="pytest-qt is not installed")
 
-from engine.declarations.commands import SetLr  # noqa: E402
-from engine.integrations.loop import headroom_run, set_lr  # noqa: E402
-from engine.store import RunReader, send_command  # noqa: E402
+from engine.declarations.commands import SetLr  # noqa: E402 - after the importorskip of an optional extra above
+from engine.integrations.loop import headroom_run, set_lr  # noqa: E402 - after the importorskip of an optional extra above
+from engine.store import RunReader, send_command  # noqa: E402 - after the importorskip of an optional extra above
 
 
 def _loop_run(path: str) -> str:

@@ -13,12 +13,12 @@ import pytest
 pytest.importorskip("transformers", reason="the 'hf' extra is not installed (pip install -e '.[hf]')")
 pytest.importorskip("accelerate", reason="the 'hf' extra is not installed (pip install -e '.[hf]')")
 
-import torch  # noqa: E402
-from transformers import Trainer, TrainerCallback, TrainingArguments  # noqa: E402
+import torch  # noqa: E402 - after the importorskip of an optional extra above
+from transformers import Trainer, TrainerCallback, TrainingArguments  # noqa: E402 - after the importorskip of an optional extra above
 
-from integ_helpers import full_batch_grad, rel_diff, text_collate, text_data, tiny_bert, tiny_gpt2  # noqa: E402
-from engine.integrations.transformers import HeadroomCallback, exact_loss  # noqa: E402
-from engine.store import RunReader  # noqa: E402
+from integ_helpers import full_batch_grad, rel_diff, text_collate, text_data, tiny_bert, tiny_gpt2  # noqa: E402 - after the importorskip of an optional extra above
+from engine.integrations.transformers import HeadroomCallback, exact_loss  # noqa: E402 - after the importorskip of an optional extra above
+from engine.store import RunReader  # noqa: E402 - after the importorskip of an optional extra above
 
 LR = 0.1
 CASES = {  # name: (model builder, data, causal)

@@ -8,15 +8,15 @@ import pytest
 
 pytest.importorskip("lightning", reason="the 'lightning' extra is not installed (pip install -e '.[lightning]')")
 
-import lightning.pytorch as L  # noqa: E402
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
+import lightning.pytorch as L  # noqa: E402 - after the importorskip of an optional extra above
+import torch  # noqa: E402 - after the importorskip of an optional extra above
+import torch.nn.functional as F  # noqa: E402 - after the importorskip of an optional extra above
+from torch.utils.data import DataLoader, TensorDataset  # noqa: E402 - after the importorskip of an optional extra above
 
-from engine.declarations.commands import SetAccum, SetClip, SetLr, SetMicroBatch, Stop  # noqa: E402
-from engine.integrations.lightning import HeadroomCallback  # noqa: E402
-from engine.integrations.loop import IntegrationError  # noqa: E402
-from engine.store import RunReader, send_command  # noqa: E402
+from engine.declarations.commands import SetAccum, SetClip, SetLr, SetMicroBatch, Stop  # noqa: E402 - after the importorskip of an optional extra above
+from engine.integrations.lightning import HeadroomCallback  # noqa: E402 - after the importorskip of an optional extra above
+from engine.integrations.loop import IntegrationError  # noqa: E402 - after the importorskip of an optional extra above
+from engine.store import RunReader, send_command  # noqa: E402 - after the importorskip of an optional extra above
 
 MICRO = 4  # 24 samples: 6 micro-batches an epoch
 

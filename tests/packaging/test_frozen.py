@@ -72,7 +72,7 @@ def _build_command() -> list[str]:
     if Path(sys.prefix).resolve() == venv and shutil.which("make"):
         return ["make", "package"]  # the documented command, exactly
     try:  # another interpreter (a CI matrix, a conda env): the same build with it
-        import PyInstaller  # noqa: F401
+        import PyInstaller  # noqa: F401 - only whether it imports
     except ImportError:
         subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "-c", str(ROOT / "constraints.txt"),
                         "pyinstaller>=6.10"], check=True)  # the tested version

@@ -141,7 +141,7 @@ class LiveFields(QGroupBox):
             return None if w.problem() else w.given()
         if isinstance(w, QComboBox):
             return w.currentData()
-        return w.isChecked()  # type: ignore[attr-defined]
+        return w.isChecked()  # type: ignore[attr-defined]  # the remaining kind of field is a QCheckBox
 
     def values(self) -> dict[str, Any]:
         return {name: self.field_value(name) for name in self.fields}
@@ -204,7 +204,7 @@ class LiveFields(QGroupBox):
             self.edited.emit()
 
     def update_effective(self) -> None:
-        m, k, w = self.micro_batch.value(), self.accum.value(), self.world_size  # type: ignore[attr-defined]
+        m, k, w = self.micro_batch.value(), self.accum.value(), self.world_size  # type: ignore[attr-defined]  # the field table types the spin boxes as QWidget
         devices = f" \u00d7 {w} devices" if w > 1 else " \u00d7 1 device"
         self.effective.setText(f"{m * k * w:,}  = {m} \u00d7 {k}{devices}")
 

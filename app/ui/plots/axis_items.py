@@ -44,7 +44,7 @@ class XAxisItem(pg.AxisItem):
         minor = next((s for s in reversed(CLOCK_STEPS) if s < major and major % s == 0), major)
         return [(float(major), 0.0), (float(minor), 0.0)]
 
-    def tickStrings(self, values: list[float], scale: float, spacing: float) -> list[str]:  # noqa: N802
+    def tickStrings(self, values: list[float], scale: float, spacing: float) -> list[str]:  # noqa: N802 - pyqtgraph's name
         if self.key == "time":
             return [fmt_clock(v * scale) for v in values]
         if self.key in ("samples", "tokens"):

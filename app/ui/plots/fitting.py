@@ -119,7 +119,7 @@ class YAxisItem(pg.AxisItem):
             return log_tick_levels(min(minVal, maxVal), max(minVal, maxVal), size, LABEL_PX)
         return super().tickValues(minVal, maxVal, size)
 
-    def tickStrings(self, values: list[float], scale: float, spacing: Any) -> list[str]:  # noqa: N802
+    def tickStrings(self, values: list[float], scale: float, spacing: Any) -> list[str]:  # noqa: N802 - pyqtgraph's name
         if self.logMode:  # a level without spacing is the unlabelled multiples (log_ticks.py)
             return [] if spacing is None else [log_label(v) for v in values]
         return [fmt_true(v * scale, spacing * scale) for v in values]

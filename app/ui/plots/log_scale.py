@@ -76,9 +76,9 @@ class LogScales(QObject):
 
 def _put_first(menu: object, action: QAction) -> None:
     """After the menu's first group ("Fork from here..."), before pyqtgraph's own entries."""
-    acts = menu.actions()  # type: ignore[attr-defined]
+    acts = menu.actions()  # type: ignore[attr-defined]  # pyqtgraph's context menu (a QMenu): pyqtgraph has no stubs
     sep = next((i for i, a in enumerate(acts) if a.isSeparator()), -1)
     before = acts[sep + 1] if 0 <= sep + 1 < len(acts) else (acts[0] if acts else None)
-    menu.insertAction(before, action)  # type: ignore[attr-defined]
+    menu.insertAction(before, action)  # type: ignore[attr-defined]  # pyqtgraph's context menu (a QMenu): pyqtgraph has no stubs
     if before is not None:
-        menu.insertSeparator(before)  # type: ignore[attr-defined]
+        menu.insertSeparator(before)  # type: ignore[attr-defined]  # pyqtgraph's context menu (a QMenu): pyqtgraph has no stubs

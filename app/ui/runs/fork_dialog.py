@@ -101,18 +101,18 @@ class ForkDialog(QDialog):
         elif isinstance(w, QLineEdit) and key == "task_args":
             w.setText(task_args.format_args(value))
         else:
-            w.set_given(value)  # type: ignore[attr-defined]
+            w.set_given(value)  # type: ignore[attr-defined]  # one of the form's own field widgets (given, set_given, problem)
 
     def _value(self, key: str) -> Any:
         w = self.widgets[key]
         if isinstance(w, QComboBox):
             return w.currentData()
         if key == "task_args":
-            return task_args.parse(w.text())  # type: ignore[attr-defined]
-        problem = w.problem()  # type: ignore[attr-defined]
+            return task_args.parse(w.text())  # type: ignore[attr-defined]  # one of the form's own field widgets (given, set_given, problem)
+        problem = w.problem()  # type: ignore[attr-defined]  # one of the form's own field widgets (given, set_given, problem)
         if problem:
             raise ConfigError(problem)
-        return w.given()  # type: ignore[attr-defined]
+        return w.given()  # type: ignore[attr-defined]  # one of the form's own field widgets (given, set_given, problem)
 
     def edits(self) -> dict[str, Any]:
         """The fields edited away from what the checkpoint has. Raises ConfigError."""

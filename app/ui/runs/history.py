@@ -262,7 +262,7 @@ class HistoryPanel(QWidget):
         item.setData(RUN, PATH_ROLE, r.path)
         item.setToolTip(RUN, r.path)
         if change:
-            item.setToolTip(CHANGE, f"{change}\nparent: {node.parent.run_dir}")  # type: ignore[union-attr]
+            item.setToolTip(CHANGE, f"{change}\nparent: {node.parent.run_dir}")  # type: ignore[union-attr]  # a change is shown only for a forked run, which has a parent
         return item
 
     def items(self) -> list[QTreeWidgetItem]:

@@ -85,4 +85,4 @@ class ShortcutsDialog(QDialog):
     def texts(self) -> list[tuple[str, str, str]]:
         """(menu, action, keys) as the table shows them."""
         t = self.table
-        return [tuple(t.item(r, c).text() for c in range(3)) for r in range(t.rowCount())]  # type: ignore[misc]
+        return [tuple(t.item(r, c).text() for c in range(3)) for r in range(t.rowCount())]  # type: ignore[misc]  # every cell of the table is filled
