@@ -160,7 +160,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from .model.title import APP_NAME
     from .window import MainWindow
 
-    app = QApplication.instance() or QApplication(sys.argv[:1])
+    existing = QApplication.instance()
+    app = existing if isinstance(existing, QApplication) else QApplication(sys.argv[:1])
     app.setApplicationName("Headroom")
     app.setOrganizationName("Headroom")
     app.setApplicationDisplayName(APP_NAME)  # Qt appends it to a window title that does not end with it (title.py)

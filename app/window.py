@@ -79,8 +79,10 @@ class MainWindow(QMainWindow):
         self.setWindowIcon(assets.app_icon())
         self.setObjectName("MainWindow")
         apply_stylesheet(self.theme)
-        wheel.install(QApplication.instance())  # the wheel changes no setting it passes over
-        keys.install(QApplication.instance(), self)  # its shortcuts work while a field has the focus
+        app = QApplication.instance()
+        assert isinstance(app, QApplication)  # a window needs one
+        wheel.install(app)  # the wheel changes no setting it passes over
+        keys.install(app, self)  # its shortcuts work while a field has the focus
 
         self.plot_listeners: list[Callable[[Any], None]] = []  # called once the plots exist
         self.central = PlotsArea(self._make_plots, self._plots_built)  # "Loading plots...", then the plots
@@ -169,7 +171,7 @@ class MainWindow(QMainWindow):
         aa.theme.toggled.connect(lambda on: self.set_theme("dark" if on else "light"))
         self.run_menu.aboutToShow.connect(self.launcher.check_gpus)  # enables Run on N GPUs, or says why not
         self.controls.task_file_wanted.connect(self.choose_task_file)
-        self.controls.live.what_fits.clicked.connect(lambda: (self.levers_dock.show(), self.levers_dock.raise_()))
+        self.controls.live.what_fits.clicked.connect(self._show_levers)
         self.alerts.count_changed.connect(lambda n: self.alerts_dock.setWindowTitle(f"Alerts ({n})" if n else "Alerts"))
         # The Alerts tab comes forward for news during a run, not for a run folder's past (a run
         # viewed from Run history keeps that tab in front).
@@ -425,6 +427,10 @@ class MainWindow(QMainWindow):
         """Close the normal way (a run stops with a checkpoint) without the question: a signal."""
         self.close_question.confirmed = True
         self.close()
+
+    def _show_levers(self) -> None:
+        self.levers_dock.show()
+        self.levers_dock.raise_()
 
     def closeEvent(self, event: QCloseEvent) -> None:  # noqa: N802 - Qt name
         if self.runner.is_busy() and not self._really_closing and self.close_question.wanted():

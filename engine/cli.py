@@ -88,7 +88,7 @@ class _Stream:
         except (OSError, ValueError):  # ValueError: I/O operation on closed file
             self.gone = True
             try:
-                fd = stream.fileno()
+                fd = stream.fileno() if stream is not None else None
             except Exception:
                 fd = None
             if fd in (1, 2):

@@ -147,7 +147,8 @@ def summarize(path: str) -> Optional[RunSummary]:
         status = "interrupted"
     started, finished = info.get("started"), info.get("finished")
     steps = info.get("step")
-    cfg = info.get("config") if isinstance(info.get("config"), dict) else {}
+    raw_cfg = info.get("config")
+    cfg = raw_cfg if isinstance(raw_cfg, dict) else {}
     return RunSummary(path=os.path.abspath(path), name=os.path.basename(os.path.normpath(path)),
                       task=str(info.get("task") or "?"), status=status,
                       started=float(started) if isinstance(started, (int, float)) else None,

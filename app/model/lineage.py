@@ -219,7 +219,7 @@ def nearest(cps: list[Checkpoint], step: int) -> Optional[Checkpoint]:
     best: Optional[Checkpoint] = None
     for c in cps:
         if c.step is not None and c.step <= step:
-            if best is None or c.step > best.step or (c.step == best.step and best.name == "last"):
+            if best is None or best.step is None or c.step > best.step or (c.step == best.step and best.name == "last"):
                 best = c
     return best
 

@@ -97,6 +97,10 @@ class StepColumns:
         a = self.columns.get(name)
         return None if a is None else a[self.i0:self.i1]
 
+    def steps(self) -> np.ndarray:
+        """The step column (every piece has one)."""
+        return self.columns["step"][self.i0:self.i1]
+
 
 class ColumnLoader(Protocol):
     """Reads a column the buffer does not hold yet (app/session/rundb.py: from run.db)."""
@@ -249,7 +253,7 @@ class MetricsBuffer:
         n = len(piece)
         if n == 0:
             return 0
-        first = piece.view("step")[0]
+        first = piece.steps()[0]
         if len(self) and first <= self.view("step")[-1]:
             self.truncate_after(int(first) - 1)
         if piece.loader is None:
@@ -269,7 +273,8 @@ class MetricsBuffer:
                 self.cols[c].extend(base)
             elif base is None:
                 self.cols[c].extend(np.full(n, np.nan))
-            elif base.dtype == self.cols[c].dtype and piece.claims.setdefault(c, id(self)) == id(self):
+            elif base.dtype == self.cols[c].dtype and piece.claims is not None \
+                    and piece.claims.setdefault(c, id(self)) == id(self):
                 self.cols[c].extend_from(base, piece.i0, piece.i1)  # one buffer only makes it its storage
             else:
                 self.cols[c].extend(base[piece.i0:piece.i1])

@@ -58,7 +58,7 @@ class Note:
         belongs, data that is not an object) gives 0 / {} for what it lacks, never an error."""
         data = row.get("data")
         return cls(str(row.get("kind") or ""), whole(row.get("step")), whole(row.get("epoch")),
-                   str(row.get("message") or ""), data if isinstance(data, dict) else {}, number(row.get("time")))
+                   str(row.get("message") or ""), data if isinstance(data, dict) else {}, number(row.get("time")) or 0.0)
 
     @property
     def is_alert(self) -> bool:

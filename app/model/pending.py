@@ -120,7 +120,7 @@ class PendingChanges:
                 continue
             c = self.changes.get(name)
             on_the_way = c is not None and c.pending
-            if on_the_way and same(c.value, v):
+            if on_the_way and c is not None and same(c.value, v):
                 continue
             if on_the_way or not same(self.engine[name], v):
                 out[name] = v

@@ -129,7 +129,7 @@ class RunModel:
                 run = []
             if isinstance(item, StepColumns):
                 if len(item):
-                    self._keep_superseded(float(item.view("step")[0]), delta)
+                    self._keep_superseded(float(item.steps()[0]), delta)
                 self._after_steps(self.metrics.extend_columns(item), delta)
                 continue
             self._note(item if isinstance(item, Note) else Note.from_event(item), delta)

@@ -22,7 +22,8 @@ def window_title(run_dir: str, info: dict[str, Any]) -> str:
     parts = [os.path.basename(os.path.normpath(run_dir))]
     world = whole(info.get("world_size") or 1, 1)  # a damaged run table: no count to show
     if world >= 2:
-        cfg = info.get("config") if isinstance(info.get("config"), dict) else {}
+        raw = info.get("config")
+        cfg = raw if isinstance(raw, dict) else {}
         strategy = cfg.get("strategy") or info.get("strategy")  # runs from before --strategy: none recorded
         units = "GPUs" if str(info.get("device") or "").startswith("cuda") else "processes"
         parts.append(f"{world} {units}" + (f", {strategy}" if isinstance(strategy, str) and strategy else ""))

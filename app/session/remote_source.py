@@ -50,7 +50,7 @@ class RemoteSource(FolderSource):
         self.run_dir = target
         self.remote_python = remote_python or default_python()
         self.lazy = True
-        self.reader = None  # no local run.db: discarded rows are not shown for a remote run
+        self.reader = None  # type: ignore[assignment]  # no local run.db: discarded rows are not shown for a remote run
         self.info: dict[str, Any] = {}
         self.writer: Optional[dict[str, Any]] = None
         self.running = False
@@ -108,7 +108,7 @@ class RemoteSource(FolderSource):
             steps = step_columns(record)
             if steps is not None:
                 self._items.append(steps)
-                self._cursor = (int(steps.view("step")[-1]) + 1, self._cursor[1])
+                self._cursor = (int(steps.steps()[-1]) + 1, self._cursor[1])
         elif kind == "event":
             event = record.get("event") or {}
             self._items.append(Note.from_row(event))

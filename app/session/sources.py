@@ -28,9 +28,14 @@ from .rundb import LAZY_ABOVE, RunDbColumns, metric_columns, read_steps
 
 class Source(Protocol):
     live: bool  # the engine thread of this window (True) or a run folder (False)
-    run_dir: Optional[str]
     step_get: Callable[[Any, str], Any]  # how to read a field of a step item
-    writer: Optional[dict[str, Any]]  # {pid, host} of the process writing the run, if live
+
+    @property
+    def run_dir(self) -> Optional[str]: ...
+
+    @property
+    def writer(self) -> Optional[dict[str, Any]]:  # {pid, host} of the process writing the run, if live
+        ...
 
     def poll(self, force: bool = False) -> list[Any]: ...
 
@@ -158,7 +163,7 @@ class FolderSource:
             self._last_step = before
             return []
         self.running = self._is_running()
-        step_col = steps.view("step") if steps is not None else np.empty(0, dtype=np.int64)
+        step_col = steps.steps() if steps is not None else np.empty(0, dtype=np.int64)
         if len(step_col):
             self._last_step = int(step_col[-1])
         if events:

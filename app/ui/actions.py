@@ -151,7 +151,9 @@ class ToolbarFit(QObject):
     def fit(self) -> None:
         if not self._widths:
             self._measure()
-        self.tb.layout().invalidate()
+        lay = self.tb.layout()
+        if lay is not None:
+            lay.invalidate()
         w = self._widths
         rest = self.tb.sizeHint().width() - sum(w[a][a in self.compact] for a in w)  # separators, spacing, margins
         n = 0
@@ -162,7 +164,9 @@ class ToolbarFit(QObject):
             self.compact = compact
             icon, words = Qt.ToolButtonStyle.ToolButtonIconOnly, Qt.ToolButtonStyle.ToolButtonTextBesideIcon
             for a in w:
-                self.tb.widgetForAction(a).setToolButtonStyle(icon if a in compact else words)
+                button = self.tb.widgetForAction(a)
+                if isinstance(button, QToolButton):
+                    button.setToolButtonStyle(icon if a in compact else words)
 
     def eventFilter(self, obj: QObject, ev: QEvent) -> bool:  # noqa: N802 - Qt name
         if ev.type() in (QEvent.Type.StyleChange, QEvent.Type.FontChange):

@@ -194,7 +194,8 @@ class AlertsPanel(QWidget):
 
     def kinds(self) -> list[str]:
         """The kind of each row, top to bottom."""
-        return [self.table.item(r, 2).data(Qt.ItemDataRole.UserRole) for r in range(self.table.rowCount())]
+        items = (self.table.item(r, 2) for r in range(self.table.rowCount()))
+        return [item.data(Qt.ItemDataRole.UserRole) for item in items if item is not None]
 
     def rows(self) -> list[tuple[str, int, str]]:
         """(kind, latest step, each wording's latest message) of each row, top to bottom."""

@@ -80,7 +80,7 @@ def write_csv(model: RunModel, path: str) -> int:
     return n
 
 
-def window_png(window: QWidget, plots: Any, path: str) -> bool:
+def window_png(window: QMainWindow, plots: Any, path: str) -> bool:
     """The whole window once its layout has stopped changing (the plots' own too)."""
     plots.refresh(force=True)
     settle(window, lambda: plots.canvas.ci.geometry().getRect())
@@ -234,7 +234,7 @@ def export_plots(plots: Any, model: Optional[RunModel], path: str, run_dir: str 
             raise OSError(f"could not write {path}")
         return Exported(path, (EXPORT_SIZE[0], EXPORT_SIZE[1] + HEADER_PX), kind)
     img = dashboard_image(plots, model, run_dir)
-    if not img.save(path, "PNG"):
+    if not img.save(path, b"PNG"):
         raise OSError(f"could not write {path}")
     return Exported(path, (img.width(), img.height()), kind)
 

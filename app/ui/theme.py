@@ -64,7 +64,7 @@ def palette(theme: str) -> Palette:
 
 def apply_stylesheet(theme: str) -> None:
     app = QApplication.instance()
-    if app is not None:
+    if isinstance(app, QApplication):
         app.setStyleSheet(assets.stylesheet(theme if theme in THEMES else "light"))
 
 

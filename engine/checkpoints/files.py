@@ -302,7 +302,7 @@ def recover(run_dir: str) -> list[str]:
     """The writer at start: an .old-<name>/ whose <name>/ is missing (a crash between the two
     renames of swap_in) goes back; other .old-* folders are removed. Returns what it did."""
     folder = os.path.join(run_dir, CKPT_DIR)
-    done = []
+    done: list[str] = []
     try:
         names = os.listdir(folder)
     except OSError:

@@ -96,7 +96,7 @@ def load_into(folder: str, model: torch.nn.Module, optimizer: Optional[torch.opt
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
     if optimizer is None:
         from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
-        state = {"model": get_model_state_dict(model)}
+        state: dict[str, Any] = {"model": get_model_state_dict(model)}
         read(state, folder)
         set_model_state_dict(model, state["model"])
         return

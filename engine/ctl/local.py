@@ -109,7 +109,8 @@ def _status(reader: RunReader) -> dict[str, Any]:
 def _settings(info: dict[str, Any], events: list[dict[str, Any]], last: dict[str, Any]) -> dict[str, Any]:
     """The live settings now: the config's, then each change the engine applied, then the last
     row's values for those every row records."""
-    config = info.get("config") if isinstance(info.get("config"), dict) else {}
+    raw = info.get("config")
+    config: dict[str, Any] = raw if isinstance(raw, dict) else {}
     out = {s.name: config.get(s.name) for s in LIVE_SETTINGS}
     for e in events:
         if e["kind"] == "settings_applied":
@@ -140,7 +141,8 @@ def _eta(info: dict[str, Any], reader: RunReader, tail: list[dict[str, Any]],
         return None
     per_step = (t1 - t0) / (len(rows) - 1)
     step = int(rows[-1][0]["step"])
-    config = info.get("config") if isinstance(info.get("config"), dict) else {}
+    raw = info.get("config")
+    config: dict[str, Any] = raw if isinstance(raw, dict) else {}
     left: list[float] = []
     if isinstance(config.get("max_steps"), int):
         left.append(max(0, config["max_steps"] - step))

@@ -39,6 +39,7 @@ class SettingCommand(Command):
 
     if TYPE_CHECKING:  # each set_<name> class is made from its declaration (below): its one field, then `at`
         def __init__(self, *value: Any, at: str = "epoch", **field_value: Any) -> None: ...
+        def __getattr__(self, name: str) -> Any: ...  # that field (cmd.lr, cmd.accum, ...)
 
     def __post_init__(self) -> None:
         if not isinstance(self.at, str) or self.at not in APPLY_AT:

@@ -54,8 +54,9 @@ def to_device(batch: Any, device: torch.device) -> Any:
     if dataclasses.is_dataclass(batch) and not isinstance(batch, type):
         return dataclasses.replace(batch, **{f.name: to_device(getattr(batch, f.name), device)
                                              for f in dataclasses.fields(batch) if f.init})
-    if isinstance(batch, Mapping) and callable(getattr(batch, "to", None)):
-        return batch.to(device)  # BatchEncoding and friends move themselves
+    move = getattr(batch, "to", None)
+    if isinstance(batch, Mapping) and callable(move):
+        return move(device)  # BatchEncoding and friends move themselves
     if isinstance(batch, Mapping):
         return {k: to_device(v, device) for k, v in batch.items()}
     to = getattr(batch, "to", None)

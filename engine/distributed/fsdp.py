@@ -27,7 +27,7 @@ by the global count. `--precision bf16` gathers parameters in bfloat16 and reduc
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, ContextManager, Iterator, Optional
+from typing import Any, Callable, ContextManager, Iterator, Optional, cast
 
 import torch
 import torch.distributed as dist
@@ -54,7 +54,8 @@ def find_blocks(model: torch.nn.Module, blocks: Optional[Callable[[torch.nn.Modu
                 raise ConfigError("the task's blocks(model) must return submodules of the model (not the model "
                                   f"itself), got {type(m).__name__}")
     elif getattr(model, "_no_split_modules", None):
-        names = set(model._no_split_modules)
+        no_split: Any = model._no_split_modules  # Hugging Face's list of block class names
+        names = set(no_split)
         found = [m for m in model.modules() if m is not model and type(m).__name__ in names]
     else:
         found = [c for c in _unpacked(model.children()) if any(True for _ in c.parameters())]
@@ -107,7 +108,8 @@ class Fsdp(Replicated):
         for b in self.blocks:
             fully_shard(b, mesh=mesh, mp_policy=mp, offload_policy=offload)
         self.root: Any = fully_shard(LossCall(model), mesh=mesh, mp_policy=mp, offload_policy=offload)
-        self.modules: list[Any] = [m for m in self.root.modules() if isinstance(m, FSDPModule)]
+        root = cast(torch.nn.Module, self.root)  # fully_shard returns the module, its class swapped in place
+        self.modules: list[Any] = [m for m in root.modules() if isinstance(m, FSDPModule)]
         for m in self.modules:
             m.set_gradient_divide_factor(1.0)  # sums: the exact normalisation divides once, by the global count
             m.set_force_sum_reduction_for_comms(True)

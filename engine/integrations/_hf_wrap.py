@@ -9,6 +9,7 @@ reads the norm to the host once. What the Trainer computes is not changed.
 from __future__ import annotations
 
 import sys
+from types import FrameType
 from typing import Any, Callable, Optional
 
 import torch
@@ -49,7 +50,7 @@ def training_trainer(state: Any) -> Optional[Trainer]:
     below the Trainer's method (CallbackHandler.on_... -> call_event -> the hook); a frame
     counts only if its `self` is a Trainer whose state is the very `state` the hook was
     given, so no other Trainer can be taken for it."""
-    frame = sys._getframe(2)
+    frame: Optional[FrameType] = sys._getframe(2)
     for _ in range(_TRAINER_FRAMES):
         if frame is None:
             return None
@@ -75,7 +76,7 @@ def guard_train(trainer: Trainer, owner: object, on_failure: Callable[[BaseExcep
             raise
 
     guarded_train._headroom_guard = owner  # type: ignore[attr-defined]  # a marker on the function object
-    trainer.train = guarded_train  # an instance attribute: the class's method is untouched
+    trainer.train = guarded_train  # type: ignore[method-assign]  # an instance attribute: the class's method is untouched
 
 
 def run_config(args: Any, state: Any, extra: dict) -> dict:

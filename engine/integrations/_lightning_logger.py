@@ -27,7 +27,7 @@ def _plain(params: Any) -> dict:
     """Hyperparameters (a dict, a Namespace, nested) as plain JSON values."""
     if isinstance(params, argparse.Namespace):
         params = vars(params)
-    out = {}
+    out: dict[str, Any] = {}
     for k, v in dict(params or {}).items():
         if isinstance(v, Mapping):
             out[str(k)] = _plain(v)

@@ -110,8 +110,8 @@ class StepRows:
             mem = _NO_MEMORY
         count = r.tokens or 0
         step_time = r.step_time
-        event = StepMetrics(step, epoch, loss=loss, grad_norm=r.grad_norm, clipped=bool(r.clipped), lr=r.lr,
-                            accum=r.accum, clip=r.clip, micro_batch=r.micro_batch, samples=r.samples, tokens=r.tokens,
+        event = StepMetrics(step, epoch, loss=loss, grad_norm=r.grad_norm, clipped=bool(r.clipped), lr=r.lr,  # type: ignore[arg-type]  # None: the loop did not say (NULL in run.db)
+                            accum=r.accum, clip=r.clip, micro_batch=r.micro_batch, samples=r.samples, tokens=r.tokens,  # type: ignore[arg-type]  # as above
                             step_time=step_time, throughput=(count / step_time) if step_time > 0 and count else 0.0,
                             nonfinite=bool(r.nonfinite), scaler_skipped=r.scaler_skipped, mem_allocated=mem.allocated,
                             mem_reserved=mem.reserved, mem_peak=mem.peak, mem_used=mem.used, mem_total=mem.total)
@@ -175,7 +175,8 @@ class StepRows:
         run = self.run
         store = run.store
         now = time.perf_counter()
-        ep = run.epoch if epoch is None else integer(epoch, "epoch", 1)
+        given = integer(epoch, "epoch", 1)  # None only when not given
+        ep = run.epoch if given is None else given
         tl = number(train_loss, "train_loss")
         if tl is None:
             tl = self._epoch_sum / self._epoch_count if self._epoch_count else float("nan")

@@ -240,7 +240,7 @@ class HeadroomCallback(Callback):
         loggers = [lg for lg in trainer.loggers if isinstance(lg, HeadroomLogger)]
         for lg in loggers:
             lg.attach(run)  # one run folder: the logger's scalars beside this callback's rows
-        self._logged: Optional[dict] = None if loggers else {}  # None: the logger writes the scalars
+        self._logged = None if loggers else {}  # None: the logger writes the scalars
         self._scaler = getattr(trainer.precision_plugin, "scaler", None)  # fp16's GradScaler, if any
         self._wrap(trainer, pl_module)
 
@@ -274,9 +274,10 @@ class HeadroomCallback(Callback):
                 if measured is None or measured.optimizer is not optimizer:
                     return clip_fn(optimizer, clip_val)
                 # torch's clip_grads_with_norm_ bit for bit, its coefficient from the host norm
+                assert measured.norm_host is not None  # measured only with gradients, so with a norm
                 clip_params_by_host_norm_(measured.params, float(clip_val), measured.norm, measured.norm_host)
 
-            plugin.clip_grad_by_norm = clip_grad_by_norm
+            plugin.clip_grad_by_norm = clip_grad_by_norm  # type: ignore[method-assign]  # this run's plugin only
             self._plugin = plugin
 
     def _unwrap(self) -> None:
@@ -423,7 +424,7 @@ class HeadroomCallback(Callback):
         if isinstance(cmd, SetAccum):
             if not pl_module.automatic_optimization:
                 return "manual optimization: the LightningModule accumulates gradients itself"
-            if any(isinstance(c, GradientAccumulationScheduler) for c in trainer.callbacks):
+            if any(isinstance(c, GradientAccumulationScheduler) for c in trainer.callbacks):  # type: ignore[attr-defined]  # set by Lightning's callback connector
                 return "a GradientAccumulationScheduler sets the accumulation of this run"
             if "deepspeed" in type(trainer.strategy).__name__.lower():
                 return "DeepSpeed fixes the accumulation when training starts"

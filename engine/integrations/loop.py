@@ -37,7 +37,7 @@ import os
 import tempfile
 import time
 import weakref
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Literal, Mapping, Optional
 
 from engine.control.lr import base_lrs, rescale
 from engine.declarations.commands import Command
@@ -204,7 +204,7 @@ class HeadroomRun:
     def __enter__(self) -> "HeadroomRun":
         return self.start()
 
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> Literal[False]:
         if self.finished:
             return False
         if exc_type is None:

@@ -249,7 +249,7 @@ class HeadroomCallback(TrainerCallback):
             return loss
 
         training_step._headroom = True  # type: ignore[attr-defined]  # a marker on the function object
-        trainer.training_step = training_step  # an instance attribute: the class's method is untouched
+        trainer.training_step = training_step  # type: ignore[method-assign]  # an instance attribute: the class's method is untouched
         acc = trainer.accelerator
         kind = getattr(acc.distributed_type, "value", acc.distributed_type)
         plain = kind not in ("FSDP", "DEEPSPEED", "XLA") and hasattr(torch.nn.utils, "get_total_norm")
@@ -289,8 +289,8 @@ class HeadroomCallback(TrainerCallback):
         self._mb: list[_Micro] = []  # the micro-batches of the window
         self._meter.reset()
         self._nib: Any = None
-        self._norm: Any = None
-        self._norm_f: Optional[float] = None  # the norm on the host, when the clip read it
+        self._norm = None
+        self._norm_f = None  # the norm on the host, when the clip read it
         self._cur: Optional[_Window] = None  # the window's numbers, from on_pre_optimizer_step
 
     def _window_start(self, nib: Any, model: Any) -> None:
@@ -305,6 +305,7 @@ class HeadroomCallback(TrainerCallback):
             scaled = (bool(getattr(t, "model_accepts_loss_kwargs", False)) and nib is not None) or \
                 getattr(t, "compute_loss_func", None) is not None
         self._scaled = bool(scaled)
+        assert t is not None  # attach() or the training loop's frames gave it
         self._cgas = int(getattr(t, "current_gradient_accumulation_steps", 0) or t.args.gradient_accumulation_steps)
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -320,6 +321,7 @@ class HeadroomCallback(TrainerCallback):
         self._meter.finish_probe([m.true_count for m in self._mb])  # no clip this step: still as accumulated
         norm, norm_f = self._norm, self._norm_f
         if norm is None:  # no clip_grad_norm_ call seen (an older Trainer without clipping): measure it
+            assert t.model is not None  # a Trainer that trains has its model
             grads = [p.grad for p in t.model.parameters() if p.grad is not None]
             norm = torch.nn.utils.get_total_norm(grads) if grads else None
         count = self._meter.count
@@ -339,6 +341,7 @@ class HeadroomCallback(TrainerCallback):
             norm_f = float(norm) if norm is not None else None
         bad: tuple[str, ...] = ()
         if norm_f is not None and not math.isfinite(norm_f):  # a NaN loss shows here too, through backward
+            assert t.model is not None  # a Trainer that trains has its model
             bad = tuple(n for n, p in t.model.named_parameters()
                         if p.grad is not None and not bool(torch.isfinite(p.grad).all()))
         lr = float(t.optimizer.param_groups[0]["lr"]) if t.optimizer is not None else None

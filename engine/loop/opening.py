@@ -90,7 +90,7 @@ def restore_epoch_row(store: RunStore, parts: RunParts, progress: Progress) -> l
     row: Optional[dict[str, Any]] = progress.ended_epoch
     if not parts.config.resume or not row or store.has_epoch(int(row["epoch"])):
         return []
-    done = EpochEnd(int(row["step"]), int(row["epoch"]), train_loss=row.get("train_loss"),
+    done = EpochEnd(int(row["step"]), int(row["epoch"]), train_loss=row.get("train_loss"),  # type: ignore[arg-type]  # as saved: a row without it is written so (NULL)
                     val_loss=row.get("val_loss"), seconds=row.get("seconds") or 0.0)
     note = StoreProblem(progress.step, progress.epoch,
                         problem=f"epoch {done.epoch}'s row was not in run.db (the run stopped between the "

@@ -115,6 +115,7 @@ def restore(parts: RunParts, state: dict[str, Any]) -> tuple[Progress, LiveSetti
     settings = LiveSettings.from_config(parts.config).updated(state.get("settings"))
     asked = parts.config
     parent = parts.origin.parent
+    commands: list[Command]
     if parent is not None:
         changes = {s.name: getattr(asked, s.name) for s in LIVE_SETTINGS if s.name in parent["changed"]}
         settings, commands = settings.with_(**changes), []

@@ -14,7 +14,7 @@ import queue
 import threading
 import time
 from collections import deque
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 import torch
 
@@ -372,7 +372,9 @@ class Trainer(TrainerViews):
         if not changed:
             return
         if "checkpointing" in changed:
-            self.parts.switch(after.checkpointing)  # CommandRules refused it if there is no switch
+            switch = self.parts.switch
+            assert switch is not None  # CommandRules refused it if there is no switch
+            switch(after.checkpointing)
         if "lr" in changed:
             self.parts.lr.new_peak(before.lr, after.lr)
             self._emit(self._lr_plan())
@@ -437,6 +439,6 @@ class Trainer(TrainerViews):
         while self._store_problems:
             self._emit(StoreProblem(self.step, self.epoch, problem=self._store_problems.pop(0)))
 
-    def _emit_all(self, events: list[Event]) -> None:
+    def _emit_all(self, events: Sequence[Event]) -> None:
         for e in events:
             self._emit(e)

@@ -49,7 +49,7 @@ class MemoryProbe:
             pynvml.nvmlInit()
             # torch.cuda.get_device_properties does not create a context on other devices.
             props = torch.cuda.get_device_properties(device)
-            want = _normalise_pci(f"{props.pci_domain_id:04x}:{props.pci_bus_id:02x}:{props.pci_device_id:02x}.0")
+            want = _normalise_pci(f"{props.pci_domain_id:04x}:{props.pci_bus_id:02x}:{props.pci_device_id:02x}.0")  # type: ignore[attr-defined]  # torch's stubs lack the pci_* properties
             for i in range(pynvml.nvmlDeviceGetCount()):
                 h = pynvml.nvmlDeviceGetHandleByIndex(i)
                 bus = pynvml.nvmlDeviceGetPciInfo(h).busId
@@ -67,7 +67,7 @@ class MemoryProbe:
         if not self.available:
             return NO_GPU
         used = total = None
-        if self._handle is not None:
+        if self._handle is not None and self._nvml is not None:
             info = self._nvml.nvmlDeviceGetMemoryInfo(self._handle)
             used, total = int(info.used), int(info.total)
         else:

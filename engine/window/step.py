@@ -128,7 +128,8 @@ class SyncStep:
     def finish(self, totals: torch.Tensor, agree: Optional[torch.Tensor], norm: torch.Tensor,
                per_param: torch.Tensor, clip: float, grads: list[torch.Tensor]) -> InFlight:
         if totals.device.type == "cpu":  # no device to wait for: read the numbers as they are
-            nums = WindowNumbers(*totals.tolist(), norm.item(), tuple(per_param.tolist()),
+            loss_sum, count = totals.tolist()
+            nums = WindowNumbers(loss_sum, count, norm.item(), tuple(per_param.tolist()),
                                  *_agreement(agree.tolist() if agree is not None else None))
         else:  # the one CPU-GPU sync point of the step: one copy of all the numbers, then decide
             nums = unpack(pack(totals, agree, norm, per_param).tolist(), _n_agree(agree))
@@ -166,12 +167,12 @@ class DeferredStep:
         packed = pack(totals, agree, norm, per_param)
         opt = self.optimizer
         n_agree = _n_agree(agree)
-        opt.found_inf = device_bad(packed, n_agree).float()  # 0-dim, as GradScaler passes it: the fused kernel skips on the device
-        opt.grad_scale = None
+        opt.found_inf = device_bad(packed, n_agree).float()  # type: ignore[attr-defined]  # read by the fused step; 0-dim, as GradScaler passes it: the kernel skips on the device
+        opt.grad_scale = None  # type: ignore[attr-defined]  # read by the fused step, as GradScaler sets it
         try:
             opt.step()
         finally:
-            del opt.found_inf, opt.grad_scale
+            del opt.found_inf, opt.grad_scale  # type: ignore[attr-defined]  # set above for the fused step
         if self.scaler is not None:
             self.scaler.update()  # backs off on the overflow unscale_ found; no sync
         self.before_zero()

@@ -63,6 +63,9 @@ def _repolish(w: QWidget) -> None:
 
 class LiveFields(QGroupBox):
     edited = Signal()  # the user changed a live field (not set_field)
+    # Two of the fields set from the declarations in __init__ (setattr), as the type checker sees them.
+    micro_batch: LimitedSpin
+    accum: LimitedSpin
 
     def __init__(self, apply_action: QAction, parent: Optional[QWidget] = None) -> None:
         super().__init__("Batch, lr and clip (change while training)", parent)
@@ -204,7 +207,7 @@ class LiveFields(QGroupBox):
             self.edited.emit()
 
     def update_effective(self) -> None:
-        m, k, w = self.micro_batch.value(), self.accum.value(), self.world_size  # type: ignore[attr-defined]  # the field table types the spin boxes as QWidget
+        m, k, w = self.micro_batch.value(), self.accum.value(), self.world_size
         devices = f" \u00d7 {w} devices" if w > 1 else " \u00d7 1 device"
         self.effective.setText(f"{m * k * w:,}  = {m} \u00d7 {k}{devices}")
 

@@ -126,7 +126,7 @@ class ControlsPanel(QWidget):
             return None, err
         out = {**fixed, **schedule, **live, "find_micro_batch": self.find_micro_batch.isChecked()}
         if out["find_micro_batch"]:  # keep the effective batch the form shows; the engine picks the split
-            out["effective_batch"] = self.micro_batch.value() * self.accum.value()
+            out["effective_batch"] = self.live.micro_batch.value() * self.live.accum.value()
         return out, ""
 
     def set_values(self, d: dict[str, Any]) -> None:

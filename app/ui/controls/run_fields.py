@@ -95,7 +95,9 @@ class RunFields(QGroupBox):
         self.device.setEditable(True)
         for d in ("auto", "cpu", "cuda", "cuda:0", "cuda:1"):
             self.device.addItem(d)
-        self.device.lineEdit().setValidator(DeviceValidator(self))
+        edit = self.device.lineEdit()
+        assert edit is not None  # an editable combo box has one
+        edit.setValidator(DeviceValidator(self))
         self.device.setToolTip("auto picks CUDA when present; cpu, cuda or cuda:N")
         self.workers = LimitedSpin("workers", None, auto_text="auto")
         self.workers.setToolTip("DataLoader worker processes loading the data (0 = in the training process); "
@@ -154,7 +156,8 @@ class RunFields(QGroupBox):
     def values(self) -> tuple[Optional[dict[str, Any]], str]:
         """The group's settings as TrainConfig fields, or (None, what is wrong: for a number out
         of range, the engine's own line)."""
-        if not self.device.lineEdit().hasAcceptableInput():
+        edit = self.device.lineEdit()
+        if edit is not None and not edit.hasAcceptableInput():
             return None, "Device: auto, cpu, cuda or cuda:N"
         for w in self._numbers:
             if w.problem():

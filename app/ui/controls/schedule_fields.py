@@ -51,9 +51,11 @@ class ScheduleFields(QGroupBox):
         for w in self._numbers:
             if w.problem():
                 return None, w.problem()
-        return {"lr_schedule": self.lr_schedule.currentData(), "warmup_samples": int(self.warmup_samples.given()),
-                "warmup_fraction": float(self.warmup_fraction.given()),
-                "min_lr_ratio": float(self.min_lr_ratio.given())}, ""
+        samples, fraction, ratio = (w.given() for w in self._numbers)
+        # None of these fields has an "auto": problem() said each value is good.
+        assert samples is not None and fraction is not None and ratio is not None
+        return {"lr_schedule": self.lr_schedule.currentData(), "warmup_samples": int(samples),
+                "warmup_fraction": float(fraction), "min_lr_ratio": float(ratio)}, ""
 
     def set_values(self, d: dict[str, Any]) -> None:
         """A config's values (an older one's `warmup` read as today's two fields)."""

@@ -6,6 +6,7 @@ import math
 import re
 from typing import Optional
 
+from PySide6.QtCore import QObject
 from PySide6.QtGui import QValidator
 
 from engine.declarations.limits import Range
@@ -22,7 +23,7 @@ class FloatValidator(QValidator):
     notation, locale-free."""
 
     def __init__(self, minimum: float = 0.0, maximum: float = math.inf, allow_minimum: bool = True,
-                 parent: Optional[object] = None, maximum_open: bool = False) -> None:
+                 parent: Optional[QObject] = None, maximum_open: bool = False) -> None:
         super().__init__(parent)
         self.minimum, self.maximum, self.allow_minimum = minimum, maximum, allow_minimum
         self.maximum_open = maximum_open
@@ -55,7 +56,7 @@ class FloatValidator(QValidator):
 class IntValidator(QValidator):
     """A whole number from minimum to maximum, any size (QIntValidator stops at 2**31 - 1)."""
 
-    def __init__(self, minimum: int, maximum: int, parent: Optional[object] = None) -> None:
+    def __init__(self, minimum: int, maximum: int, parent: Optional[QObject] = None) -> None:
         super().__init__(parent)
         self.minimum, self.maximum = minimum, maximum
 
@@ -76,7 +77,7 @@ class IntValidator(QValidator):
         return text.strip()
 
 
-def for_range(r: Range, parent: Optional[object] = None) -> QValidator:
+def for_range(r: Range, parent: Optional[QObject] = None) -> QValidator:
     """The validator of a setting's declared range (engine/declarations/limits.py)."""
     if r.kind is int:
         return IntValidator(int(r.low), int(r.high), parent)

@@ -134,7 +134,8 @@ def _scalar_rows(panel: "PlotPanel", x: float) -> list[tuple[str, str]]:
     """The picked scalars of the run and of each compared run: each one's point nearest x (a
     framework logs them now and then, not every step), with its step."""
     sp, rows = panel.scalars, []
-    sources = [("", sp.scalars, panel.steps_to_x, None)]
+    sources: list[tuple[str, Any, Callable[[np.ndarray], np.ndarray], Optional[str]]] = [
+        ("", sp.scalars, panel.steps_to_x, None)]
     for run, (other, buf) in sp.compared.items():  # placed by their own steps, as the plot draws them
         sources.append((run, other, _steps_to_x(panel, columns(buf)), sp.compared_colors.get(run)))
     for run, scalars, to_x, color in sources:
@@ -169,7 +170,8 @@ def _own_rows(panel: "PlotPanel", plot: str, buf: MetricsBuffer, i: int, pal: Pa
         smoothed = panel.series[1].column
         rows.append((pal.ema, f"loss  {fmt(_at(buf, smoothed, i))}  (raw {fmt(_at(buf, 'loss', i))})"))
         step = int(buf.view("step")[i])
-        vals = [(s, v) for _e, s, _t, v in panel.model.epochs if v is not None and s <= step and math.isfinite(v)]
+        epochs = panel.model.epochs if panel.model is not None else []
+        vals = [(s, v) for _e, s, _t, v in epochs if v is not None and s <= step and math.isfinite(v)]
         if vals:
             rows.append((pal.val, f"validation  {fmt(vals[-1][1])}  (step {vals[-1][0]})"))
     elif plot == "norm":
@@ -339,6 +341,7 @@ class PlotHover(QObject):
     def _place(label: QLabel, at: QPoint) -> None:
         """By the mouse, on the side with room (right and below first), inside its view."""
         vp = label.parentWidget()
+        assert vp is not None  # the label is made inside its view
         w, h = label.width(), label.height()
         x = at.x() + GAP_PX if at.x() + GAP_PX + w <= vp.width() else at.x() - GAP_PX - w
         y = at.y() + GAP_PX if at.y() + GAP_PX + h <= vp.height() else at.y() - GAP_PX - h

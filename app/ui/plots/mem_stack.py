@@ -89,7 +89,7 @@ class MemoryStack:
             return
         self.kinds = tuple(held)
         xs = columns(buf).values(axis)
-        i0, i1 = (0, n) if x0 is None else (max(0, int(np.searchsorted(xs, x0, side="left")) - 1),
+        i0, i1 = (0, n) if x0 is None or x1 is None else (max(0, int(np.searchsorted(xs, x0, side="left")) - 1),
                                              min(n, int(np.searchsorted(xs, x1, side="right")) + 1))
         target = max(200, 2 * width)
         idx: Optional[np.ndarray] = None

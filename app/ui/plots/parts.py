@@ -92,7 +92,7 @@ class Series:
             self.x_first = self.x_last = None
             return
         self.x_first, self.x_last = float(xs[0]), float(xs[-1])
-        if x0 is None:
+        if x0 is None or x1 is None:
             i0, i1 = 0, m
         else:
             i0 = max(0, int(np.searchsorted(xs, x0, side="left")) - 1)

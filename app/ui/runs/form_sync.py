@@ -69,6 +69,7 @@ class FormFollowsRun(QObject):
         self.controller, self.controls = controller, controls
         self.banner = FormBanner()
         lay = controls.layout()
+        assert isinstance(lay, QVBoxLayout)  # the panel's column
         lay.insertWidget(2, self.banner)  # under the Run buttons and where the run stands
         self.user_form: Optional[dict[str, Any]] = None  # the form before a run's settings replaced it
         self.shown_run = ""  # the folder whose settings the form holds ('' : the user's own)

@@ -41,7 +41,7 @@ class CloseQuestion:
     def wanted(self) -> bool:
         return self.enabled() and not self.confirmed
 
-    def ask(self, on_stop: Callable[[], None]) -> QMessageBox:
+    def ask(self, on_stop: Callable[[], object]) -> QMessageBox:
         """Non-blocking: the run goes on while the question is open."""
         if self.box is not None:
             self.box.raise_()

@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Optional
 
 from PySide6.QtCore import QEvent, QObject, QPoint
+from PySide6.QtGui import QKeyEvent
 from PySide6.QtWidgets import QAbstractSpinBox, QFormLayout, QLabel, QLineEdit, QToolTip, QWidget
 
 from engine.declarations.config import RANGES
@@ -74,7 +75,7 @@ class FieldNotices(QObject):
             edit.inputRejected.connect(lambda e=edit: self._rejected(e))
 
     def eventFilter(self, obj: QObject, ev: QEvent) -> bool:  # noqa: N802 - Qt name
-        if ev.type() == QEvent.Type.KeyPress:
+        if ev.type() == QEvent.Type.KeyPress and isinstance(ev, QKeyEvent):
             self._typed[id(obj)] = ev.text()
         return False
 

@@ -33,15 +33,17 @@ def shortcut_rows(window: QMainWindow) -> list[ShortcutRow]:
 
     def walk(menu: QMenu, where: str) -> None:
         for a in menu.actions():
-            if a.menu() is not None:
-                walk(a.menu(), where)
+            sub = a.menu()
+            if isinstance(sub, QMenu):
+                walk(sub, where)
             elif _keys(a) and id(a) not in seen:
                 seen.add(id(a))
                 rows.append(ShortcutRow(where, _plain(a.text()), _keys(a)))
 
     for top in window.menuBar().actions():
-        if top.menu() is not None:
-            walk(top.menu(), _plain(top.text()))
+        sub = top.menu()
+        if isinstance(sub, QMenu):
+            walk(sub, _plain(top.text()))
     for a in window.findChildren(QAction):
         if _keys(a) and id(a) not in seen:
             seen.add(id(a))
@@ -85,4 +87,7 @@ class ShortcutsDialog(QDialog):
     def texts(self) -> list[tuple[str, str, str]]:
         """(menu, action, keys) as the table shows them."""
         t = self.table
-        return [tuple(t.item(r, c).text() for c in range(3)) for r in range(t.rowCount())]  # type: ignore[misc]  # every cell of the table is filled
+        def cell(r: int, c: int) -> str:
+            item = t.item(r, c)
+            return item.text() if item is not None else ""
+        return [(cell(r, 0), cell(r, 1), cell(r, 2)) for r in range(t.rowCount())]

@@ -19,7 +19,7 @@ class WheelGuard(QObject):
         if kind == QEvent.Type.Polish and isinstance(obj, GUARDED):
             if obj.focusPolicy() == Qt.FocusPolicy.WheelFocus:
                 obj.setFocusPolicy(Qt.FocusPolicy.StrongFocus)
-        elif kind == QEvent.Type.Wheel and isinstance(obj, GUARDED) and not obj.hasFocus():
+        elif kind == QEvent.Type.Wheel and isinstance(ev, QWheelEvent) and isinstance(obj, GUARDED) and not obj.hasFocus():
             self._scroll_holder(obj, ev)
             return True
         return False

@@ -69,7 +69,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Mapping, Optional, Sequence
 
-from engine.declarations.commands import Command, SetAccum, SetMicroBatch
+from engine.declarations.commands import SetAccum, SetMicroBatch, SettingCommand
 from engine.declarations.config import PRECISIONS
 from engine.declarations.commands import SetCheckpointing, SetPrecision
 from .forecast import MemoryModel
@@ -275,8 +275,8 @@ def lines_for(models: Mapping[State, MemoryModel], current: State, persistent: O
               ckpt: CheckpointModel, precisions: Sequence[str] = PRECISIONS) -> dict[State, Optional[Line]]:
     """Every state's line: its own fit when measured, else extrapolated from the nearest
     measured state (fewest axes changed; the current state first among equals)."""
-    own = {s: own_line(m, persistent) for s, m in models.items()}
-    own = {s: ln for s, ln in own.items() if ln is not None}
+    fitted = {s: own_line(m, persistent) for s, m in models.items()}
+    own = {s: ln for s, ln in fitted.items() if ln is not None}
     out: dict[State, Optional[Line]] = {}
     for p in precisions:
         for c in (False, True):
@@ -383,14 +383,14 @@ def build_table(models: Mapping[State, MemoryModel], current: Current, *, capaci
                       else int(usable), largest=largest, notes=tuple(notes), sharding=shard_rows)
 
 
-def commands_for(cell: Cell, current: Current) -> list[Command]:
+def commands_for(cell: Cell, current: Current) -> list[SettingCommand]:
     """The commands that move the run to `cell` (empty if it is the current setting).
 
     Checkpointing and precision first, then micro-batch and accumulation; all of them
     apply at the same boundary, so no window runs with half of the change."""
     if not cell.available:
         raise ValueError("activation checkpointing has no switch for this model")
-    out: list[Command] = []
+    out: list[SettingCommand] = []
     if cell.checkpointing != current.checkpointing:
         out.append(SetCheckpointing(cell.checkpointing))
     if cell.precision != current.precision:
