@@ -38,7 +38,7 @@ COLUMNS = list(METRIC_COLUMNS)
 STEP = COLUMNS.index("step")
 
 
-def rows_record(rows: list[tuple]) -> dict[str, Any]:
+def rows_record(rows: list[tuple[Any, ...]]) -> dict[str, Any]:
     """Metrics rows as one record: the column names once, then each row's values in that order
     (a 100,000-step run is 50 lines, not 100,000 objects repeating 25 keys)."""
     return {"kind": "rows", "columns": COLUMNS, "rows": rows}
@@ -116,7 +116,7 @@ class _Follow:
             self.last_step = back
             yield {"kind": "rewind", "to_step": back}
         pending = deque(events)
-        batch: list[tuple] = []
+        batch: list[tuple[Any, ...]] = []
         while True:
             rows = self.reader.metric_values(after_step=self.last_step, limit=PAGE)
             for row in rows:

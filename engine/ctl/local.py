@@ -177,7 +177,8 @@ def parse_changes(pairs: list[str], at: str) -> list[Command]:
     return out
 
 
-def send(path: str, commands: list[Command], wait: bool = False, timeout: Optional[float] = None) -> Iterator[dict]:
+def send(path: str, commands: list[Command], wait: bool = False,
+         timeout: Optional[float] = None) -> Iterator[dict[str, Any]]:
     """Queue `commands` for the live engine of the run folder, yielding a `command` record for
     each; with `wait`, again as the engine answers each (applied at a step, or refused with the
     reason). CtlError(EXIT_NOT_LIVE) when no process writes the run, or it ended unanswered."""
@@ -216,7 +217,7 @@ def _command_record(row_id: int, cmd: Command, row: Optional[dict[str, Any]]) ->
             and isinstance(applied, int) and not isinstance(applied, bool) else None, "note": row.get("note") or ""}
 
 
-def _wait(reader: RunReader, sent: dict[int, Command], timeout: Optional[float]) -> Iterator[dict]:
+def _wait(reader: RunReader, sent: dict[int, Command], timeout: Optional[float]) -> Iterator[dict[str, Any]]:
     """The engine's answer to each command: a setting is marked applied or refused in run.db; a
     pause or unpause is done when the engine says paused or resumed; a stop when the run ends."""
     deadline = None if timeout is None else time.monotonic() + timeout
@@ -239,7 +240,8 @@ def _wait(reader: RunReader, sent: dict[int, Command], timeout: Optional[float])
         time.sleep(WAIT_POLL_S)
 
 
-def _answer(reader: RunReader, row_id: int, cmd: Command, events_from: int, alive: bool) -> Optional[dict]:
+def _answer(reader: RunReader, row_id: int, cmd: Command, events_from: int,
+            alive: bool) -> Optional[dict[str, Any]]:
     row = reader.command(row_id) or {}
     if row.get("status") in ANSWERED:
         return row

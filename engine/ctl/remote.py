@@ -121,7 +121,7 @@ class RemoteCommand:
         self.remote_python = remote_python
         self.argv = ssh_argv(host, remote_python, ctl_args)
         self.stderr: "deque[str]" = deque(maxlen=40)
-        self.proc: Optional[subprocess.Popen] = None
+        self.proc: Optional[subprocess.Popen[str]] = None
 
     def records(self) -> Iterator[dict[str, Any]]:
         """The remote's records after its hello (checked); CtlError for whatever went wrong

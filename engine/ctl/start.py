@@ -186,7 +186,7 @@ def script(argv: list[str], console: str) -> str:
             f"{' '.join(map(shlex.quote, argv))} 2>&1 | tee -a -- {shlex.quote(console)}\n")
 
 
-def _tmux_run(tmux: str, *args: str) -> subprocess.CompletedProcess:
+def _tmux_run(tmux: str, *args: str) -> subprocess.CompletedProcess[str]:
     # Never this process's stdout: a tmux server it starts must not hold the ssh channel open.
     return subprocess.run([tmux, *args], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                           stderr=subprocess.PIPE, text=True, timeout=30)
