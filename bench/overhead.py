@@ -12,9 +12,12 @@ AdamW, lr 1e-3). Engine step = from leaving the sink to entering it again; bare
 step = one BareLoop.step(). Alternating step by step, both see the same machine
 (load from other processes, caches, clock), which interleaved whole runs do not.
 The first steps of each run are dropped; the figure is the median step of each side
-over all runs, and the ratio engine / bare. Targets: mlp <= 1.05, charlm <= 1.03.
+over all runs, and the ratio engine / bare. Targets: mlp <= 1.02, charlm <= 1.03.
 
 --aa      also times two bare loops against each other: the method's noise floor
+--clock cpu  each step's CPU time of the training thread (time.thread_time) instead of wall
+          time: on a machine shared with other jobs a step's wall time includes the time the
+          thread waited for a core. Not counted: the run.db flusher thread (a few us a step)
 --breakdown  times, alone, each piece the engine runs per step that the bare loop does not
 --profile TASK  cProfile of the engine alone
 """
@@ -40,9 +43,11 @@ from engine.declarations.events import EventBuffer, StepMetrics  # noqa: E402 - 
 from engine.tasks.loader import load_task  # noqa: E402 - after the sys.path set-up above
 from engine.loop.trainer import Trainer  # noqa: E402 - after the sys.path set-up above
 
-TARGETS = {"mlp": 1.05, "charlm": 1.03}
+TARGETS = {"mlp": 1.02, "charlm": 1.03}  # mlp: issue 29 (was 1.05)
 MICRO, ACCUM, CLIP, LR, SEED = 16, 4, 1.0, 1e-3, 0
 DEV = torch.device("cpu")
+CLOCKS = {"wall": time.perf_counter, "cpu": time.thread_time}
+now = CLOCKS["wall"]  # main() sets it from --clock
 
 
 class Lockstep:
@@ -64,13 +69,13 @@ class Lockstep:
         self.buf.put(event)
         if not isinstance(event, StepMetrics):
             return
-        t_in = time.perf_counter()
+        t_in = now()
         if self._t_out is not None:
             self.engine_s.append(t_in - self._t_out)
-        t0 = time.perf_counter()
+        t0 = now()
         self.bare.step()
-        self.bare_s.append(time.perf_counter() - t0)
-        self._t_out = time.perf_counter()
+        self.bare_s.append(now() - t0)
+        self._t_out = now()
 
 
 def run_pair(task_name: str, steps: int) -> Lockstep:
@@ -144,10 +149,10 @@ def aa(task_name: str, repeats: int, steps: int, warm: int) -> dict:
             loops.append(BareLoop(t, DEV, MICRO, ACCUM, CLIP, opt, seed=SEED))
         for k in range(steps):
             for loop, acc in ((loops[0], a), (loops[1], b)):
-                t0 = time.perf_counter()
+                t0 = now()
                 loop.step()
                 if k >= warm:
-                    acc.append(time.perf_counter() - t0)
+                    acc.append(now() - t0)
     return dict(task=task_name, aa_ratio=round(median(b) / median(a), 4), a_ms=round(median(a) * 1e3, 4),
                 b_ms=round(median(b) * 1e3, 4), steps_timed=len(a))
 
@@ -235,14 +240,18 @@ def main() -> int:
     ap.add_argument("--profile", default="", help="cProfile the engine on this task instead")
     ap.add_argument("--aa", action="store_true", help="also run the A/A calibration (bare vs bare)")
     ap.add_argument("--breakdown", action="store_true", help="also time the engine's extra pieces alone")
+    ap.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
+                    help="wall (default) or cpu: the training thread's CPU time, steadier on a shared machine")
     ns = ap.parse_args()
+    global now
+    now = CLOCKS[ns.clock]
     torch.set_num_threads(ns.threads)
     if ns.profile:
         profile(ns.profile, ns.steps or 50, 40)
         return 0
     env = dict(section="env", torch=torch.__version__, python=platform.python_version(),
                machine=platform.machine(), cpus=os.cpu_count(), threads=torch.get_num_threads(),
-               date=time.strftime("%Y-%m-%d"))
+               clock=ns.clock, date=time.strftime("%Y-%m-%d"))
     print(json.dumps(env), flush=True)
     rows = []
     ok = True

@@ -368,6 +368,8 @@ class Trainer(TrainerViews):
     def _settings_changed(self, after: LiveSettings) -> None:
         """What follows a change: the new lr curve, the watchers' word, and run.db on disk."""
         before, self.settings = self.settings, after
+        if after is before:  # every step boundary with nothing applied: to_dict (asdict) costs ~25 us a step
+            return
         changed = {f for f in before.to_dict() if getattr(before, f) != getattr(after, f)}
         if not changed:
             return
