@@ -78,9 +78,13 @@ def loss_sum(logits: torch.Tensor, labels: torch.Tensor, causal: bool, smoothing
     flat = labels.reshape(-1)
     rows = logits.reshape(-1, logits.shape[-1])
     step = max(1, chunk // max(1, rows.shape[1]) if chunk else rows.shape[0])
+    if step >= rows.shape[0]:  # one chunk, the common case, measured every micro-batch: no slices, and no
+        # Python sum() (its 0 + tensor is one more op)
+        return F.cross_entropy(rows.float(), flat, ignore_index=IGNORE, reduction="sum",
+                               label_smoothing=float(smoothing)), flat.ne(IGNORE).sum()
     s = sum(F.cross_entropy(rows[i:i + step].float(), flat[i:i + step], ignore_index=IGNORE, reduction="sum",
-                            label_smoothing=float(smoothing)) for i in range(0, max(1, rows.shape[0]), step))
-    return s, flat.ne(IGNORE).sum()  # type: ignore[return-value]  # one chunk at least: the sum is a tensor
+                            label_smoothing=float(smoothing)) for i in range(0, rows.shape[0], step))
+    return s, flat.ne(IGNORE).sum()  # type: ignore[return-value]  # two chunks at least: the sum is a tensor
 
 
 def exact_loss(outputs: Any, labels: torch.Tensor, num_items_in_batch: Any = None, **_: Any) -> torch.Tensor:

@@ -117,7 +117,10 @@ class Meter:
                            chunk=MEASURE_CHUNK)
         if got is None:
             return
-        unshifted = labels.ne(-100).sum() if isinstance(labels, torch.Tensor) else None
+        if shifted is None and not self.causal and not labels.is_floating_point():
+            unshifted = got[1]  # the labels counted as they are: that count, not a second pass over them
+        else:
+            unshifted = labels.ne(-100).sum() if isinstance(labels, torch.Tensor) else None
         self.measured = (got[0], got[1], unshifted)
 
     def finish_probe(self, counts: list[Any]) -> None:
