@@ -117,6 +117,7 @@ class Meter:
                            chunk=MEASURE_CHUNK)
         if got is None:
             return
+        unshifted: Optional[torch.Tensor]
         if shifted is None and not self.causal and not labels.is_floating_point():
             unshifted = got[1]  # the labels counted as they are: that count, not a second pass over them
         else:
