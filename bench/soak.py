@@ -397,7 +397,7 @@ def main() -> int:
     # -- 3. the plots at the end --------------------------------------------------------------------
     panel = win.plots
     vp = panel.canvas.viewport()
-    items = [s.item for s in panel.series + panel.mem_series]
+    items = [s.item for s in panel.parts.series + panel.parts.memory.series]
     downsampling = all(it.opts.get("autoDownsample") and it.opts.get("downsampleMethod") == "peak"
                        and it.opts.get("clipToView") for it in items)
     points_per_curve = len(win.model.metrics)
@@ -407,14 +407,14 @@ def main() -> int:
         vp.repaint()
         repaint.append(time.perf_counter() - t0)
     for _ in range(args.frames):
-        for s in panel.series + panel.mem_series:
+        for s in panel.parts.series + panel.parts.memory.series:
             s.key = ()  # every curve decimated again and handed to pyqtgraph
         c0, t0 = time.thread_time(), time.perf_counter()
         panel.refresh(force=True)
         vp.repaint()
         full.append(time.perf_counter() - t0)
         full_cpu.append(time.thread_time() - c0)
-    drawn = {s.column: len(s.item.getData()[0] if s.item.getData()[0] is not None else []) for s in panel.series}
+    drawn = {s.column: len(s.item.getData()[0] if s.item.getData()[0] is not None else []) for s in panel.parts.series}
     snap_end = snapshot(win, win.model.step)
 
     # -- 4. run.db -----------------------------------------------------------------------------------

@@ -261,8 +261,8 @@ def bench_repaint(n_points: int, frames: int, app) -> dict:
         w.plots.refresh()
         vp.repaint()
         ours.append(time.perf_counter() - t0)
-    shown = sum(len(s.item.getData()[0]) for s in w.plots.series + w.plots.mem_series)
-    curves = len(w.plots.series) + len(w.plots.mem_series)
+    shown = sum(len(s.item.getData()[0]) for s in w.plots.parts.series + w.plots.parts.memory.series)
+    curves = len(w.plots.parts.series) + len(w.plots.parts.memory.series)
     w.close()
 
     # Side by side: pyqtgraph alone, the same 11 curves on the same layout, full arrays set each frame.

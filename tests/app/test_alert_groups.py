@@ -61,7 +61,7 @@ def test_a_run_folders_repeated_alerts_are_one_row_with_count_and_steps(qtbot, m
     a.step_clicked.connect(clicked.append)
     a.table.cellDoubleClicked.emit(row, 1)
     assert clicked == [62]
-    lo, hi = w.plots.loss_plot.viewRange()[0]
+    lo, hi = w.plots.parts.plot_set.loss.viewRange()[0]
     assert lo < 62 < hi and hi - lo < 40  # the window zoomed there
     menu = a.zoom_menu(row)
     texts = [act.text() for act in menu.actions()]

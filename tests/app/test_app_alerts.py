@@ -26,9 +26,9 @@ def test_nan_task_raises_alert_entries_and_marks_the_steps(qtbot, make_window, t
     assert w.alerts.summary.text().startswith(f"{w.alerts.total} alerts") and w.alerts.total == 2 + len(rows) - 1
     assert not w.dialogs  # alerts go to the panel, not into dialogs
     # The non-finite steps are marked on the loss and norm plots, where they happened.
-    marked = sorted({line.value() for _plot, line in w.plots.marks.nonfinite_lines})
+    marked = sorted({line.value() for _plot, line in w.plots.parts.marks.nonfinite_lines})
     assert marked == [3, 6]
-    assert len(w.plots.marks.nonfinite_lines) == 4
+    assert len(w.plots.parts.marks.nonfinite_lines) == 4
     assert list(w.model.metrics.nonfinite_steps) == [3, 6]
     # Table columns: time, step, alert, details.
     assert w.alerts.table.item(0, 0).text().count(":") == 2

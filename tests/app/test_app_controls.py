@@ -104,17 +104,17 @@ def test_memory_plot_says_no_gpu_plainly_on_cpu(qtbot, make_window):
     w.model = m
     w.plots.set_model(m)
     assert w.plots.gpu_mode() == "cpu"
-    line = w.plots.fold.line  # one line under the plots, not an empty plot (app/ui/plots/fold.py)
-    assert "no GPU" in line.text and line.isVisible() and not w.plots.mem_plot.isVisible()
-    assert "no GPU" in w.plots.mem_plot.titleLabel.text
-    assert not w.plots.mem_used.isVisible()
+    line = w.plots.parts.fold.line  # one line under the plots, not an empty plot (app/ui/plots/fold.py)
+    assert "no GPU" in line.text and line.isVisible() and not w.plots.parts.plot_set.mem.isVisible()
+    assert "no GPU" in w.plots.parts.plot_set.mem.titleLabel.text
+    assert not w.plots.parts.memory.used.isVisible()
     m2 = RunModel()
     m2.ingest(_steps(10, gpu=True))
     w.plots.set_model(m2)
-    assert w.plots.gpu_mode() == "gpu" and w.plots.headroom_fill.isVisible()
+    assert w.plots.gpu_mode() == "gpu" and w.plots.parts.memory.fill.isVisible()
     x, y = w.plots.curve_data("mem_used")
     assert list(y) == [6.0] * 10
-    assert w.plots.mem_plot.isVisible() and "GPU" not in w.plots.fold.plan.line
+    assert w.plots.parts.plot_set.mem.isVisible() and "GPU" not in w.plots.parts.fold.plan.line
 
 
 @pytest.mark.slow

@@ -19,4 +19,4 @@ def test_example_task_loads_and_trains_in_the_window(qtbot, make_window, tmp_pat
     assert outcome["reason"] == "max_steps" and w.model.step == 4
     # tokens are counted, not samples: the throughput plot says tokens/s
     assert w.model.metrics.counts_tokens()
-    assert w.plots.tput_plot.getAxis("left").labelText == "tokens/s"
+    assert w.plots.parts.plot_set.tput.getAxis("left").labelText == "tokens/s"

@@ -68,12 +68,13 @@ def test_changes_apply_exactly_at_the_next_epoch_boundary(qtbot, make_window, tm
     # One labelled marker on every plot (the memory plot says "no GPU" on this machine).
     p = w.plots
     assert p.gpu_mode() == "cpu"
-    marked = {id(plot) for plot, _line in p.marks.marker_lines}
-    for plot in (p.loss_plot, p.norm_plot, p.lr_plot, p.tput_plot):
+    marked = {id(plot) for plot, _line in p.parts.marks.marker_lines}
+    for plot in (p.parts.plot_set.loss, p.parts.plot_set.norm, p.parts.plot_set.lr, p.parts.plot_set.tput):
         assert id(plot) in marked
-    lines = [line for plot, line in p.marks.marker_lines]
+    lines = [line for plot, line in p.parts.marks.marker_lines]
     assert all(abs(line.value() - (note.step + 0.5)) < 1e-9 for line in lines)
-    loss_label = next(line.label.toPlainText() for plot, line in p.marks.marker_lines if plot is p.loss_plot)
+    loss_label = next(line.label.toPlainText() for plot, line in p.parts.marks.marker_lines
+                      if plot is p.parts.plot_set.loss)
     assert "accum 2\u21924" in loss_label and "clip 1\u21920.5" in loss_label and "lr 0.001\u21920.002" in loss_label
 
 

@@ -85,15 +85,15 @@ def test_memory_by_kind_on_a_cpu_run_is_params_grads_and_optimizer(qtbot, make_w
     assert p.gpu_mode() == "cpu" and all(r["mem_activations"] is None for r in rows)
     want = np.array([r["mem_params"] + r["mem_grads"] + r["mem_optimizer"] for r in rows], dtype=np.float64)
     assert want[0] > 0
-    scale = p.stack.scale
-    assert p.stack.unit in ("KiB", "MiB")  # an mlp holds about a megabyte
+    scale = p.parts.stack.scale
+    assert p.parts.stack.unit in ("KiB", "MiB")  # an mlp holds about a megabyte
     x, top = p.curve_data("stack_mem_optimizer")  # the top layer on the CPU
     assert list(x) == [r["step"] for r in rows]
     np.testing.assert_allclose(top * scale, want, rtol=1e-6)
     _x, first = p.curve_data("stack_mem_params")
     np.testing.assert_allclose(first * scale, [r["mem_params"] for r in rows], rtol=1e-6)
     assert len(p.curve_data("stack_mem_activations")[0]) == 0  # no activation figure on the CPU
-    title = p.stack_plot.titleLabel.text
+    title = p.parts.plot_set.stack.titleLabel.text
     assert "params" in title and "optimizer" in title and "activations" not in title and "CPU" in title
 
 
@@ -103,15 +103,16 @@ def test_cuda_run_db_memory_stack_levers_and_snapshot(qtbot, make_window, tmp_pa
     w = make_window()
     assert w.open_run(str(run_dir))
     p = w.plots
-    assert p.gpu_mode() == "gpu" and p.stack.unit == "GiB"
+    assert p.gpu_mode() == "gpu" and p.parts.stack.unit == "GiB"
     x, top = p.curve_data("stack_mem_activations")
     assert list(x) == list(range(1, 31))
     want = np.array([sum(r[k] for k in KINDS) for r in rows], dtype=np.float64) / GIB
     np.testing.assert_allclose(top, want, rtol=1e-6)  # params + grads + optimizer + activations
     np.testing.assert_allclose(p.curve_data("stack_mem_optimizer")[1], 4.0, rtol=1e-6)
-    sx, total = p.stack.device[0].item.getData()
-    assert np.all(total == 8.0) and p.stack.headroom.isVisible()
-    assert "device total" in p.stack_plot.titleLabel.text and "activations" in p.stack_plot.titleLabel.text
+    sx, total = p.parts.stack.device[0].item.getData()
+    assert np.all(total == 8.0) and p.parts.stack.headroom.isVisible()
+    title = p.parts.plot_set.stack.titleLabel.text
+    assert "device total" in title and "activations" in title
 
     # What fits (a tab beside the alerts; "What fits..." by the memory readout raises it): the
     # event's 16 cells in a grid, the extrapolated ones marked, the run's own bold.

@@ -60,7 +60,7 @@ def test_plots_hold_what_run_db_holds(qtbot, make_window, tmp_path):
     x, y = item.getData()
     assert np.array_equal(x, [r["step"] for r in rows])
     assert np.allclose(y, buf.view("loss_ema"))
-    assert ">run</span>" in w.plots.loss_plot.titleLabel.text  # the run compared, named in the legend
+    assert ">run</span>" in w.plots.parts.plot_set.loss.titleLabel.text  # the run compared, named in the legend
     w.set_overlay(str(run_dir), False)
     assert not w.plots.overlays
 
@@ -81,7 +81,7 @@ def test_a_long_run_is_drawn_from_a_few_thousand_points(qtbot, make_window):
     w.model = model
     w.plots.set_model(model)
     x, y = w.plots.curve_data("loss")
-    assert len(x) <= 4 * w.plots.loss_plot.getViewBox().width() + 8
+    assert len(x) <= 4 * w.plots.parts.plot_set.loss.getViewBox().width() + 8
     assert y.max() == 50.0 and y.min() == loss.min()
     assert x[0] == 1 and x[-1] == n
 

@@ -46,7 +46,7 @@ def test_x_axis_samples_seen_for_plots_and_overlays(qtbot, make_window, tmp_path
     assert cum[0] == 128 and len(cum) == 12
     np.testing.assert_array_equal(x, cum)
     np.testing.assert_array_equal(y2, y)
-    assert w.plots.loss_plot.getAxis("bottom").labelText == "samples seen"
+    assert w.plots.parts.plot_set.loss.getAxis("bottom").labelText == "samples seen"
     np.testing.assert_array_equal(w.plots.curve_data("grad_norm")[0], cum)  # every plot, not only the loss
     np.testing.assert_array_equal(w.plots.curve_data("lr")[0], cum)
     assert w.preferences.get_json("x_axis", None) == "samples"
@@ -112,8 +112,9 @@ def test_cosine_schedule_draws_the_planned_lr_ahead_of_the_run(qtbot, make_windo
     assert abs(y[-1] - 0.05 * 0.002) < 1e-9  # to min ratio x the new peak
     px, py = w.plots.curve_data("lr_peak_changes")
     assert len(px) == 1 and px[0] <= last and 0 < py[0] <= 0.002
-    assert "planned" in w.plots.lr_plot.titleLabel.text and "peak changed" in w.plots.lr_plot.titleLabel.text
-    pen = w.plots.planned.item.opts["pen"]
+    title = w.plots.parts.plot_set.lr.titleLabel.text
+    assert "planned" in title and "peak changed" in title
+    pen = w.plots.parts.planned.item.opts["pen"]
     assert pen.style().name in ("DashLine", "CustomDashLine")  # dashed
     w.plots.set_x_axis("step")  # ahead of the run at its current rate: steps after the last one
     sx, _ = w.plots.curve_data("lr_planned")

@@ -83,8 +83,8 @@ def test_fork_from_a_plot_point_records_its_parent_and_change(qtbot, make_window
     x, _y = w.plots.curve_data("loss")
     assert x[0] == 8 * 128 + 4 * 64 and x[-1] == 8 * 128 + 6 * 4 * 64
     lines = w.plots.rollbacks.fork_lines
-    assert {id(p) for p, _l in lines} >= {id(w.plots.loss_plot), id(w.plots.stack_plot)}
-    label = next(line.label.toPlainText() for p, line in lines if p is w.plots.loss_plot)
+    assert {id(p) for p, _l in lines} >= {id(w.plots.parts.plot_set.loss), id(w.plots.parts.plot_set.stack)}
+    label = next(line.label.toPlainText() for p, line in lines if p is w.plots.parts.plot_set.loss)
     assert "fork of parent @step-8" in label and 8 * 128 < lines[0][1].value() < x[0]
 
 
@@ -136,19 +136,21 @@ def _assert_rollback_shown(w) -> None:
     p = w.plots
     assert w.model.rollbacks and w.model.rollbacks[0].to_step == 6 and w.model.rollbacks[0].reason == "nonfinite"
     on = {id(plot) for plot, _line in p.rollbacks.lines}
-    for plot in (p.loss_plot, p.norm_plot, p.lr_plot, p.tput_plot, p.stack_plot):
+    ps = p.parts.plot_set
+    for plot in (ps.loss, ps.norm, ps.lr, ps.tput, ps.stack):
         assert id(plot) in on  # a marker on every plot (the memory plot says "no GPU" here)
     assert all(abs(line.value() - 6.5) < 1e-9 for _plot, line in p.rollbacks.lines[:5])
-    label = next(line.label.toPlainText() for plot, line in p.rollbacks.lines if plot is p.loss_plot)
+    label = next(line.label.toPlainText() for plot, line in p.rollbacks.lines if plot is p.parts.plot_set.loss)
     assert "rolled back to 6" in label and "nonfinite" in label
     x, y = p.curve_data("discarded_loss")
     steps = set(x[np.isfinite(x)].astype(int))
     assert {7, 8} <= steps  # the windows thrown away, greyed, never hidden
-    bands = [band.getRegion() for plot, band in p.rollbacks.bands if plot is p.loss_plot]
+    bands = [band.getRegion() for plot, band in p.rollbacks.bands if plot is p.parts.plot_set.loss]
     assert bands and bands[0][0] == 6.5 and bands[0][1] >= 8.5  # shaded even where their loss is NaN
     kept = p.curve_data("loss")[0]
     assert list(kept) == sorted(set(kept)) and 7 in kept  # the kept branch trained steps 7.. again
-    assert "rollback" in p.loss_plot.titleLabel.text and "discarded steps" in p.loss_plot.titleLabel.text
+    title = p.parts.plot_set.loss.titleLabel.text
+    assert "rollback" in title and "discarded steps" in title
     assert "rolled_back" in w.alerts.kinds()
 
 

@@ -28,12 +28,14 @@ def test_compared_runs_are_drawn_on_every_plot_they_have_a_metric_for(qtbot, mak
     w = make_window()
     open_comparing(w, a, b, c)
     p = w.plots
-    for plot in (p.loss_plot, p.norm_plot, p.lr_plot, p.tput_plot):  # each compared run named where it is drawn
+    ps = p.parts.plot_set
+    for plot in (ps.loss, ps.norm, ps.lr, ps.tput):  # each compared run named where it is drawn
         assert ">b</span>" in plot.titleLabel.text and ">c</span>" in plot.titleLabel.text, plot.titleLabel.text[:60]
-    compared = p._overlays.runs
+    compared = p.parts.overlays.runs
     assert set(compared) == {"b", "c"} and compared["b"].color != compared["c"].color
     weight = p.toolbar.smoothing.weight()
-    plots = {"loss": p.loss_plot, "norm": p.norm_plot, "lr": p.lr_plot, "tput": p.tput_plot}
+    ps = p.parts.plot_set
+    plots = {"loss": ps.loss, "norm": ps.norm, "lr": ps.lr, "tput": ps.tput}
     want = {"norm": tensorboard(compared["c"].buf.view("grad_norm"), weight), "lr": compared["c"].buf.view("lr"),
             "tput": tensorboard(compared["c"].buf.view("throughput"), weight)}
     for name, plot in plots.items():
@@ -47,7 +49,7 @@ def test_compared_runs_are_drawn_on_every_plot_they_have_a_metric_for(qtbot, mak
             assert np.allclose(data(strong)[1], want[name], rtol=1e-5), name
             _, (lo, hi) = plot.getViewBox().viewRange()
             assert lo <= np.nanmin(want[name]) and np.nanmax(want[name]) <= hi, name  # c's range is held
-    for plot in (p.mem_plot, p.stack_plot):  # memory is this machine's run's own
+    for plot in (p.parts.plot_set.mem, p.parts.plot_set.stack):  # memory is this machine's run's own
         assert ">b</span>" not in plot.titleLabel.text
         assert not any(item in plot.listDataItems() for run in compared.values() for _n, s, _f in run.curves
                        for item in [s.item])
@@ -59,5 +61,5 @@ def test_compared_runs_are_drawn_on_every_plot_they_have_a_metric_for(qtbot, mak
     xs, _y = data(next(s.item for s in compared["b"].series("norm")))
     assert np.array_equal(xs, compared["b"].buf.view("samples_seen"))
     w.history.set_checked(b, False)  # unticked: off every plot
-    assert set(p._overlays.runs) == {"c"}
+    assert set(p.parts.overlays.runs) == {"c"}
     assert all(">b</span>" not in plot.titleLabel.text for plot in plots.values())

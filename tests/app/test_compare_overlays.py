@@ -24,7 +24,7 @@ def test_overlays_go_with_the_view_and_clear_compare_clears_them(qtbot, make_win
     assert not w.plots.overlays and not w.history.checked
     assert w.history.item_for(b).checkState(0).name == "Unchecked"
     assert not w.plots.toolbar.clear_compare_shown()
-    assert "b (EMA)" not in w.plots.loss_plot.titleLabel.text
+    assert "b (EMA)" not in w.plots.parts.plot_set.loss.titleLabel.text
     w.history.set_checked(a, True)
     w.history.set_checked(b, True)
     assert set(w.plots.overlays) == {"a", "b"} and w.plots.toolbar.clear_compare_shown()

@@ -17,7 +17,8 @@ from test_window_layout import settle, synthetic_run
 
 
 def plot_geometries(w) -> list:
-    return [(p.isVisible(), p.geometry().getRect()) for p in w.plots.plots] + [w.plots.canvas.ci.geometry().getRect()]
+    return ([(p.isVisible(), p.geometry().getRect()) for p in w.plots.parts.plot_set.all]
+            + [w.plots.canvas.ci.geometry().getRect()])
 
 
 @pytest.mark.slow

@@ -27,13 +27,13 @@ def test_a_marker_label_near_the_right_edge_stays_inside(qtbot, make_window, tmp
     assert w.open_run(run_with_a_late_change(tmp_path / "late"))
     p = w.plots
     p.follow = False  # as after zooming with the mouse
-    p.loss_plot.setXRange(0, 112, padding=0)  # the marker (110.5) close to the right edge
+    p.parts.plot_set.loss.setXRange(0, 112, padding=0)  # the marker (110.5) close to the right edge
     qtbot.wait(50)
-    lines = [line for plot, line in p.marks.marker_lines if plot is p.loss_plot]
+    lines = [line for plot, line in p.parts.marks.marker_lines if plot is p.parts.plot_set.loss]
     assert lines
     label = lines[0].label
     label.updatePosition()
     assert "accum" in label.toPlainText()
-    view = p.loss_plot.getViewBox().sceneBoundingRect()
+    view = p.parts.plot_set.loss.getViewBox().sceneBoundingRect()
     box = label.sceneBoundingRect()
     assert box.right() <= view.right() + 1 and box.left() >= view.left() - 1, (box, view)

@@ -28,8 +28,8 @@ def counted(text: str) -> int:
 def assert_no_labels_overlap(p) -> None:
     from app.ui.plots.markers import layout_for
     p.canvas.grab()  # painted, as on the screen: the labels' places follow the new zoom when the view is drawn
-    for plot in p.plots:
-        lines = [line for s in layout_for(p.plot_set).sets for pl, line in s.lines() if pl is plot]
+    for plot in p.parts.plot_set.all:
+        lines = [line for s in layout_for(p.parts.plot_set).sets for pl, line in s.lines() if pl is plot]
         shown = [line for line in lines if getattr(line, "label", None) is not None and line.label.isVisible()
                  and line.isVisible()]
         for i, a in enumerate(shown):
@@ -39,7 +39,7 @@ def assert_no_labels_overlap(p) -> None:
 
 
 def loss_lines(lines, p):
-    return sorted((line for plot, line in lines if plot is p.loss_plot), key=lambda line: line.value())
+    return sorted((line for plot, line in lines if plot is p.parts.plot_set.loss), key=lambda line: line.value())
 
 
 @pytest.mark.slow
@@ -50,36 +50,37 @@ def test_crowded_markers_merge_and_their_labels_never_overlap(qtbot, make_window
     assert w.open_run(crowded)
     settle(qtbot, w)
     p = w.plots
-    vb = p.loss_plot.getViewBox()
+    vb = p.parts.plot_set.loss.getViewBox()
     (x0, x1), _ = vb.viewRange()
     px_per_step = vb.width() / (x1 - x0)
     assert px_per_step * EVERY < MIN_GAP_PX  # the whole run: they crowd
 
-    nan = loss_lines(p.marks.nonfinite_lines, p)
+    nan = loss_lines(p.parts.marks.nonfinite_lines, p)
     assert 1 <= len(nan) <= vb.width() / MIN_GAP_PX + 1  # a few markers, not a wall of 100 lines
     assert sum(counted(line.label.toPlainText()) for line in nan) == STEPS // EVERY  # every one counted
     assert any("\u00d7" in line.label.toPlainText() for line in nan)
     gaps = [(b.value() - a.value()) * px_per_step for a, b in zip(nan, nan[1:])]
     assert all(g >= MIN_GAP_PX for g in gaps), gaps
-    changes = loss_lines(p.marks.marker_lines, p)
+    changes = loss_lines(p.parts.marks.marker_lines, p)
     assert [line.label.toPlainText() for line in changes] == ["changes \u00d73"]  # steps 300-302: one marker
     continued = loss_lines(p.rollbacks.continued_lines, p)
     assert [c.value() for c in continued] == [500.5] and "continued" in continued[0].label.toPlainText()
-    assert {id(plot) for plot, _l in p.rollbacks.continued_lines} >= {id(p.loss_plot), id(p.norm_plot), id(p.lr_plot)}
-    assert "continued" in p.loss_plot.titleLabel.text
+    ps = p.parts.plot_set
+    assert {id(plot) for plot, _l in p.rollbacks.continued_lines} >= {id(ps.loss), id(ps.norm), id(ps.lr)}
+    assert "continued" in p.parts.plot_set.loss.titleLabel.text
     assert_no_labels_overlap(p)
 
-    p.loss_plot.setXRange(281, 320, padding=0)  # zoomed in: each marker on its own again
-    nan = loss_lines(p.marks.nonfinite_lines, p)
+    p.parts.plot_set.loss.setXRange(281, 320, padding=0)  # zoomed in: each marker on its own again
+    nan = loss_lines(p.parts.marks.nonfinite_lines, p)
     assert [line.value() for line in nan] == [287, 294, 301, 308, 315]
     assert {line.label.toPlainText() for line in nan} == {"NaN", "inf"}
-    changes = loss_lines(p.marks.marker_lines, p)
+    changes = loss_lines(p.parts.marks.marker_lines, p)
     assert [line.value() for line in changes] == [300.5, 301.5, 302.5]
     assert "accum 4\u21925" in changes[0].label.toPlainText()
     assert_no_labels_overlap(p)  # long labels a step apart: staggered, or left out
 
     p.fit()  # the whole run again: merged again
-    nan = loss_lines(p.marks.nonfinite_lines, p)
+    nan = loss_lines(p.parts.marks.nonfinite_lines, p)
     assert len(nan) <= vb.width() / MIN_GAP_PX + 1
     assert sum(counted(line.label.toPlainText()) for line in nan) == STEPS // EVERY
-    assert [line.label.toPlainText() for line in loss_lines(p.marks.marker_lines, p)] == ["changes \u00d73"]
+    assert [line.label.toPlainText() for line in loss_lines(p.parts.marks.marker_lines, p)] == ["changes \u00d73"]

@@ -24,8 +24,8 @@ def test_planned_lr_and_dark_loss_colours(qtbot, make_window):
     for theme in ("light", "dark"):
         w.set_theme(theme)
         p = w.plots
-        planned = p.planned.item.opts["pen"].color()
-        lr = p.lr_item.opts["pen"].color()
+        planned = p.parts.planned.item.opts["pen"].color()
+        lr = p.parts.curves.lr.opts["pen"].color()
         assert planned.name() != lr.name(), theme
-    loss = w.plots.loss_raw.opts["pen"].color()  # dark: the per-step loss was dark blue on black
+    loss = w.plots.parts.curves.loss_raw.opts["pen"].color()  # dark: the per-step loss was dark blue on black
     assert contrast(loss, QColor(w.plots.pal.background)) >= 3.0, loss.name()

@@ -56,7 +56,7 @@ def test_hovering_shows_the_step_and_every_runs_values(qtbot, make_window, runs)
     own = w.model.metrics
     other = p.overlays["b"][0]
 
-    text = move_to(qtbot, p, p.loss_plot, 60.2)
+    text = move_to(qtbot, p, p.parts.plot_set.loss, 60.2)
     i = 59  # step 60, the nearest
     assert text.splitlines()[0] == "step 60", text
     assert f"loss  {fmt(own.view('loss_ema')[i])}  (raw {fmt(own.view('loss')[i])})" in text
@@ -67,17 +67,17 @@ def test_hovering_shows_the_step_and_every_runs_values(qtbot, make_window, runs)
     assert all(lines[n].isVisible() and lines[n].value() == 60 for n in ("loss", "norm", "lr"))
     assert p.hover.label.isVisible() and p.canvas.viewport().rect().contains(p.hover.label.geometry())
 
-    text = move_to(qtbot, p, p.norm_plot, 90)  # another plot: its own series, and b's there
+    text = move_to(qtbot, p, p.parts.plot_set.norm, 90)  # another plot: its own series, and b's there
     assert text.splitlines()[0] == "step 90", text
     assert f"norm  {fmt(own.view('grad_norm')[89])}" in text
     assert f"b  {fmt(other.view('grad_norm_ema')[89])}" in text
-    text = move_to(qtbot, p, p.norm_plot, 110)  # past b's last step: only the run's own
+    text = move_to(qtbot, p, p.parts.plot_set.norm, 110)  # past b's last step: only the run's own
     assert "step 110" in text and "b  " not in text
 
     p.set_x_axis("samples")  # the x in the axis' unit, and the step
     settle(qtbot, w)
     x = float(own.view("samples_seen")[29])
-    text = move_to(qtbot, p, p.loss_plot, x)
+    text = move_to(qtbot, p, p.parts.plot_set.loss, x)
     assert text.splitlines()[0] == f"{x:,.0f} samples \u00b7 step 30", text
 
     QApplication.sendEvent(p.canvas.viewport(), QEvent(QEvent.Type.Leave))  # the mouse leaves the plots
@@ -99,7 +99,7 @@ def test_hovering_the_scalars_plot_reads_every_runs_scalars(qtbot, make_window, 
     p, sp = w.plots, w.plots.scalars
     qtbot.waitUntil(lambda: sp.isVisible() and ("sb", "eval_accuracy") in sp.compared_curves, timeout=5000)
     settle(qtbot, w)
-    color = p._overlays.runs["sb"].color  # the compared run's scalars in its colour on the other plots
+    color = p.parts.overlays.runs["sb"].color  # the compared run's scalars in its colour on the other plots
     assert sp.compared_curves[("sb", "eval_accuracy")].opts["pen"].color().name() == color
     text = move_to(qtbot, p, sp.plot.getPlotItem(), 7.8, view=sp.plot)
     assert text.splitlines()[0] == "step 8", text

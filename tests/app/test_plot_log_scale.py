@@ -59,11 +59,11 @@ def test_a_log_loss_range_holds_the_validation_points_and_the_runs_compared(qtbo
     panel.outliers_box.setChecked(True)
     panel.fit_button.click()
     settle(qtbot, w)
-    assert panel.loss_plot.ctrl.logYCheck.isChecked() and w.log_action.isChecked()
-    _x, val = panel.val_item.getOriginalDataset()
+    assert panel.parts.plot_set.loss.ctrl.logYCheck.isChecked() and w.log_action.isChecked()
+    _x, val = panel.parts.curves.val.getOriginalDataset()
     assert val is not None and len(val) == 3
-    assert not outside_range(panel.loss_plot)  # the validation points at 8, the compared run's loss
-    assert panel.loss_plot.getAxis("left").labelText == "loss (log)"
+    assert not outside_range(panel.parts.plot_set.loss)  # the validation points at 8, the compared run's loss
+    assert panel.parts.plot_set.loss.getAxis("left").labelText == "loss (log)"
 
 
 @pytest.mark.slow
@@ -72,21 +72,22 @@ def test_each_plot_has_its_own_log_scale_and_the_next_launch_keeps_it(qtbot, mak
     assert w.open_run(runs[0])
     settle(qtbot, w)
     panel = w.plots
-    menu_log_action(panel.norm_plot).trigger()  # right-click the gradient norm: Log scale
+    menu_log_action(panel.parts.plot_set.norm).trigger()  # right-click the gradient norm: Log scale
     settle(qtbot, w)
-    assert panel.norm_plot.ctrl.logYCheck.isChecked() and panel.norm_plot.getAxis("left").labelText == "norm (log)"
-    assert not panel.loss_plot.ctrl.logYCheck.isChecked() and not panel.lr_plot.ctrl.logYCheck.isChecked()
+    ps = panel.parts.plot_set
+    assert ps.norm.ctrl.logYCheck.isChecked() and ps.norm.getAxis("left").labelText == "norm (log)"
+    assert not ps.loss.ctrl.logYCheck.isChecked() and not ps.lr.ctrl.logYCheck.isChecked()
     assert not w.log_action.isChecked()  # the loss's switch is the loss's alone
-    assert not outside_range(panel.norm_plot)  # its three decades, ranged in the log scale
-    menu_log_action(panel.lr_plot).trigger()
-    menu_log_action(panel.lr_plot).trigger()  # on, and off again
-    assert not panel.lr_plot.ctrl.logYCheck.isChecked()
+    assert not outside_range(panel.parts.plot_set.norm)  # its three decades, ranged in the log scale
+    menu_log_action(panel.parts.plot_set.lr).trigger()
+    menu_log_action(panel.parts.plot_set.lr).trigger()  # on, and off again
+    assert not panel.parts.plot_set.lr.ctrl.logYCheck.isChecked()
     w.close()
     w2 = make_window(restore_settings=True)  # the next launch
     settle(qtbot, w2)
     p2 = w2.plots
-    assert p2.norm_plot.ctrl.logYCheck.isChecked() and menu_log_action(p2.norm_plot).isChecked()
-    assert not p2.lr_plot.ctrl.logYCheck.isChecked() and not p2.loss_plot.ctrl.logYCheck.isChecked()
+    assert p2.parts.plot_set.norm.ctrl.logYCheck.isChecked() and menu_log_action(p2.parts.plot_set.norm).isChecked()
+    assert not p2.parts.plot_set.lr.ctrl.logYCheck.isChecked() and not p2.parts.plot_set.loss.ctrl.logYCheck.isChecked()
 
 
 @pytest.mark.slow
@@ -99,11 +100,11 @@ def test_log_ticks_are_readable_on_a_laptop(qtbot, make_window, runs):
     assert w.open_run(runs[0])
     settle(qtbot, w)
     panel = w.plots
-    for p in (panel.loss_plot, panel.norm_plot, panel.lr_plot):
+    for p in (panel.parts.plot_set.loss, panel.parts.plot_set.norm, panel.parts.plot_set.lr):
         p.ctrl.logYCheck.setChecked(True)
     panel.fit()
     settle(qtbot, w)
-    for p in (panel.loss_plot, panel.norm_plot, panel.lr_plot):
+    for p in (panel.parts.plot_set.loss, panel.parts.plot_set.norm, panel.parts.plot_set.lr):
         ax = p.getAxis("left")
         assert ax.logMode and not overlapping_labels(ax), p.titleLabel.text
     assert panel.log_scales.on == {"loss": True, "norm": True, "lr": True} and w.log_action.isChecked()

@@ -39,12 +39,12 @@ def test_a_spike_neither_flattens_the_curve_nor_mislabels_the_axis(qtbot, make_w
     assert w.open_run(diverged_run(tmp_path / "diverged"))
     p = w.plots
     assert p.ignore_outliers  # on by itself: the run has a non-finite step
-    (_x0, _x1), (lo, hi) = p.loss_plot.getViewBox().viewRange()
+    (_x0, _x1), (lo, hi) = p.parts.plot_set.loss.getViewBox().viewRange()
     assert hi < 5 and lo >= 0  # the curve's own scale: 2.0 down to 0.3
     p.set_ignore_outliers(False)
-    (_x0, _x1), (lo, hi) = p.loss_plot.getViewBox().viewRange()
+    (_x0, _x1), (lo, hi) = p.parts.plot_set.loss.getViewBox().viewRange()
     assert hi >= 3 * SPIKE  # the whole spike
-    axis = p.loss_plot.getAxis("left")
+    axis = p.parts.plot_set.loss.getAxis("left")
     assert "x1e" not in axis.labelString() and "(x" not in axis.labelString()
     texts = tick_texts(axis)
     assert texts and all(t.endswith("e+36") or t == "0" for t in texts), texts
@@ -63,12 +63,12 @@ def test_ignoring_outliers_keeps_the_ema_on_the_curve(qtbot, make_window, tmp_pa
     assert w.open_run(diverged_run(tmp_path / "diverged"))
     p = w.plots
     assert p.ignore_outliers
-    (_x0, _x1), (lo, hi) = p.loss_plot.getViewBox().viewRange()
-    x, ema = curve(p, "loss_ema")
+    (_x0, _x1), (lo, hi) = p.parts.plot_set.loss.getViewBox().viewRange()
+    x, ema = curve(p.parts, "loss_ema")
     after = ema[x > 64]
     assert len(after) and lo <= after.min() and after.max() <= hi  # on the plot, every step after the spike
-    x_raw, raw = curve(p, "loss")
+    x_raw, raw = curve(p.parts, "loss")
     assert abs(after[-1] - raw[x_raw == x[-1]][0]) < 0.2  # and it follows the loss there
     p.set_ignore_outliers(False)  # negative control: the plain EMA, dragged up by the spike
-    x, ema = curve(p, "loss_ema")
+    x, ema = curve(p.parts, "loss_ema")
     assert ema[x > 64].min() > 1e30

@@ -21,9 +21,10 @@ def cpu_run(tmp_path_factory: pytest.TempPathFactory) -> str:
 def fits(w: Any) -> None:
     """The loss plot at least 40% of the window's height; every plot inside the canvas."""
     panel = w.plots
-    assert panel.loss_plot.height() >= LOSS_SHARE * w.height() - 1, (w.size(), panel.loss_plot.height())
+    loss = panel.parts.plot_set.loss
+    assert loss.height() >= LOSS_SHARE * w.height() - 1, (w.size(), loss.height())
     assert panel.canvas.ci.height() <= panel.canvas.viewport().height() + 1
-    for p in panel.plots:
+    for p in panel.parts.plot_set.all:
         if p.isVisible():
             bottom = p.mapToItem(panel.canvas.ci, p.boundingRect().bottomLeft()).y()
             assert bottom <= panel.canvas.ci.height() + 1, p.titleLabel.text
@@ -39,7 +40,7 @@ def test_the_loss_keeps_its_room_on_a_laptop(qtbot, make_window, cpu_run, size):
     settle(qtbot, w)
     assert w.size().toTuple() == size
     fits(w)
-    assert w.plots.norm_plot.isVisible() and w.plots.lr_plot.isVisible()
+    assert w.plots.parts.plot_set.norm.isVisible() and w.plots.parts.plot_set.lr.isVisible()
     w.resizeDocks([w.alerts_dock], [w.alerts_dock.height() + 80], Qt.Orientation.Vertical)  # a taller Alerts dock
     settle(qtbot, w)
     assert w.size().toTuple() == size
@@ -53,14 +54,16 @@ def test_a_plot_with_nothing_to_show_is_one_line(qtbot, make_window, cpu_run):
     w.resize(1440, 900)
     settle(qtbot, w)
     panel = w.plots
-    line = panel.fold.line
+    line = panel.parts.fold.line
     # Before a run: memory and throughput have nothing to show yet.
-    assert not any(p.isVisible() for p in (panel.mem_plot, panel.stack_plot, panel.tput_plot))
+    ps = panel.parts.plot_set
+    assert not any(p.isVisible() for p in (ps.mem, ps.stack, ps.tput))
     assert line.isVisible() and "during a run" in line.text
     assert w.open_run(cpu_run)
     settle(qtbot, w)
     # A CPU run: no GPU memory (one line), memory by kind and throughput drawn.
-    assert not panel.mem_plot.isVisible() and panel.stack_plot.isVisible() and panel.tput_plot.isVisible()
+    ps = panel.parts.plot_set
+    assert not ps.mem.isVisible() and ps.stack.isVisible() and ps.tput.isVisible()
     assert line.isVisible() and "GPU memory: no GPU" in line.text and line.height() <= 24
     assert "Memory by kind" not in line.text and "Throughput" not in line.text
     fits(w)
@@ -76,9 +79,10 @@ def test_a_gpu_run_shows_its_memory_beside_memory_by_kind_and_throughput(qtbot, 
     assert w.open_run(gpu_run(tmp_path / "gpu"))
     settle(qtbot, w)
     panel = w.plots
-    assert all(p.isVisible() for p in panel.plots) and not panel.fold.line.isVisible() and not panel.hint.text()
+    assert all(p.isVisible() for p in panel.parts.plot_set.all)
+    assert not panel.parts.fold.line.isVisible() and not panel.hint.text()
     fits(w)
-    for fill in (panel.headroom_fill, panel.stack.headroom):
+    for fill in (panel.parts.memory.fill, panel.parts.stack.headroom):
         assert fill.isVisible() and fill.path().boundingRect().right() >= 299, fill.path().boundingRect()
 
 

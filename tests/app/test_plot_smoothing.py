@@ -39,8 +39,8 @@ def test_the_smoothing_control_smooths_the_run_and_the_compared_runs(qtbot, make
     assert np.allclose(y, tensorboard(loss, 0.6), rtol=1e-5)
     _x, raw = p.curve_data("loss")
     assert np.array_equal(raw, loss)  # the raw values stay drawn, behind
-    assert p.loss_raw.zValue() <= p.loss_ema.zValue()
-    run_b = p._overlays.runs["b"]
+    assert p.parts.curves.loss_raw.zValue() <= p.parts.curves.loss_ema.zValue()
+    run_b = p.parts.overlays.runs["b"]
     smoothed = {plot: s for plot, s, faint in run_b.curves if not faint}
     faint = {plot: s for plot, s, is_faint in run_b.curves if is_faint}
     assert np.allclose(drawn(smoothed["loss"].item)[1], tensorboard(run_b.buf.view("loss"), 0.6), rtol=1e-5)

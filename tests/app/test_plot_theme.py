@@ -42,7 +42,8 @@ def drawn(panel: Any) -> None:
     """The plot area shows the run: its background is the theme's, the loss curve and its EMA
     are painted in the theme's colours."""
     assert panel.canvas.backgroundBrush().color().name() == panel.pal.background
-    for item in (panel.loss_raw, panel.loss_ema, panel.norm_item, panel.lr_item):
+    curves = panel.parts.curves
+    for item in (curves.loss_raw, curves.loss_ema, curves.grad_norm, curves.lr):
         x, y = item.getOriginalDataset()
         assert y is not None and len(y) > 50 and item.isVisible()
     assert colour_pixels(panel, panel.pal.ema) > 150, panel.theme  # the EMA, a line across the plot
@@ -62,7 +63,7 @@ def shown(panel: Any) -> dict[str, Any]:
     everything visible on it (each curve's data, each line's place and label, each note)."""
     out: dict[str, Any] = {"hint": panel.hint.text(), "follow": panel.follow}
     for name in ("loss", "norm", "lr", "mem", "stack", "tput"):
-        p = getattr(panel.plot_set, name)
+        p = getattr(panel.parts.plot_set, name)
         items = []
         for it in p.items:
             if not it.isVisibleTo(p):
@@ -104,7 +105,7 @@ def switch_theme(qtbot: Any, w: Any) -> None:
 def zoom_in(panel: Any) -> None:
     """Zoom into the middle of the loss plot as its mouse wheel does (ViewBox.wheelEvent): the
     plots stop following."""
-    vb = panel.loss_plot.getViewBox()
+    vb = panel.parts.plot_set.loss.getViewBox()
     vb.scaleBy((0.6, 0.6), center=vb.viewRect().center())
     vb.sigRangeChangedManually.emit([True, True])
 
@@ -126,9 +127,10 @@ def test_theme_switch_draws_the_plots_folded_or_not_and_keeps_what_they_show(qtb
     settle(qtbot, w)
     panel = w.plots
     assert panel.overlays and panel.rollbacks.fork is not None
-    assert "folded" in panel.hint.text() and not panel.tput_plot.isVisible()  # memory and throughput folded away
+    assert "folded" in panel.hint.text()  # memory and throughput folded away
+    assert not panel.parts.plot_set.tput.isVisible()
     w.log_action.trigger()  # the loss's (View menu, Ctrl+L)
-    panel.lr_plot.ctrl.logYCheck.setChecked(True)  # the lr's: Plot Options > Transforms > Log Y in its menu
+    panel.parts.plot_set.lr.ctrl.logYCheck.setChecked(True)  # the lr's: Plot Options > Transforms > Log Y in its menu
     panel.outliers_box.setChecked(True)
     zoom_in(panel)
     assert not panel.follow
@@ -142,7 +144,7 @@ def test_theme_switch_draws_the_plots_folded_or_not_and_keeps_what_they_show(qtb
     same(before, w.plots)
     w.resize(1440, 900)
     settle(qtbot, w)
-    assert w.plots.tput_plot.isVisible() and not w.plots.hint.text()  # unfolded
+    assert w.plots.parts.plot_set.tput.isVisible() and not w.plots.hint.text()  # unfolded
     before = shown(w.plots)
     switch_theme(qtbot, w)
     assert w.plots.theme == "light"

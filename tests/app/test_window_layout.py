@@ -43,8 +43,8 @@ def test_second_launch_restores_plots_that_fill_the_window(qtbot, make_window, s
     settle(qtbot, w2)
     assert w2.dock_layout.restored  # the user's layout, not the default one
     assert plot_height_share(w2) >= MIN_PLOT_HEIGHT, (w2.size(), w2.centralWidget().geometry())
-    assert w2.plots.loss_note.isVisible() and "Press Start" in w2.plots.loss_note.toPlainText()
-    assert w2.plots.loss_plot.getViewBox().height() > 80  # the hint is drawn in a plot, not a strip
+    assert w2.plots.parts.loss_note.isVisible() and "Press Start" in w2.plots.parts.loss_note.toPlainText()
+    assert w2.plots.parts.plot_set.loss.getViewBox().height() > 80  # the hint is drawn in a plot, not a strip
 
 
 @pytest.mark.slow
@@ -108,7 +108,7 @@ def test_window_fits_1024_by_640_and_stays_readable(qtbot, make_window):
     panel = w.plots
     assert panel.canvas.ci.width() <= panel.canvas.viewport().width() + 1  # no plot past the right edge
     assert panel.canvas.ci.height() <= panel.canvas.viewport().height() + 1
-    for p in panel.plots:
+    for p in panel.parts.plot_set.all:
         for name in ("left", "bottom"):
             ax = p.getAxis(name)
             if ax.isVisible() and ax.style.get("showValues", True):
@@ -134,7 +134,7 @@ def test_a_long_compare_legend_never_widens_the_window(qtbot, make_window):
         w.plots.add_overlay(f"a-run-with-a-rather-long-name-{i:02d}-lr-0.001-accum-8", buf)
     settle(qtbot, w)
     assert w.size().toTuple() == (1024, 640)
-    assert w.plots.loss_plot.titleLabel.is_clipped()  # the legend is cut, not the plots widened
+    assert w.plots.parts.plot_set.loss.titleLabel.is_clipped()  # the legend is cut, not the plots widened
     assert w.plots.canvas.ci.width() <= w.plots.canvas.viewport().width() + 1
 
 
@@ -171,7 +171,7 @@ def test_a_scripted_screenshot_shows_the_window_laid_out(qtbot, make_window, tmp
     def shape() -> tuple:
         return (w.size().toTuple(), w.centralWidget().geometry().getRect(), w.alerts_dock.geometry().getRect(),
                 w.controls_dock.geometry().getRect(), w.plots.canvas.ci.geometry().getRect(),
-                round(w.plots.loss_plot.getViewBox().height()))
+                round(w.plots.parts.plot_set.loss.getViewBox().height()))
     shot = shape()
     qtbot.wait(1500)  # as a person would see it a moment later
     settle(qtbot, w)

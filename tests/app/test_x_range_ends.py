@@ -14,11 +14,11 @@ def test_an_ended_run_is_drawn_to_its_last_step_and_a_live_one_has_room(qtbot, m
     p = w.plots
     qtbot.wait(50)
     p.refresh(force=True)
-    (x0, x1), _ = p.loss_plot.getViewBox().viewRange()
+    (x0, x1), _ = p.parts.plot_set.loss.getViewBox().viewRange()
     assert x0 == 0 and 120 <= x1 <= 122, x1  # to the last step (a marker's width past it)
     p.set_live(True)  # as while the run trains: room to grow into (negative control)
-    (x0, x1), _ = p.loss_plot.getViewBox().viewRange()
+    (x0, x1), _ = p.parts.plot_set.loss.getViewBox().viewRange()
     assert x1 >= 140, x1
     p.set_live(False)
-    (x0, x1), _ = p.loss_plot.getViewBox().viewRange()
+    (x0, x1), _ = p.parts.plot_set.loss.getViewBox().viewRange()
     assert 120 <= x1 <= 122, x1

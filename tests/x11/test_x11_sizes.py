@@ -99,7 +99,7 @@ def test_the_status_bar_shows_the_state_and_the_epoch_whole(followed):
 
 def test_the_loss_plot_keeps_two_fifths_of_the_window_height(followed):
     w = followed
-    loss = w.plots.loss_plot
+    loss = w.plots.parts.plot_set.loss
     assert loss.isVisible() and shown_whole(w.plots.canvas, w)
     height = loss.sceneBoundingRect().height()
     assert height >= LOSS_PLOT_SHARE * w.height(), (

@@ -38,7 +38,8 @@ def titles(w: Any) -> dict[str, bool]:
     theme): whether the title is drawn (its row has a height)."""
     def name(html_text: str) -> str:
         return html.unescape(re.sub(r"<[^>]*>", "", html_text)).split("\xa0\xa0")[0].strip()
-    return {name(p.titleLabel.text): p.titleLabel.boundingRect().height() > 0 for p in w.plots.plots if p.isVisible()}
+    return {name(p.titleLabel.text): p.titleLabel.boundingRect().height() > 0
+            for p in w.plots.parts.plot_set.all if p.isVisible()}
 
 
 def switch_and_check(qtbot: Any, w: Any, theme: str, shown: dict[str, bool], log: Path, where: str) -> None:
@@ -62,7 +63,7 @@ def switch_and_check(qtbot: Any, w: Any, theme: str, shown: dict[str, bool], log
 def fold_as(w: Any, folded: bool) -> None:
     """Plots folded away (or none) as the case wants, by the Alerts dock's height if the window's
     size alone does not do it: the issue's other way to fold them is a taller bottom dock."""
-    if w.plots.fold.folded != folded:
+    if w.plots.parts.fold.folded != folded:
         w.resizeDocks([w.alerts_dock], [w.height() // 2 if folded else 80], Qt.Orientation.Vertical)
         settle(w)
 
@@ -77,7 +78,7 @@ def test_a_theme_switch_redraws_the_plots_folded_or_not(qtbot, window, live_run,
     wait_until(lambda: curve_pixels(w, w.theme) >= CURVE_PIXELS, 10, "the loss curve drawn")
     where = f"at {size} with the plots {'folded' if folded else 'unfolded'}"
     fold_as(w, folded)
-    assert w.plots.fold.folded == folded, f"{where}: the plots are not as the test needs them"
+    assert w.plots.parts.fold.folded == folded, f"{where}: the plots are not as the test needs them"
     shown = titles(w)
     assert shown and all(shown.values()), f"{where}: plots without their titles before any switch: {shown}"
     start = w.theme

@@ -1,120 +1,148 @@
-"""Building the plot panel's canvas: its plots, curves and parts (one function).
+"""Building the plot panel's canvas: its plots, curves and parts, returned as one record.
 
-Everything drawn on the canvas, and every connection to it, is made here, on a new canvas each
-time: at the start, and again for a theme switch (PlotPanel.set_theme), so the light and the
-dark canvas are made by the same code and none of the old one's state (a plot folded out of
-its layout) is reused. What outlives a canvas is the panel's (its model, axis, log scales,
-toolbar) and what set_theme hands over (the runs compared, the fork, the zoom)."""
+Everything drawn on the canvas is made here, on a new canvas each time: at the start, and again
+for a theme switch (PlotPanel.set_theme), so the light and the dark canvas are made by the same
+code and none of the old one's state (a plot folded out of its layout) is reused. Not
+canvas.clear() and a rebuild on the same canvas: pyqtgraph's clear() raised on a plot folded out
+of the grid and left the plot area blank. Nor a restyle in place: every part (curves, markers,
+fills, labels, the runs compared, the hover lines) would have to re-pen each item it made, and one
+that forgot would keep the old theme's colours; a new canvas draws every part in the new palette
+by construction.
+
+This module knows nothing of the panel: the panel (panel.py) calls build_canvas, puts the canvas
+in its layout, connects it to its own slots and keeps the record (`PlotPanel.parts`). What
+outlives a canvas is the panel's (its model, axis, log scales, toolbar); a new canvas goes on
+with the old one's runs compared and fork point (build_canvas), and its zoom (set_theme)."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import Callable, Optional
 
+import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QLabel
 
+from .fold import PlotFold
 from .marks import PlotMarks
 from .mem_stack import MemoryStack
 from .memory import MemoryPlot
+from .note import PlotNote
 from .overlays import Overlays
-from .parts import PlotCanvas, Series, adopt_menus, make_plots
+from .parts import PlotCanvas, PlotSet, Series, adopt_menus, make_plots
 from .plan import PlannedLr
-from .point_menu import PointViewBox
+from .point_menu import PointMenu, PointViewBox
 from .rollbacks import RollbackMarks
-from .fold import PlotFold
-
-if TYPE_CHECKING:
-    from .panel import PlotPanel
+from .validation import ValidationDots
+from app.ui.theme import Palette
 
 IDLE_NOTE = "Press Start (F5) to train, or open a run folder (Ctrl+O)"
 
 
-def build(panel: "PlotPanel") -> None:
-    """A new canvas in the panel's palette, in place of the one it had (if any), with the
-    panel's plots, curves and parts; what each holds is named on the panel, which draws them."""
-    pal = panel.pal
-    old = panel.canvas
-    c = PlotCanvas(old.paint_listeners if old is not None else None)
-    if old is None:
-        panel.layout().insertWidget(1, c, 1)  # under the toolbar
-    else:
-        panel.layout().replaceWidget(old, c)
-        old.hide()
-        old.deleteLater()
-    panel.canvas = c
-    c.resized.connect(panel._fit_room)
-    c.setBackground(pal.background)
-    c.ci.setContentsMargins(4, 4, 10, 4)
-    c.ci.setSpacing(8)
-    panel.point_menu.actions = []
+@dataclass(frozen=True)
+class Curves:
+    """The run's own curves, one item each (the memory plot's are MemoryPlot's)."""
+    loss_raw: pg.PlotDataItem
+    loss_ema: pg.PlotDataItem
+    val: pg.PlotDataItem  # validation, one point an epoch
+    grad_norm: pg.PlotDataItem
+    clip: pg.PlotDataItem  # the clip threshold
+    clipped: pg.PlotDataItem  # clipped steps, as dots
+    lr: pg.PlotDataItem
+    tput: pg.PlotDataItem
+    tput_ema: pg.PlotDataItem
 
-    panel.plot_set = make_plots(lambda: PointViewBox(panel.point_menu), pal)
-    ps = panel.plot_set
-    for p in ps.all:
-        adopt_menus(p, c)  # freed with this canvas
-    panel.fold = PlotFold(c, ps, panel.hint, pal)
-    panel.loss_plot, panel.norm_plot, panel.lr_plot = ps.loss, ps.norm, ps.lr
-    panel.mem_plot, panel.tput_plot, panel.stack_plot = ps.mem, ps.tput, ps.stack
-    panel.plots = ps.all
-    for p in panel.plots:
-        # Not setXLink: pyqtgraph links plots of different widths by screen position, so the
-        # half-width plots would show half the steps. Same step range on every plot instead.
-        p.getViewBox().sigXRangeChanged.connect(panel._sync_x)
-        p.getViewBox().sigRangeChangedManually.connect(panel._user_moved)
 
-    panel.loss_raw = panel.loss_plot.plot(pen=pg.mkPen(pal.loss, width=1))
-    panel.loss_ema = panel.loss_plot.plot(pen=pg.mkPen(pal.ema, width=2))
-    panel.val_item = panel.loss_plot.plot(pen=pg.mkPen(pal.val, width=1.5, style=Qt.PenStyle.DashLine),
-                                        symbol="o", symbolSize=7, symbolBrush=pal.val, symbolPen=pal.val)
-    panel.norm_item = panel.norm_plot.plot(pen=pg.mkPen(pal.norm, width=1))
-    panel.clip_item = panel.norm_plot.plot(pen=pg.mkPen(pal.clip, width=1.5, style=Qt.PenStyle.DashLine))
+@dataclass(frozen=True)
+class CanvasParts:
+    """One canvas and everything drawn on it; the panel keeps the record of the canvas it shows."""
+    canvas: PlotCanvas
+    plot_set: PlotSet
+    fold: PlotFold
+    curves: Curves
+    memory: MemoryPlot
+    stack: MemoryStack
+    marks: PlotMarks
+    rollbacks: RollbackMarks
+    planned: PlannedLr
+    overlays: Overlays
+    validation: ValidationDots  # the validation loss, one dot an epoch (curves.val)
+    loss_note: PlotNote  # what the empty loss plot says (how to start, or that a run starts)
+    series: list[Series]  # the curves fed from the run's columns, in Curves' order (val: by epoch)
+    every_frame: list[Series]  # the loss: redrawn every frame
+    turns: tuple[list[Series], list[Series]]  # the small plots' curves, redrawn in turns
+    # Each plot's own curves, the raw one first: "Ignore outliers" ranges them (and the steps a
+    # rollback threw away, the same run's) within the raw curve's fences (ranges.py). By id(plot).
+    y_series: dict[int, list[Series]]
+
+    def every_series(self) -> list[Series]:
+        """Every curve fed from a column: the run's, its memory's and memory by kind's, the runs compared."""
+        return self.series + self.memory.series + self.stack.device + self.overlays.series()
+
+
+def _make_curves(plots: PlotSet, pal: Palette) -> Curves:
     # Clipped steps as dots: tiny segments with a wide round pen, one path for all of
     # them (a ScatterPlotItem costs ~5 ms a frame per thousand points in Python).
     dot = pg.mkPen(pal.clipped, width=5)
     dot.setCapStyle(Qt.PenCapStyle.RoundCap)
-    panel.clipped_item = panel.norm_plot.plot(pen=dot)
-    panel.lr_item = panel.lr_plot.plot(pen=pg.mkPen(pal.lr, width=1.5))
-    panel.tput_item = panel.tput_plot.plot(pen=pg.mkPen(pal.throughput_raw, width=1))
-    panel.tput_ema = panel.tput_plot.plot(pen=pg.mkPen(pal.throughput, width=2))
-    panel.memory = MemoryPlot(panel.plot_set, pal)
-    panel.mem_total, panel.mem_used, panel.headroom_fill = panel.memory.total, panel.memory.used, panel.memory.fill
-    panel.stack = MemoryStack(panel.plot_set, pal)
-    panel.marks = PlotMarks(panel.plot_set, pal)
-    panel.marks.to_x = panel.steps_to_x
-    panel.rollbacks = RollbackMarks(panel.plot_set, pal)
-    panel.rollbacks.to_x = panel.steps_to_x
-    panel.planned = PlannedLr(panel.lr_plot, pal)
-    panel._overlays = Overlays(ps, pal)
+    dash = Qt.PenStyle.DashLine
+    return Curves(
+        loss_raw=plots.loss.plot(pen=pg.mkPen(pal.loss, width=1)),
+        loss_ema=plots.loss.plot(pen=pg.mkPen(pal.ema, width=2)),
+        val=plots.loss.plot(pen=pg.mkPen(pal.val, width=1.5, style=dash),
+                            symbol="o", symbolSize=7, symbolBrush=pal.val, symbolPen=pal.val),
+        grad_norm=plots.norm.plot(pen=pg.mkPen(pal.norm, width=1)),
+        clip=plots.norm.plot(pen=pg.mkPen(pal.clip, width=1.5, style=dash)),
+        clipped=plots.norm.plot(pen=dot),
+        lr=plots.lr.plot(pen=pg.mkPen(pal.lr, width=1.5)),
+        tput=plots.tput.plot(pen=pg.mkPen(pal.throughput_raw, width=1)),
+        tput_ema=plots.tput.plot(pen=pg.mkPen(pal.throughput, width=2)))
 
-    panel.series = [
-        Series(panel.loss_raw, "loss"), Series(panel.loss_ema, "loss_ema"),
-        Series(panel.norm_item, "grad_norm"), Series(panel.clip_item, "clip_line"),
-        Series(panel.clipped_item, "clipped_y"), Series(panel.lr_item, "lr"),
-        Series(panel.tput_item, "throughput"), Series(panel.tput_ema, "throughput_ema"),
-    ]
-    panel.mem_series = panel.memory.series
-    panel._every_frame = panel.series[0:2]
-    panel._turns = (panel.series[2:6], panel.series[6:8])  # norm/clip/clipped/lr, then throughput (+ memory)
-    # Each plot's own curves, the raw one first: "Ignore outliers" ranges them (and the steps a
-    # rollback threw away, the same run's) within the raw curve's fences (ranges.py).
-    panel._y_series = {id(panel.loss_plot): panel.series[0:2] + [panel.rollbacks.loss],
-                      id(panel.norm_plot): panel.series[2:5] + [panel.rollbacks.norm],
-                      id(panel.lr_plot): panel.series[5:6], id(panel.tput_plot): panel.series[6:8],
-                      id(panel.mem_plot): panel.mem_series}
-    for s in panel.series:  # (the memory plots are not clipped: memory.py)
+
+def build_canvas(pal: Palette, point_menu: PointMenu, hint: QLabel, to_x: Callable[[np.ndarray], np.ndarray],
+                 old: Optional[CanvasParts] = None) -> CanvasParts:
+    """A new canvas in `pal`, with the plots, curves and parts; in place of `old`, it goes on with
+    old's paint listeners, runs compared and fork point (the caller swaps the widgets).
+    `point_menu`: every plot's right-click "Fork from here..."; `hint`: the toolbar's line that
+    names what is folded away (fold.py); `to_x`: step positions on the current x axis (where the
+    marks and rollbacks go)."""
+    c = PlotCanvas(old.canvas.paint_listeners if old is not None else None)
+    c.setBackground(pal.background)
+    c.ci.setContentsMargins(4, 4, 10, 4)
+    c.ci.setSpacing(8)
+    point_menu.actions = []
+    ps = make_plots(lambda: PointViewBox(point_menu), pal)
+    for p in ps.all:
+        adopt_menus(p, c)  # freed with this canvas
+    fold = PlotFold(c, ps, hint, pal)
+    curves = _make_curves(ps, pal)
+    memory, stack = MemoryPlot(ps, pal), MemoryStack(ps, pal)  # (in the order their items stack)
+    marks, rollbacks = PlotMarks(ps, pal), RollbackMarks(ps, pal)
+    marks.to_x = rollbacks.to_x = to_x
+    planned, overlays = PlannedLr(ps.lr, pal), Overlays(ps, pal)
+    cv = curves
+    series = [Series(cv.loss_raw, "loss"), Series(cv.loss_ema, "loss_ema"), Series(cv.grad_norm, "grad_norm"),
+              Series(cv.clip, "clip_line"), Series(cv.clipped, "clipped_y"), Series(cv.lr, "lr"),
+              Series(cv.tput, "throughput"), Series(cv.tput_ema, "throughput_ema")]
+    for s in series:  # (the memory plots are not clipped: memory.py)
         s.item.setClipToView(True)
-    panel._set_downsampling()
-    panel._set_titles()
+    y_series = {id(ps.loss): series[0:2] + [rollbacks.loss], id(ps.norm): series[2:5] + [rollbacks.norm],
+                id(ps.lr): series[5:6], id(ps.tput): series[6:8], id(ps.mem): memory.series}
 
-    panel.loss_note = pg.TextItem("", color=pal.note, anchor=(0.5, 0.5))
-    panel.loss_note.setZValue(50)
-    panel.loss_plot.addItem(panel.loss_note, ignoreBounds=True)
-    panel.loss_plot.getViewBox().sigRangeChanged.connect(lambda *_: panel._place_notes())
-    panel.loss_plot.setRange(xRange=(0, 100), yRange=(0, 1), padding=0)
-    for p in (panel.norm_plot, panel.lr_plot, panel.tput_plot):
+    loss_note = PlotNote(ps.loss, pal.note)
+    ps.loss.setRange(xRange=(0, 100), yRange=(0, 1), padding=0)
+    for p in (ps.norm, ps.lr, ps.tput, ps.stack):  # the loss plot's steps (as PlotPanel._sync_x keeps them;
+        p.setXRange(0, 100, padding=0)             # the memory plot's only while it shows memory)
+    for p in (ps.norm, ps.lr, ps.tput):
         p.setYRange(0, 1, padding=0)
-    panel.memory.set_mode("none")
-    panel.log_scales.attach(ps)
-    panel._fit_room()
-    panel._show_x_labels()
-    panel._show_loss_note(IDLE_NOTE)
-    panel.hover.attach()
+    memory.set_mode("none")
+    if old is not None:
+        rollbacks.fork = old.rollbacks.fork
+        for args in old.overlays.buffers():
+            overlays.add(*args)
+    return CanvasParts(
+        canvas=c, plot_set=ps, fold=fold, curves=curves, memory=memory, stack=stack,
+        marks=marks, rollbacks=rollbacks, planned=planned, overlays=overlays,
+        validation=ValidationDots(curves.val), loss_note=loss_note, series=series, every_frame=series[0:2],
+        turns=(series[2:6], series[6:8]),  # norm/clip/clipped/lr, then throughput (+ memory)
+        y_series=y_series)

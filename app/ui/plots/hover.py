@@ -15,7 +15,7 @@ import bisect
 import html
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import Any, Callable, Optional, Protocol
 
 import numpy as np
 import pyqtgraph as pg
@@ -23,15 +23,31 @@ from PySide6.QtCore import QEvent, QObject, QPoint, QPointF, Qt
 from PySide6.QtWidgets import QLabel, QWidget
 
 from app.model.metrics import MetricsBuffer
+from app.model.runmodel import RunModel
 from app.model.x_axis import BY_KEY, XColumns, columns, fmt_clock, nearest
 from app.ui.theme import Palette
-
-if TYPE_CHECKING:
-    from .panel import PlotPanel
+from .build import CanvasParts
+from .parts import PlotCanvas
+from .scalars import ScalarsPlot
 
 RATE_HZ = 40
 GAP_PX = 14  # between the mouse and the readout
 PLOT_NAMES = ("loss", "norm", "lr", "mem", "tput", "stack")  # the canvas' plots (PlotSet); and "scalars"
+
+
+class HoverPanel(Protocol):
+    """What the hover reads of the plot panel (PlotPanel, panel.py, which makes the hover)."""
+    axis: str
+    model: Optional[RunModel]
+    pal: Palette
+    parts: CanvasParts
+    scalars: ScalarsPlot
+    on_updated: list[Callable[[], None]]
+
+    @property
+    def canvas(self) -> PlotCanvas: ...
+
+    def steps_to_x(self, steps: np.ndarray) -> np.ndarray: ...
 
 
 @dataclass
@@ -89,12 +105,12 @@ def _row_index(buf: MetricsBuffer, axis: str, x: float) -> Optional[int]:
     return i
 
 
-def readout(panel: "PlotPanel", plot: str, x: float) -> Optional[Readout]:
+def readout(panel: HoverPanel, plot: str, x: float) -> Optional[Readout]:
     """The readout of PlotSet plot `plot` at x on the panel's axis (None: nothing drawn there)."""
     axis, model, pal = panel.axis, panel.model, panel.pal
     own = model.metrics if model is not None else None
-    ref = own if own is not None and len(own) else next((r.buf for r in panel._overlays.runs.values() if len(r.buf)),
-                                                         None)
+    compared = panel.parts.overlays.runs.values()
+    ref = own if own is not None and len(own) else next((r.buf for r in compared if len(r.buf)), None)
     if ref is None:
         return None
     i = nearest(columns(ref).values(axis), x)
@@ -106,7 +122,7 @@ def readout(panel: "PlotPanel", plot: str, x: float) -> Optional[Readout]:
     if own is not None and ref is own:
         out.rows += _own_rows(panel, plot, own, i, pal)
         out.rows += _marks_at(panel, int(own.view("step")[i]))
-    for run in panel._overlays.runs.values():
+    for run in panel.parts.overlays.runs.values():
         j = _row_index(run.buf, axis, x_line)
         if j is None:
             continue
@@ -125,12 +141,12 @@ def readout(panel: "PlotPanel", plot: str, x: float) -> Optional[Readout]:
     return out
 
 
-def _steps_to_x(panel: "PlotPanel", c: XColumns) -> Callable[[np.ndarray], np.ndarray]:
+def _steps_to_x(panel: HoverPanel, c: XColumns) -> Callable[[np.ndarray], np.ndarray]:
     """A compared run's steps to x on its own columns, on the axis the panel shows at the call."""
     return lambda steps: c.at_steps(panel.axis, steps)
 
 
-def _scalar_rows(panel: "PlotPanel", x: float) -> list[tuple[str, str]]:
+def _scalar_rows(panel: HoverPanel, x: float) -> list[tuple[str, str]]:
     """The picked scalars of the run and of each compared run: each one's point nearest x (a
     framework logs them now and then, not every step), with its step."""
     sp, rows = panel.scalars, []
@@ -150,7 +166,7 @@ def _scalar_rows(panel: "PlotPanel", x: float) -> list[tuple[str, str]]:
     return rows
 
 
-def _marks_at(panel: "PlotPanel", step: int) -> list[tuple[str, str]]:
+def _marks_at(panel: HoverPanel, step: int) -> list[tuple[str, str]]:
     """What the markers say at this step (a label left out where markers crowd is read here):
     a setting changed after it, or the step was non-finite."""
     model, pal = panel.model, panel.pal
@@ -164,10 +180,10 @@ def _marks_at(panel: "PlotPanel", step: int) -> list[tuple[str, str]]:
     return rows
 
 
-def _own_rows(panel: "PlotPanel", plot: str, buf: MetricsBuffer, i: int, pal: Palette) -> list[tuple[str, str]]:
+def _own_rows(panel: HoverPanel, plot: str, buf: MetricsBuffer, i: int, pal: Palette) -> list[tuple[str, str]]:
     rows: list[tuple[str, str]] = []
     if plot == "loss":
-        smoothed = panel.series[1].column
+        smoothed = panel.parts.series[1].column
         rows.append((pal.ema, f"loss  {fmt(_at(buf, smoothed, i))}  (raw {fmt(_at(buf, 'loss', i))})"))
         step = int(buf.view("step")[i])
         epochs = panel.model.epochs if panel.model is not None else []
@@ -189,7 +205,7 @@ def _own_rows(panel: "PlotPanel", plot: str, buf: MetricsBuffer, i: int, pal: Pa
         from .mem_stack import LAYERS  # the kinds, in the stack's order
         gib = float(2 ** 30)
         if plot == "stack":
-            stack = panel.stack
+            stack = panel.parts.stack
             for (col, name), color in zip(LAYERS, pal.mem_kinds):
                 if col in stack.kinds:
                     rows.append((color, f"{name}  {fmt(_at(buf, col, i) / stack.scale)} {stack.unit}"))
@@ -215,8 +231,8 @@ class PlotHover(QObject):
     canvas perhaps). The Scalars plot under the canvas (scalars.py, a view of its own) has its
     line and readout too."""
 
-    def __init__(self, panel: "PlotPanel") -> None:
-        super().__init__(panel)
+    def __init__(self, panel: HoverPanel, parent: QObject) -> None:
+        super().__init__(parent)
         self.panel = panel
         self.canvas: Optional[pg.GraphicsLayoutWidget] = None
         self.label: Optional[QLabel] = None
@@ -258,7 +274,7 @@ class PlotHover(QObject):
             line = pg.InfiniteLine(angle=90, movable=False, pen=pen)
             line.setZValue(90)
             line.hide()
-            getattr(self.panel.plot_set, name).addItem(line, ignoreBounds=True)
+            getattr(self.panel.parts.plot_set, name).addItem(line, ignoreBounds=True)
             self.lines[name] = line
         self.scalars_line.setPen(pen)
         bg = pg.mkColor(pal.background)
@@ -290,7 +306,7 @@ class PlotHover(QObject):
         if scalars:
             vb = self.panel.scalars.plot.getPlotItem().getViewBox()
             return "scalars" if self.panel.scalars.isVisible() and vb.sceneBoundingRect().contains(pos) else None
-        ps = self.panel.plot_set
+        ps = self.panel.parts.plot_set
         for name in PLOT_NAMES:
             p = getattr(ps, name)
             if p.isVisible() and p.scene() is not None and p.getViewBox().sceneBoundingRect().contains(pos):
@@ -302,7 +318,7 @@ class PlotHover(QObject):
         if plot == "scalars":
             w = self.panel.scalars.plot
             return self.scalars_label, w, w.getPlotItem().getViewBox()
-        return self.label, self.canvas, getattr(self.panel.plot_set, plot).getViewBox()
+        return self.label, self.canvas, getattr(self.panel.parts.plot_set, plot).getViewBox()
 
     def at_scene(self, pos: QPointF, scalars: bool = False) -> Optional[Readout]:
         """Show the readout for the mouse at scene position `pos` of the canvas (or of the Scalars

@@ -22,8 +22,11 @@ its plot (ranges.py), on the plot's own scale: the loss, the gradient norm and t
 have a log scale of their own (log_scale.py).
 
 Room: the loss keeps at least 40% of the window's height; the rows under it fold away on a
-short canvas, and a plot with nothing to show is one line under the plots (fold.py). A theme
-switch draws everything on a new canvas, built as the first (build.py, set_theme).
+short canvas, and a plot with nothing to show is one line under the plots (fold.py).
+
+The canvas and everything drawn on it come from build.py as one record, kept as `parts`; the
+panel connects them to its own slots. A theme switch draws everything on a new canvas, built as
+the first (set_theme).
 """
 from __future__ import annotations
 
@@ -38,13 +41,14 @@ from PySide6.QtWidgets import QVBoxLayout, QWidget
 
 from app.model.metrics import INLIER_EMA, MetricsBuffer
 from app.model.runmodel import RunModel
-from .build import IDLE_NOTE, build
+from .build import IDLE_NOTE, CanvasParts, build_canvas
 from .fold import TPUT_EMPTY
 from .hover import PlotHover
 from .log_scale import LogScales
 from .outliers_choice import OutliersChoice
 from .parts import PlotCanvas, Series
 from .point_menu import PointMenu
+from .rollbacks import RollbackMarks
 from .ranges import follow
 from .readback import curve_data
 from .scalars import ScalarsPlot
@@ -74,7 +78,6 @@ class PlotPanel(QWidget):
         self.follow = True
         self._version = -1
         self._range_key: tuple = ()
-        self._epoch_count = -1
         self._updating = False
         self._turn = 0
         self.stale = False  # some small plot waits for its turn: the next refresh must run
@@ -92,27 +95,51 @@ class PlotPanel(QWidget):
         tb = self.toolbar
         self.log_box, self.fit_button, self.hint, self.x_axis_box = tb.log_box, tb.fit_button, tb.hint, tb.x_axis_box
         self.log_box.toggled.connect(self.set_log_scale)
-        self.log_box.setToolTip("Show the loss on a logarithmic y axis (the gradient norm and the lr: "
-                                "\"Log scale\" in their right-click menu)")
         self.outliers_box = tb.outliers_box
         self.outliers = OutliersChoice(self.outliers_box, self._outliers_toggled)
         self.fit_button.clicked.connect(self.fit)
         self.x_axis_box.currentIndexChanged.connect(lambda _i: self.set_x_axis(self.x_axis_box.currentData()))
         self.smoothing = tb.smoothing.weight()
         tb.smoothing.changed.connect(self.set_smoothing)
-        self.canvas: Optional[PlotCanvas] = None  # made by build(), under the toolbar
-        lay = QVBoxLayout(self)
+        lay = self._layout = QVBoxLayout(self)
         lay.setContentsMargins(0, 0, 0, 0)
         lay.setSpacing(2)
         lay.addWidget(self.toolbar)
         self.scalars = ScalarsPlot(self.pal)  # what a framework logged: hidden until the run has any
         lay.addWidget(self.scalars)
-        self.hover = PlotHover(self)  # hover values (its lines go on the plots in build())
-        self._build()
+        self.hover = PlotHover(self, self)  # hover values (its lines go on the plots in _show_parts())
+        self.parts = self._new_parts()  # the canvas and all drawn on it (build.py), under the toolbar
+        lay.insertWidget(1, self.canvas, 1)
+        self._show_parts()
 
     # -- construction --------------------------------------------------------------------
-    def _build(self) -> None:
-        build(self)
+    @property
+    def canvas(self) -> PlotCanvas:
+        return self.parts.canvas
+
+    @property
+    def rollbacks(self) -> RollbackMarks:  # (whether the run shown is a fork: app/ui/runs/tree_views.py)
+        return self.parts.rollbacks
+
+    def _new_parts(self, old: Optional[CanvasParts] = None) -> CanvasParts:
+        return build_canvas(self.pal, self.point_menu, self.hint, self.steps_to_x, old)
+
+    def _show_parts(self) -> None:
+        """Connect a canvas just built to the panel and draw it as the panel stands (not a run's data yet)."""
+        ps = self.parts.plot_set
+        self.canvas.resized.connect(self._fit_room)
+        for p in ps.all:
+            # Not setXLink: pyqtgraph links plots of different widths by screen position, so the
+            # half-width plots would show half the steps. Same step range on every plot instead.
+            p.getViewBox().sigXRangeChanged.connect(self._sync_x)
+            p.getViewBox().sigRangeChangedManually.connect(self._user_moved)
+        self._set_downsampling()
+        self._set_titles()
+        self.log_scales.attach(ps)
+        self._fit_room()
+        self._show_x_labels()
+        self.parts.loss_note.show_text(IDLE_NOTE)
+        self.hover.attach()
 
     def resizeEvent(self, ev) -> None:  # noqa: N802 - Qt name
         super().resizeEvent(ev)
@@ -120,30 +147,19 @@ class PlotPanel(QWidget):
 
     def _fit_room(self) -> None:
         """Lay the plots out for the canvas' height now and what has nothing to show (fold.py)."""
-        assert self.canvas is not None
-        self.fold.update(self.canvas.height() if self.isVisible() else 0, self.window().height(),
-                         {"mem": self.memory.empty_line(), "stack": self.stack.empty_line(),
-                          "tput": "" if self.series[6].x_last is not None else TPUT_EMPTY}, self.canvas.width())
+        parts = self.parts
+        parts.fold.update(self.canvas.height() if self.isVisible() else 0, self.window().height(),
+                          {"mem": parts.memory.empty_line(), "stack": parts.stack.empty_line(),
+                           "tput": "" if parts.series[6].x_last is not None else TPUT_EMPTY}, self.canvas.width())
 
     def _set_titles(self) -> None:
-        set_titles(self.plot_set, self.pal, self.model, self.planned, self._overlays, self.rollbacks)
-
-    # -- notes in the plot area ------------------------------------------------------------
-    def _place_notes(self) -> None:
-        if self.loss_note.isVisible():
-            self.loss_note.setPos(self.loss_plot.getViewBox().viewRect().center())
-
-    def _show_loss_note(self, text: str) -> None:
-        if text == self.loss_note.toPlainText() and self.loss_note.isVisible() == bool(text):
-            return
-        self.loss_note.setText(text)
-        self.loss_note.setVisible(bool(text))
-        self._place_notes()
+        parts = self.parts
+        set_titles(parts.plot_set, self.pal, self.model, parts.planned, parts.overlays, parts.rollbacks)
 
     # -- data ----------------------------------------------------------------------------
     def set_model(self, model: Optional[RunModel]) -> None:
         if model is not self.model:
-            self.rollbacks.set_fork(None)  # the new run says whether it is a fork (RunTreeViews)
+            self.parts.rollbacks.set_fork(None)  # the new run says whether it is a fork (RunTreeViews)
         self.model = model
         if model is not None:
             model.metrics.set_smoothing(self.smoothing)
@@ -154,12 +170,12 @@ class PlotPanel(QWidget):
 
     def _reset_marks(self) -> None:
         """Draw every curve and mark again at the next refresh (a new model, axis or offsets)."""
-        self.marks.reset()
-        self.rollbacks.reset()
-        self.planned.reset()
-        self._epoch_count = -1
-        self.stack.key = ()
-        for s in self.series + self.mem_series + self.stack.device + self._overlays.series():
+        self.parts.marks.reset()
+        self.parts.rollbacks.reset()
+        self.parts.planned.reset()
+        self.parts.validation.reset()
+        self.parts.stack.key = ()
+        for s in self.parts.every_series():
             s.key = ()
 
     def axis_offsets_changed(self) -> None:
@@ -195,14 +211,14 @@ class PlotPanel(QWidget):
         would drop points where they are dense, so there only the min/max pyramid thins them
         (it already hands over at most ~2 points per pixel of the visible span)."""
         even = self.axis == "step"
-        for s in self.series + self.mem_series + self.stack.device + self._overlays.series():
+        for s in self.parts.every_series():
             s.item.setDownsampling(auto=even, method="peak")
 
     def _show_x_labels(self) -> None:
         label = BY_KEY[self.axis].label
-        for p in self.plots:
+        for p in self.parts.plot_set.all:
             p.getAxis("bottom").set_key(self.axis)
-        self.loss_plot.setLabel("bottom", label)  # once: the plots under it count the same (fold.py)
+        self.parts.plot_set.loss.setLabel("bottom", label)  # once: the plots under it count the same (fold.py)
 
     def steps_to_x(self, steps: np.ndarray) -> np.ndarray:
         """Step positions (12.5: between steps 12 and 13) on the current x axis."""
@@ -224,7 +240,7 @@ class PlotPanel(QWidget):
         x0, x1 = self.steps_to_x(np.array([step - half, step + half], dtype=np.float64))
         if x1 <= x0:
             x1 = x0 + 1.0
-        self.loss_plot.setXRange(float(x0), float(x1))
+        self.parts.plot_set.loss.setXRange(float(x0), float(x1))
 
     def set_smoothing(self, weight: float) -> None:
         """The weight of every smoothed curve, this run's and the compared runs' (app/model/smoothing.py)."""
@@ -234,7 +250,7 @@ class PlotPanel(QWidget):
         self.smoothing = weight
         if self.model is not None:
             self.model.metrics.set_smoothing(weight)
-        self._overlays.set_smoothing(weight)
+        self.parts.overlays.set_smoothing(weight)
         self.refresh(force=True)
         self.smoothing_changed.emit(weight)
 
@@ -254,8 +270,8 @@ class PlotPanel(QWidget):
         if self.follow:
             self.refresh(force=True, refit=True)
         else:
-            follow(self.plot_set, self._y_series, [], memory_shown=self.memory.shown, refit=True,
-                   robust=self.ignore_outliers, only=getattr(self.plot_set, plot))
+            follow(self.parts.plot_set, self.parts.y_series, [], memory_shown=self.parts.memory.shown, refit=True,
+                   robust=self.ignore_outliers, only=getattr(self.parts.plot_set, plot))
         if plot == "loss":
             self.log_scale_changed.emit(on)
         self.log_scales_changed.emit(plot, on)
@@ -287,8 +303,8 @@ class PlotPanel(QWidget):
             return
         self._syncing_x = True
         try:
-            for p in self.plots:
-                if p.getViewBox() is vb or (p is self.mem_plot and not self.memory.shown):
+            for p in self.parts.plot_set.all:
+                if p.getViewBox() is vb or (p is self.parts.plot_set.mem and not self.parts.memory.shown):
                     continue
                 p.setXRange(float(rng[0]), float(rng[1]), padding=0)
         finally:
@@ -297,7 +313,7 @@ class PlotPanel(QWidget):
             self.refresh()
 
     def _visible(self) -> tuple[Optional[float], Optional[float], int]:
-        vb = self.loss_plot.getViewBox()
+        vb = self.parts.plot_set.loss.getViewBox()
         width = max(100, int(vb.width()) or 600)
         if self.follow:
             return None, None, width
@@ -306,7 +322,7 @@ class PlotPanel(QWidget):
 
     def refresh(self, force: bool = False, refit: bool = False) -> bool:
         """Bring the plots up to date with the model. Cheap when nothing changed."""
-        model = self.model
+        model, parts = self.model, self.parts
         if model is None:
             return False
         self.scalars.set_run(model.info.get("run_dir") if isinstance(model.info.get("run_dir"), str) else None)
@@ -315,8 +331,8 @@ class PlotPanel(QWidget):
         x0, x1, width = self._visible()
         range_key = (x0, x1, width, self.follow)
         if not force and not self.stale and buf.version == self._version and range_key == self._range_key \
-                and len(model.epochs) == self._epoch_count and not self.marks.stale(model) \
-                and not self.planned.stale(model) and not self.rollbacks.stale(model):
+                and not parts.validation.stale(model) and not parts.marks.stale(model) \
+                and not parts.planned.stale(model) and not parts.rollbacks.stale(model):
             return False
         self._updating = True
         t_start = time.perf_counter()
@@ -334,36 +350,36 @@ class PlotPanel(QWidget):
                 self.outliers.follow_run(model)
             # "Ignore outliers" also draws the EMA without them: a spike folded into it keeps it
             # off the plot for hundreds of steps (app/model/inlier_ema.py).
-            self.series[1].show_column(INLIER_EMA if self.ignore_outliers else "loss_ema")
-            for s in self.series:
-                if all_plots or s in self._every_frame or s in self._turns[self._turn]:
+            parts.series[1].show_column(INLIER_EMA if self.ignore_outliers else "loss_ema")
+            for s in parts.series:
+                if all_plots or s in parts.every_frame or s in parts.turns[self._turn]:
                     s.update(buf, x0, x1, width, axis)
-            self._overlays.update(x0, x1, width, axis, inliers=self.ignore_outliers)
+            parts.overlays.update(x0, x1, width, axis, inliers=self.ignore_outliers)
             if all_plots or self._turn == 1:
-                self.memory.update(model, buf, x0, x1, width, axis)
-                self.stack.update(model, buf, x0, x1, width, axis)
+                parts.memory.update(model, buf, x0, x1, width, axis)
+                parts.stack.update(model, buf, x0, x1, width, axis)
                 self._fit_room()  # a plot with nothing to show gives its room to the others
-            self._update_epochs(model)
-            legend_had = (self.planned.plan is not None, len(self.planned.changes))
-            if all_plots or self._turn == 0 or self.planned.stale(model):  # with the lr plot's turn
-                self.planned.update(model, axis)
-            marks_changed = self.marks.update(model, self.memory.shown)
-            marks_changed = self.rollbacks.update(model, self.memory.shown) or marks_changed
-            if marks_changed or legend_had != (self.planned.plan is not None, len(self.planned.changes)):
+            parts.validation.update(model, self.steps_to_x)
+            legend_had = (parts.planned.plan is not None, len(parts.planned.changes))
+            if all_plots or self._turn == 0 or parts.planned.stale(model):  # with the lr plot's turn
+                parts.planned.update(model, axis)
+            marks_changed = parts.marks.update(model, parts.memory.shown)
+            marks_changed = parts.rollbacks.update(model, parts.memory.shown) or marks_changed
+            if marks_changed or legend_had != (parts.planned.plan is not None, len(parts.planned.changes)):
                 self._set_titles()
             unit = "tokens/s" if buf.counts_tokens() else "samples/s"
             if unit != self._tput_unit:
                 self._tput_unit = unit
-                self.tput_plot.setLabel("left", unit)
+                parts.plot_set.tput.setLabel("left", unit)
             if self.follow:  # each y range holds every curve on its plot (ranges.py: the runs compared too)
-                follow(self.plot_set, self._y_series, self.series[:1] + self._overlays.series("loss"),
-                       memory_shown=self.memory.shown, refit=refit or force, robust=self.ignore_outliers,
+                follow(parts.plot_set, parts.y_series, parts.series[:1] + parts.overlays.series("loss"),
+                       memory_shown=parts.memory.shown, refit=refit or force, robust=self.ignore_outliers,
                        live=self.live)
-            self.scalars.match_x(*self.loss_plot.getViewBox().viewRange()[0])
-            if len(buf) > 0 or self._overlays.entries:
-                self._show_loss_note("")
+            self.scalars.match_x(*parts.plot_set.loss.getViewBox().viewRange()[0])
+            if len(buf) > 0 or parts.overlays.entries:
+                parts.loss_note.show_text("")
             else:
-                self._show_loss_note(STARTING_NOTE if self.live else IDLE_NOTE)
+                parts.loss_note.show_text(STARTING_NOTE if self.live else IDLE_NOTE)
         finally:
             self._updating = False
             self.refresh_cost = 0.8 * self.refresh_cost + 0.2 * (time.perf_counter() - t_start)
@@ -375,30 +391,19 @@ class PlotPanel(QWidget):
         """Seconds one update of the plots costs the GUI thread (refresh + paint), moving average."""
         return self.refresh_cost + self.canvas.paint_cost
 
-    def _update_epochs(self, model: RunModel) -> None:
-        if len(model.epochs) == self._epoch_count:
-            return
-        self._epoch_count = len(model.epochs)
-        pts = [(step, val) for _e, step, _t, val in model.epochs if val is not None and math.isfinite(val)]
-        if pts:
-            xs, ys = zip(*pts)
-            self.val_item.setData(self.steps_to_x(np.array(xs, float)), np.array(ys, float))
-        else:
-            self.val_item.setData([], [])
-
     # -- runs compared ----------------------------------------------------------------------
     @property
     def overlays(self) -> dict[str, tuple[MetricsBuffer, pg.PlotDataItem, Series]]:
-        return self._overlays.entries
+        return self.parts.overlays.entries
 
     def add_overlay(self, name: str, buf: MetricsBuffer, run_dir: str = "",
                     val: Optional[tuple[np.ndarray, np.ndarray]] = None) -> None:
         """Another run over this one (Compare: app/ui/plots/overlays.py; val: its validation
         (steps, values)); with its folder, its scalars too."""
         buf.set_smoothing(self.smoothing)
-        self._overlays.add(name, buf, val)
+        self.parts.overlays.add(name, buf, val)
         if run_dir:
-            self.scalars.add_compared(name, run_dir, buf, self._overlays.runs[name].color)
+            self.scalars.add_compared(name, run_dir, buf, self.parts.overlays.runs[name].color)
         self.toolbar.show_clear_compare(True)
         self._set_downsampling()
         self._set_titles()
@@ -407,8 +412,8 @@ class PlotPanel(QWidget):
 
     def remove_overlay(self, name: str, refresh: bool = True) -> None:
         self.scalars.remove_compared(name)
-        if self._overlays.remove(name):
-            self.toolbar.show_clear_compare(bool(self._overlays.entries))
+        if self.parts.overlays.remove(name):
+            self.toolbar.show_clear_compare(bool(self.parts.overlays.entries))
             self._set_titles()
             if refresh:
                 self.refresh(force=True, refit=True)
@@ -420,38 +425,32 @@ class PlotPanel(QWidget):
     # -- reading back --------------------------------------------------------------------
     def curve_data(self, name: str) -> tuple[np.ndarray, np.ndarray]:
         """What a curve currently shows (x, y), for tests and export (names: readback.py)."""
-        return curve_data(self, name)
+        return curve_data(self.parts, name)
 
     def gpu_mode(self) -> Optional[str]:
-        return self.memory.mode
+        return self.parts.memory.mode
 
     def set_theme(self, theme: str) -> None:
-        """Draw the plots in the other palette: on a new canvas, built as the first one was (build.py).
-
-        Not canvas.clear() and a rebuild on the same canvas: pyqtgraph's clear() raised on a plot
-        folded out of the grid and left the plot area blank. Nor a restyle in place: every part
-        (curves, markers, fills, labels, the runs compared, the hover lines) would have to re-pen
-        each item it made, and one that forgot would keep the old theme's colours. A new canvas
-        draws every part in the new palette by construction. What it shows comes back from what
-        outlives a canvas (the model, x axis, log scales, smoothing and toolbar are the panel's)
-        and from the three things a canvas holds that no model says: the runs compared, the
-        fork point and the zoom."""
-        compared, fork = self._overlays.buffers(), self.rollbacks.fork
-        zoom = None if self.follow else [p.getViewBox().viewRange() for p in self.plot_set.all]
+        """Draw the plots in the other palette: on a new canvas, built as the first one was (build.py
+        says why). What it shows comes back from what outlives a canvas (the model, x axis, log
+        scales, smoothing and toolbar are the panel's) and from the three things a canvas holds
+        that no model says: the runs compared and the fork point (build_canvas carries them over)
+        and the zoom (kept here)."""
+        zoom = None if self.follow else [p.getViewBox().viewRange() for p in self.parts.plot_set.all]
         self.theme, self.pal = theme, palette(theme)
         self.scalars.set_palette(self.pal)
         self._tput_unit = ""
-        self._build()
-        self.rollbacks.fork = fork
-        for args in compared:
-            self._overlays.add(*args)
-        self._set_downsampling()
-        self._set_titles()
+        old = self.parts
+        self.parts = self._new_parts(old)
+        self._layout.replaceWidget(old.canvas, self.canvas)
+        old.canvas.hide()
+        old.canvas.deleteLater()
+        self._show_parts()
         self.set_model(self.model)
         if zoom is not None:
             self._updating = True
             try:
-                for p, (xr, yr) in zip(self.plot_set.all, zoom):
+                for p, (xr, yr) in zip(self.parts.plot_set.all, zoom):
                     p.setRange(xRange=xr, yRange=yr, padding=0)
             finally:
                 self._updating = False

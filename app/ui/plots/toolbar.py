@@ -92,7 +92,8 @@ class PlotToolbar(QWidget):
         bar = QHBoxLayout(self)
         bar.setContentsMargins(6, 4, 6, 0)
         self.log_box = QCheckBox("Log scale (loss)")
-        self.log_box.setToolTip("Show the loss on a logarithmic y axis")
+        self.log_box.setToolTip("Show the loss on a logarithmic y axis (the gradient norm and the lr: "
+                                "\"Log scale\" in their right-click menu)")
         self.outliers_box = QCheckBox("Ignore outliers")
         self.outliers_box.setToolTip("Range the y axes on the finite values without outliers (outside Tukey's fences "
                                      "around the 5th and 95th percentiles): one spike no longer flattens the curve. "
