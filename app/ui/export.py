@@ -234,7 +234,7 @@ def export_plots(plots: Any, model: Optional[RunModel], path: str, run_dir: str 
             raise OSError(f"could not write {path}")
         return Exported(path, (EXPORT_SIZE[0], EXPORT_SIZE[1] + HEADER_PX), kind)
     img = dashboard_image(plots, model, run_dir)
-    if not img.save(path, b"PNG"):
+    if not img.save(path, "PNG"):  # type: ignore[call-overload]  # the stub says bytes; PySide6 takes only a str
         raise OSError(f"could not write {path}")
     return Exported(path, (img.width(), img.height()), kind)
 
