@@ -55,7 +55,7 @@ from engine.declarations.config import TrainConfig  # noqa: E402 - after the sys
 from engine.declarations.events import MicroBatchFound, NonFinite, OomRecovered, StepMetrics  # noqa: E402 - after the sys.path set-up above
 from engine.window.oom import free_memory, is_oom  # noqa: E402 - after the sys.path set-up above
 from engine.tasks.task import Task  # noqa: E402 - after the sys.path set-up above
-from engine.loop.trainer import Trainer  # noqa: E402 - after the sys.path set-up above
+from engine.trainer.trainer import Trainer  # noqa: E402 - after the sys.path set-up above
 
 GiB = 2**30
 CAP = 24 * GiB

@@ -115,7 +115,7 @@ class GradSum(Replicated):
 
 
 def main() -> int:
-    import engine.loop.setup as setup
+    import engine.trainer.setup as setup
     setup.build_strategy = lambda name, model, ctx, device, **kw: (  # type: ignore[assignment]  # the benchmark swaps in the old gradient sum
         (D.share_rank0_model(model, ctx, device), GradSum(model, ctx, device))[1] if ctx.enabled
         else _local(model, ctx))

@@ -30,7 +30,7 @@ from engine.window import sampling as W  # noqa: E402 - after the sys.path set-u
 from engine.declarations.config import TrainConfig  # noqa: E402 - after the sys.path set-up above
 from engine.distributed.devices import to_device  # noqa: E402 - after the sys.path set-up above
 from engine.tasks.task import Task  # noqa: E402 - after the sys.path set-up above
-from engine.loop.trainer import Trainer  # noqa: E402 - after the sys.path set-up above
+from engine.trainer.trainer import Trainer  # noqa: E402 - after the sys.path set-up above
 
 MICRO, ACCUM, LOAD_S, N, SEED, WARM = 16, 4, 0.5e-3, 4096, 0, 3
 

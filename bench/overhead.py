@@ -41,7 +41,7 @@ from bench.common import BareLoop, engine_default_optimizer, median, temp_run_di
 from engine.declarations.config import TrainConfig  # noqa: E402 - after the sys.path set-up above
 from engine.declarations.events import EventBuffer, StepMetrics  # noqa: E402 - after the sys.path set-up above
 from engine.tasks.loader import load_task  # noqa: E402 - after the sys.path set-up above
-from engine.loop.trainer import Trainer  # noqa: E402 - after the sys.path set-up above
+from engine.trainer.trainer import Trainer  # noqa: E402 - after the sys.path set-up above
 
 TARGETS = {"mlp": 1.02, "charlm": 1.03}  # mlp: issue 29 (was 1.05)
 MICRO, ACCUM, CLIP, LR, SEED = 16, 4, 1.0, 1e-3, 0

@@ -192,7 +192,7 @@ def bench_headless_rate(seconds: float) -> float:
     """The same Trainer (mlp, same settings) in a bare thread, no window: optimizer steps per second."""
     from engine.declarations.config import TrainConfig
     from engine.declarations.events import EventBuffer
-    from engine.loop.trainer import Trainer
+    from engine.trainer.trainer import Trainer
     buf = EventBuffer()
     cfg = TrainConfig(task="mlp", micro_batch=16, accum=4, epochs=1000, device="cpu",
                       run_dir=os.path.join(_TMP, "runs", "headless"))

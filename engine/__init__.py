@@ -16,7 +16,7 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "Task": "tasks.task", "TaskError": "tasks.task", "load_task": "tasks.loader",
-    "Trainer": "loop.trainer", "TrainingError": "declarations.outcome", "RunResult": "declarations.outcome",
+    "Trainer": "trainer.trainer", "TrainingError": "declarations.outcome", "RunResult": "declarations.outcome",
 }
 
 

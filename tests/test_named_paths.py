@@ -9,7 +9,7 @@ hover.py, the glob test_*.py), or a word that starts with one of the repository'
 (app/ui/plots, tests/x11/; app/ui/theme.PALETTES is read as app/ui/theme.py). A path with folders
 is resolved against the naming file's folder, then each folder above it up to the repository; a
 bare file name the same way, else anywhere in the repository (prose names engine/window's
-accumulate.py as "accumulate.py" from engine/loop). A glob must match at least one file.
+accumulate.py as "accumulate.py" from engine/trainer). A glob must match at least one file.
 
 Not checked: URLs, absolute and home paths, a folder the build or a run writes (build/, dist/,
 .venv/, runs/), a path under another installed package (torch/cuda/memory.py: its first folder

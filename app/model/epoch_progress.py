@@ -3,7 +3,7 @@
 The engine plans an epoch as len(train_data) samples. The app does not load the task, so it
 reads that size off the engine's `lr_planned` event: the schedule spans epochs x the data
 set, or, with --max-steps, the smaller of that and max steps x the starting effective batch
-(engine/loop/setup.py planned_samples). Where the max-steps term is the smaller, the data set size
+(engine/trainer/setup.py planned_samples). Where the max-steps term is the smaller, the data set size
 is known only once an epoch has ended (RunModel.samples_per_epoch). Windows left = samples
 left / the samples of the latest window (accumulation can change mid-epoch), never past
 --max-steps. Seconds per window are the median pace of the last steps (seconds_per_window), so

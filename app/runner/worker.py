@@ -85,7 +85,7 @@ def failure_line(e: BaseException, trainer: Any = None) -> str:
     try:
         from engine import distributed as D
         from engine.declarations.outcome import TrainingError
-        from engine.loop.failure import failure_message
+        from engine.trainer.failure import failure_message
         return failure_message(e, getattr(trainer, "ctx", None) or D.DistContext(), (TrainingError,))
     except Exception:  # noqa: BLE001 - the line is a courtesy: never a second failure
         return f"{type(e).__name__}: {e}"
@@ -129,7 +129,7 @@ class EngineWorker(QObject):
         try:
             if sys.platform.startswith("linux"):
                 log.info("engine thread nice: %s", yield_the_cpu_to_the_gui())
-            from engine.loop.trainer import Trainer  # torch loads here, on this thread
+            from engine.trainer.trainer import Trainer  # torch loads here, on this thread
             threads = leave_a_core_for_the_gui()
             log.info("torch intra-op threads: %d", threads)
             trainer = Trainer(self.config, sink=self.buffer.put, commands=self.commands)

@@ -85,7 +85,7 @@ def _finite(value: Any, who: str) -> None:
 
 
 def _ended_epoch(row: Any) -> None:
-    """The last finished epoch's row (engine/loop/progress.py), which run.db gets back from the
+    """The last finished epoch's row (engine/trainer/progress.py), which run.db gets back from the
     checkpoint if a crash lost it."""
     if row is None:
         return

@@ -21,7 +21,7 @@ from typing import Any, Optional
 
 import torch
 import torch.distributed as dist
-# Re-exported: a resume catches it as sharded.CheckpointException (engine/loop/setup.py).
+# Re-exported: a resume catches it as sharded.CheckpointException (engine/trainer/setup.py).
 from torch.distributed.checkpoint.api import CheckpointException as CheckpointException
 
 from . import files as ckpt

@@ -93,7 +93,7 @@ MAX_EPOCHS = 10**6
 WHOLE_INT = 2**63 - 1  # what SQLite's INTEGER holds
 
 
-# Where a run is, as a checkpoint stores it (engine/loop/progress.py): what a run within the
+# Where a run is, as a checkpoint stores it (engine/trainer/progress.py): what a run within the
 # ranges above can reach, no more. A checkpoint is input read back (--resume, --fork, a
 # rollback), checked by engine/checkpoints/contents.py against these as a flag is against its Range.
 _WHOLE_INT = WHOLE_INT

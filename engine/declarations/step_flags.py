@@ -1,5 +1,5 @@
 """What a step's numbers say about it: clipped, non-finite. One rule for the engine's steps
-(engine.loop.report) and for the rows a plain loop or a framework writes (engine.integrations)."""
+(engine.trainer.report) and for the rows a plain loop or a framework writes (engine.integrations)."""
 from __future__ import annotations
 
 import math

@@ -72,11 +72,11 @@ class StepRows:
         self._gap_first = False
         self._gap_epoch: Optional[_Gap] = None  # this epoch's largest gap
         self.last: Optional[StepMetrics] = None  # the last row written
-        self.watchers: list[Any] = []  # the engine's watchers that need only the rows (engine.loop.watchers)
+        self.watchers: list[Any] = []  # the engine's watchers that need only the rows (engine.trainer.watchers)
 
     def open(self, device: Any) -> None:
         from engine.declarations.config import TrainConfig
-        from engine.loop.watchers import ClipSaturationWatcher, VramLowWatcher
+        from engine.trainer.watchers import ClipSaturationWatcher, VramLowWatcher
         from engine.memory.telemetry import MemoryProbe
         self.probe = MemoryProbe(device)
         self.cuda = device.type == "cuda"

@@ -69,7 +69,7 @@ def gpu_run(run_dir: Path, steps: int = 300) -> str:
 
 
 def started(run_dir: Path, step: int, resumed: bool) -> RunStarted:
-    """run_started as engine/loop/opening.py writes it (a resume: at the checkpoint's step, resumed)."""
+    """run_started as engine/trainer/opening.py writes it (a resume: at the checkpoint's step, resumed)."""
     return RunStarted(step, 1, run_dir=str(run_dir), task="mlp", device="cpu", device_name="cpu",
                       torch_version="-", world_size=1, resumed=resumed, config={"task": "mlp", "epochs": 3})
 

@@ -9,7 +9,7 @@ import sys
 import torch
 
 from engine.declarations.config import TrainConfig
-from engine.loop.trainer import Trainer
+from engine.trainer.trainer import Trainer
 from tests.ddp import varlen_task
 
 from testkit import ROOT

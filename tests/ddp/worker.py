@@ -26,7 +26,7 @@ from torch.nn.parallel import DistributedDataParallel  # noqa: E402 - after the 
 
 import engine.distributed as D  # noqa: E402 - after the sys.path set-up above
 from engine.declarations.config import TrainConfig  # noqa: E402 - after the sys.path set-up above
-from engine.loop.trainer import Trainer  # noqa: E402 - after the sys.path set-up above
+from engine.trainer.trainer import Trainer  # noqa: E402 - after the sys.path set-up above
 from tests.ddp import varlen_task  # noqa: E402 - after the sys.path set-up above
 
 

@@ -173,7 +173,7 @@ def run_trainer(task: Task, run_dir, on_event: Optional[Callable[[Any, Any], Non
                 recorder: Optional[Recorder] = None, db_interval: float = 1.0, **cfg: Any) -> Run:
     """Train `task` on CPU with clip off and one epoch unless told otherwise. `db_interval`:
     seconds between the engine's reads of run.db's commands (0: at every step)."""
-    from engine.loop.trainer import Trainer
+    from engine.trainer.trainer import Trainer
     settings = dict(device="cpu", clip=0.0, epochs=1, lr=0.1, micro_batch=2, accum=3)
     settings.update(cfg)
     if "resume" not in settings:

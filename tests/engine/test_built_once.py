@@ -11,14 +11,14 @@ sys.path.insert(0, os.path.dirname(__file__))
 from engine_helpers import make_task  # noqa: E402 - after the sys.path set-up above
 
 from engine.declarations.config import ConfigError, TrainConfig
-from engine.loop import setup
-from engine.loop.trainer import Trainer
+from engine.trainer import setup
+from engine.trainer.trainer import Trainer
 
 
 def test_the_run_is_built_when_the_trainer_is_made_and_only_then(tmp_path, monkeypatch):
     builds = []
     real = setup.build
-    monkeypatch.setattr("engine.loop.trainer.build", lambda *a: builds.append(1) or real(*a))
+    monkeypatch.setattr("engine.trainer.trainer.build", lambda *a: builds.append(1) or real(*a))
     task = make_task(16)
     trainer = Trainer(TrainConfig(task="tokens", device="cpu", micro_batch=4, accum=2, epochs=1, lr=0.05,
                                   run_dir=str(tmp_path / "r")), task=task)

@@ -232,7 +232,7 @@ def test_cli_resume_continues_the_run(tmp_path, tasks_dir):
     with the losses of an uninterrupted run of the same task."""
     from engine.declarations.config import TrainConfig
     from engine.tasks.loader import load_task
-    from engine.loop.trainer import Trainer
+    from engine.trainer.trainer import Trainer
     # The first part in this process, as the CLI would configure it; the continuation as a process.
     cfg = TrainConfig(task=str(tasks_dir / "good.py"), micro_batch=4, accum=2, epochs=2, device="cpu")
     first = Trainer(cfg.with_(run_dir=str(tmp_path / "part"), max_steps=5), task=load_task(cfg.task)).run()

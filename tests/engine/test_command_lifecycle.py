@@ -128,7 +128,7 @@ def test_the_core_loads_without_torch():
 
 # -- one declaration per fact ------------------------------------------------------------------------
 
-SIDES = ("engine/control", "engine/integrations", "engine/declarations", "engine/loop")
+SIDES = ("engine/control", "engine/integrations", "engine/declarations", "engine/trainer")
 
 
 def assigned_names(name: str) -> list[str]:

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from engine.declarations.config import TrainConfig
 from engine.declarations.events import NonFinite, StepMetrics
 from engine.tasks.task import Task
-from engine.loop.trainer import Trainer
+from engine.trainer.trainer import Trainer
 
 
 def task(nan_at: set[int]) -> Task:

@@ -11,11 +11,11 @@ import torch.nn.functional as F
 
 from engine.declarations.config import TrainConfig
 from engine.declarations.events import MicroBatchFound, OomRecovered, ScalerSkip, StepMetrics
-from engine.loop.finder import MemoryModel, search
+from engine.trainer.finder import MemoryModel, search
 from engine.window.oom import is_oom
 from engine.tasks.task import Task
 from engine.memory.telemetry import NO_GPU, MemoryProbe, nvml_status
-from engine.loop.trainer import Trainer
+from engine.trainer.trainer import Trainer
 
 OOM = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
@@ -95,7 +95,7 @@ def test_oom_in_the_middle_of_a_window_redoes_it_from_its_first_sample(tmp_path,
 
 
 def test_oom_recovery_off_stops_with_checkpoint(tmp_path):
-    from engine.loop.trainer import OutOfMemoryStop
+    from engine.trainer.trainer import OutOfMemoryStop
     task = tiny_task(oom_above=8, oom_calls={5})
     with pytest.raises(OutOfMemoryStop, match="oom-recovery off"):
         run(tmp_path, "off", task, micro_batch=16, accum=2, epochs=1, oom_recovery=False)
@@ -104,7 +104,7 @@ def test_oom_recovery_off_stops_with_checkpoint(tmp_path):
 
 
 def test_oom_at_micro_batch_one_stops_clearly(tmp_path):
-    from engine.loop.trainer import OutOfMemoryStop
+    from engine.trainer.trainer import OutOfMemoryStop
     with pytest.raises(OutOfMemoryStop, match="micro-batch 1"):
         run(tmp_path, "one", tiny_task(oom_above=0), micro_batch=4, accum=1, epochs=1)
 

@@ -20,7 +20,7 @@ from engine.declarations.config import ConfigError, TrainConfig
 from engine.memory.breakdown import count
 from engine.store import RunReader
 from engine.tasks.task import Task
-from engine.loop.trainer import Trainer
+from engine.trainer.trainer import Trainer
 
 
 def test_every_row_has_the_exact_breakdown(tmp_path):
@@ -146,7 +146,7 @@ def test_an_out_of_memory_error_writes_a_snapshot_where_the_gpu_would(tmp_path):
 def test_the_levers_watcher_publishes_the_table_when_a_new_size_is_measured():
     from engine.declarations.events import StepMetrics
     from engine.declarations.settings import LiveSettings
-    from engine.loop.watchers import LeversWatcher
+    from engine.trainer.watchers import LeversWatcher
     w = LeversWatcher("bf16", 1, None, 0.0, None, layers=12, can_checkpoint=True)
     s = LiveSettings(8, 8, 1e-3, 1.0, "none")
     GiB = 2**30

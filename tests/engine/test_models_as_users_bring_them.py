@@ -16,9 +16,9 @@ import torch.nn.functional as F
 
 from engine.declarations.config import TrainConfig
 from engine.distributed.devices import to_device
-from engine.loop.modes import TrainModes
+from engine.trainer.modes import TrainModes
 from engine.tasks.task import Task
-from engine.loop.trainer import Trainer
+from engine.trainer.trainer import Trainer
 
 from testkit import run_engine
 

@@ -10,8 +10,8 @@ import pytest
 
 from engine.checkpoints import files as ckpt
 from engine.declarations.config import TrainConfig
-from engine.loop.autopilot import Autopilot, Trouble
-from engine.loop.trainer import Trainer
+from engine.trainer.autopilot import Autopilot, Trouble
+from engine.trainer.trainer import Trainer
 from engine.store import RunReader
 
 from testkit import ROOT

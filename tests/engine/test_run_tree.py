@@ -167,7 +167,7 @@ def test_a_fork_setting_a_value_back_to_the_parents_start_value_is_a_change(tmp_
     does); a fork of a later checkpoint given --accum 2 trains at 2, and records it."""
     from engine.declarations.commands import SetAccum
     from engine.declarations.config import TrainConfig
-    from engine.loop.trainer import Trainer
+    from engine.trainer.trainer import Trainer
     from engine.tasks.loader import load_task
     parent = tmp_path / "parent"
 

@@ -121,7 +121,7 @@ def test_the_rows_go_through_the_event_and_run_db_json():
 
 
 def test_the_levers_watcher_passes_the_gpu_count_and_the_layout():
-    from engine.loop.watchers import LeversWatcher
+    from engine.trainer.watchers import LeversWatcher
     w = LeversWatcher("fp32", 2, None, 0.0, None, 4, True, layout=Layout(2, "ddp"), gpus=4)
     s = LiveSettings(micro_batch=4, accum=8)
 

@@ -16,7 +16,7 @@ from engine_helpers import make_task, run_trainer  # noqa: E402 - after the sys.
 from engine.declarations.rules import CommandRules
 from engine.declarations.commands import Pause, SetAccum, SetClip, SetLr, SetLrScaling, SetMicroBatch, command_for
 from engine.declarations.events import CommandRefused, LrHint, SettingsApplied
-from engine.loop.progress import Progress
+from engine.trainer.progress import Progress
 from engine.declarations.settings import LIVE_SETTINGS, LiveSettings
 from engine.window.step import pack, unpack
 from engine.window.policy import FixedWindows, TokenBudgetWindows

@@ -86,7 +86,7 @@ def test_the_trainer_passes_them_to_build_task(tmp_path):
     assert t.model[0].out_features == 6
     cfg = TrainConfig(task=str(task), task_args={"hidden": 5}, device="cpu", max_steps=1, micro_batch=4, accum=1,
                       run_dir=str(tmp_path / "r"))
-    from engine.loop.trainer import Trainer
+    from engine.trainer.trainer import Trainer
     tr = Trainer(cfg)
     tr.run()
     assert tr.model[0].out_features == 5

@@ -9,7 +9,7 @@ import os
 import sys
 
 from engine.declarations.config import TrainConfig
-from engine.loop.trainer import Trainer
+from engine.trainer.trainer import Trainer
 
 CRASHED = 9
 

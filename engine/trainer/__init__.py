@@ -11,6 +11,6 @@ from typing import Any
 
 def __getattr__(name: str) -> Any:
     if name in ("Trainer", "RunResult", "TrainingError"):
-        from engine.loop import trainer
+        from engine.trainer import trainer
         return getattr(trainer, name)
-    raise AttributeError(f"module 'engine.loop' has no attribute {name!r}")
+    raise AttributeError(f"module 'engine.trainer' has no attribute {name!r}")
