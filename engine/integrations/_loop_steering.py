@@ -12,7 +12,7 @@ import sqlite3
 import time
 from typing import Any, Optional
 
-from engine.control.lifecycle import Lifecycle, Received, while_paused
+from engine.steering.lifecycle import Lifecycle, Received, while_paused
 from engine.declarations.commands import Command, Pause, Resume, Stop
 from engine.declarations.events import Event, LrHint, Resumed, SettingsApplied
 from engine.declarations.rules import lr_hint
@@ -32,7 +32,7 @@ def _plain(v: Any) -> Any:
 
 class Steering:
     """The commands of one HeadroomRun: run.db's `commands` rows in, marks and events out, through
-    the engine's command lifecycle (engine.control.lifecycle); what this side adds is how a
+    the engine's command lifecycle (engine.steering.lifecycle); what this side adds is how a
     setting reaches the loop: handed out by poll(), and the loop's apply(), refuse() or defer().
 
     Sets the run's `paused` and `stop_requested`; writes through the store given to open()."""

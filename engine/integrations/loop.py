@@ -39,7 +39,7 @@ import time
 import weakref
 from typing import Any, Callable, Literal, Mapping, Optional
 
-from engine.control.lr import base_lrs, rescale
+from engine.steering.lr import base_lrs, rescale
 from engine.declarations.commands import Command
 from engine.declarations.events import (CheckpointSaved, EpochEnd, Event, RunFailed, RunFinished, RunStarted,
     StepMetrics)
@@ -65,7 +65,7 @@ def set_lr(optimizer: Any, lr: float, scheduler: Any = None) -> tuple[float, flo
     from the new level (a warmup keeps warming up, a decay keeps decaying). If the
     current lr is 0 (a schedule at zero), the factor is lr / the scheduler's base lr, or
     with none, the lr is set outright. The arithmetic is the engine's own
-    (engine.control.lr.rescale). Returns (old, new) of the first group. Call it between
+    (engine.steering.lr.rescale). Returns (old, new) of the first group. Call it between
     optimizer steps.
     """
     if not isinstance(lr, (int, float)) or isinstance(lr, bool) or not math.isfinite(lr) or lr <= 0:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 
 from engine import distributed as D
-from engine.control.inbox import CommandInbox
+from engine.steering.inbox import CommandInbox
 from .setup import RunParts
 
 log = logging.getLogger("headroom.trainer")

@@ -32,7 +32,7 @@ from engine.window.oom import is_oom
 from engine.declarations.paths import default_run_dir
 from engine.checkpoints.run_tree import Origin, fork_origin, resume_origin
 from engine.store.runlock import RunLock
-from engine.control.lr import LrControl
+from engine.steering.lr import LrControl
 from engine.declarations.rules import CommandRules
 from engine.declarations.schedule import LrSchedule
 from engine.tasks.task import Task, TaskError, check_last_samples, check_loss_output, default_collate

@@ -5,7 +5,7 @@ the policy plans the epoch's windows, `step_window` trains one (accumulate.py do
 the micro-batches, step.py the optimizer step), `_report` turns its numbers into
 metrics and alerts, and commands are applied only at boundaries, so no window is
 ever split between two settings. Set-up is setup.py (run when the Trainer is made),
-checkpoints run_state.py, the run's end closing.py, commands engine.control (inbox, rules, boundaries; lr, the one
+checkpoints run_state.py, the run's end closing.py, commands engine.steering (inbox, rules, boundaries; lr, the one
 writer of the optimizer's learning rate), alerts watchers.py. No Qt here.
 """
 from __future__ import annotations
@@ -24,7 +24,7 @@ from engine.window import sampling as W
 from engine.window.accumulate import StopRequested, train_window
 from .autopilot import MAX_IN_A_ROW, Autopilot, roll_back
 from .saving import Checkpointer
-from engine.control.boundaries import Boundaries
+from engine.steering.boundaries import Boundaries
 from engine.declarations.commands import Command, Stop
 from engine.declarations.config import TrainConfig
 from engine.distributed.world import keep_effective_batch
@@ -32,7 +32,7 @@ from .evaluate import validation_loss
 from engine.declarations.events import (CheckpointSaved, EpochEnd, Event, LrPlanned, MemorySnapshot,
     OomRecovered, RunFailed, RunFinished, StoreProblem)
 from .finder import NothingFits, find_micro_batch
-from engine.control.inbox import CommandInbox
+from engine.steering.inbox import CommandInbox
 from engine.memory.plan.forecast import MemoryModel
 from engine.window.oom import free_memory, halved, is_oom, smaller_shape
 from engine.declarations.paths import resolve_task_spec

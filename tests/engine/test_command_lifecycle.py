@@ -1,4 +1,4 @@
-"""The one command lifecycle (engine.control.lifecycle) on a real run.db: rows received, deferred
+"""The one command lifecycle (engine.steering.lifecycle) on a real run.db: rows received, deferred
 to their boundary, paused and resumed, applied or refused, and nothing left "received" at the end.
 Then: the Trainer's and the integrations' sides use it, and declare none of its facts again."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.control.lifecycle import PAUSE_POLL_S, Lifecycle, Received, while_paused
+from engine.steering.lifecycle import PAUSE_POLL_S, Lifecycle, Received, while_paused
 from engine.declarations.commands import Pause, SetAccum, SetLr, Stop, Unpause
 from engine.declarations.events import CommandReceived, CommandRefused, Event, Paused, Resumed
 from engine.store import RunReader, RunStore, send_command
@@ -121,14 +121,14 @@ def test_at_the_end_a_stop_is_applied_and_the_rest_refused_saying_why(run):
 
 
 def test_the_core_loads_without_torch():
-    code = "import sys, engine.control.lifecycle; print('torch' in sys.modules)"
+    code = "import sys, engine.steering.lifecycle; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
 
 # -- one declaration per fact ------------------------------------------------------------------------
 
-SIDES = ("engine/control", "engine/integrations", "engine/declarations", "engine/trainer")
+SIDES = ("engine/steering", "engine/integrations", "engine/declarations", "engine/trainer")
 
 
 def assigned_names(name: str) -> list[str]:
@@ -157,11 +157,11 @@ def calls_of(callee: str) -> list[str]:
 
 
 def test_the_lifecycle_facts_are_declared_once():
-    assert assigned_names("PAUSE_POLL_S") == ["engine/control/lifecycle.py"]
+    assert assigned_names("PAUSE_POLL_S") == ["engine/steering/lifecycle.py"]
     assert set(calls_of("LrHint")) == {"engine/declarations/rules.py"}  # lr_hint, the engine's and the loops'
-    assert set(calls_of("CommandReceived")) == {"engine/control/lifecycle.py"}  # the receipt
+    assert set(calls_of("CommandReceived")) == {"engine/steering/lifecycle.py"}  # the receipt
     # the refusal: the lifecycle's, and the rules' own (a batch of settings, refused in one pass)
-    assert set(calls_of("CommandRefused")) == {"engine/control/lifecycle.py", "engine/declarations/rules.py"}
+    assert set(calls_of("CommandRefused")) == {"engine/steering/lifecycle.py", "engine/declarations/rules.py"}
     assert all(path != "engine/integrations/_loop_steering.py" for path in calls_of("mark_command"))
-    assert all("time.sleep" not in (ROOT / p).read_text() for p in ("engine/control/boundaries.py",
+    assert all("time.sleep" not in (ROOT / p).read_text() for p in ("engine/steering/boundaries.py",
                                                                     "engine/integrations/_loop_steering.py"))

@@ -1,4 +1,4 @@
-"""One writer of the learning rate (engine.control.lr): a new peak rescales a torch scheduler
+"""One writer of the learning rate (engine.steering.lr): a new peak rescales a torch scheduler
 so that it goes on exactly as a run started at that peak would, and the engine's own
 schedule writes schedule x peak from the step a set_lr applies."""
 from __future__ import annotations
@@ -12,7 +12,7 @@ import torch
 sys.path.insert(0, os.path.dirname(__file__))
 from engine_helpers import RecordingSGD, make_task, run_trainer  # noqa: E402 - after the sys.path set-up above
 
-from engine.control.lr import LrControl, rescale
+from engine.steering.lr import LrControl, rescale
 from engine.declarations.commands import SetLr
 from engine.declarations.schedule import LrSchedule
 

@@ -29,7 +29,7 @@ def applies_at(cmd: Command) -> str:
 
 
 class CommandInbox:
-    """The Trainer's arrivals: the queue and run.db into the shared lifecycle (engine.control.lifecycle),
+    """The Trainer's arrivals: the queue and run.db into the shared lifecycle (engine.steering.lifecycle),
     each received command due at the next step (at="step") or at the start of the next epoch."""
 
     def __init__(self, commands: "queue.Queue[Command]", stop: threading.Event, ctx: D.DistContext,

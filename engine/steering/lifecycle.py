@@ -6,7 +6,7 @@ for (the next step, or the start of an epoch), and ends applied or refused (the 
 a command_refused event saying why). A pause holds the run in a short sleep-and-look wait.
 
 Two sides steer with it and keep only how they apply a setting: the engine's Trainer
-(engine.control.inbox and .boundaries, its settings through engine.declarations.rules) and
+(engine.steering.inbox and .boundaries, its settings through engine.declarations.rules) and
 the plain-loop and framework integrations (engine.integrations._loop_steering, which hand
 settings to the user's loop). Torch-free: only declarations and the store.
 """
