@@ -1,7 +1,7 @@
 """Shared pieces of the benchmarks: the bare seed loop, the anchors' GPT, timing helpers.
 
 The bare loop is what a careful user writes without Headroom: the same model, the
-same sample order (engine.window.sampling.plan_epoch), the same collate, micro-batch,
+same sample order (engine.accumulation.sampling.plan_epoch), the same collate, micro-batch,
 accumulation and optimizer, clip_grad_norm_, and no host reads at all. Benchmarks
 hold the engine against it side by side in one process.
 """
@@ -20,7 +20,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from engine.window import sampling as W
+from engine.accumulation import sampling as W
 from engine.tasks.task import Task, default_collate
 from engine.tasks.builtin.charlm import GPT
 from engine.distributed.devices import to_device

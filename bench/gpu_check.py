@@ -53,7 +53,7 @@ from bench.common import (GPT_CFG, GPT_SMALL_CFG, BareLoop, RandomTokens, engine
                           gpt_loss, make_gpt, median, temp_run_dir)
 from engine.declarations.config import TrainConfig  # noqa: E402 - after the sys.path set-up above
 from engine.declarations.events import MicroBatchFound, NonFinite, OomRecovered, StepMetrics  # noqa: E402 - after the sys.path set-up above
-from engine.window.oom import free_memory, is_oom  # noqa: E402 - after the sys.path set-up above
+from engine.accumulation.oom import free_memory, is_oom  # noqa: E402 - after the sys.path set-up above
 from engine.tasks.task import Task  # noqa: E402 - after the sys.path set-up above
 from engine.trainer.trainer import Trainer  # noqa: E402 - after the sys.path set-up above
 

@@ -52,7 +52,7 @@ from engine.memory.activation_checkpointing import checkpoint_modules  # noqa: E
 from engine.memory.breakdown import activations, count  # noqa: E402 - after the sys.path set-up above
 from engine.memory.snapshot import SnapshotRecorder  # noqa: E402 - after the sys.path set-up above
 from engine.memory.plan.forecast import MemoryModel  # noqa: E402 - after the sys.path set-up above
-from engine.window.oom import free_memory, is_oom  # noqa: E402 - after the sys.path set-up above
+from engine.accumulation.oom import free_memory, is_oom  # noqa: E402 - after the sys.path set-up above
 
 GiB = 2**30
 CAP = 24 * GiB

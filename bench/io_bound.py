@@ -26,7 +26,7 @@ import torch  # noqa: E402 - after the sys.path set-up above
 import torch.nn.functional as F  # noqa: E402 - after the sys.path set-up above
 
 from bench.common import emit_json, median, temp_run_dir  # noqa: E402 - after the sys.path set-up above
-from engine.window import sampling as W  # noqa: E402 - after the sys.path set-up above
+from engine.accumulation import sampling as W  # noqa: E402 - after the sys.path set-up above
 from engine.declarations.config import TrainConfig  # noqa: E402 - after the sys.path set-up above
 from engine.distributed.devices import to_device  # noqa: E402 - after the sys.path set-up above
 from engine.tasks.task import Task  # noqa: E402 - after the sys.path set-up above

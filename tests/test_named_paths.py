@@ -8,7 +8,7 @@ What counts as a path (see PATH): a word ending in one of the project's file typ
 hover.py, the glob test_*.py), or a word that starts with one of the repository's top folders
 (app/ui/plots, tests/x11/; app/ui/theme.PALETTES is read as app/ui/theme.py). A path with folders
 is resolved against the naming file's folder, then each folder above it up to the repository; a
-bare file name the same way, else anywhere in the repository (prose names engine/window's
+bare file name the same way, else anywhere in the repository (prose names engine/accumulation's
 accumulate.py as "accumulate.py" from engine/trainer). A glob must match at least one file.
 
 Not checked: URLs, absolute and home paths, a folder the build or a run writes (build/, dist/,
@@ -192,11 +192,11 @@ def test_what_counts_as_a_path(text, found):
 
 def test_a_dead_path_fails():
     """The check can fail: a moved file, a glob that matches nothing, a bare name beside no file."""
-    texts = [("engine/window/policy.py", 1, "(engine/memory/levers.py), plot_*.py, windows.py, torch/nn/x.py"),
+    texts = [("engine/accumulation/policy.py", 1, "(engine/memory/levers.py), plot_*.py, windows.py, torch/nn/x.py"),
              ("app/ui/plots/panel.py", 2, "the parts (hover.py, ui/plots/build.py, app/ui/plots/, accumulate.py)"),
-             ("app/ui/plots/panel.py", 3, "app/ui/theme.PALETTES, ui/hover.py, engine/window/pol*.py")]
-    assert dead_paths(texts) == ["app/ui/plots/panel.py:3: ui/hover.py", "engine/window/policy.py:1: engine/memory/levers.py",
-                                 "engine/window/policy.py:1: plot_*.py", "engine/window/policy.py:1: windows.py"]
+             ("app/ui/plots/panel.py", 3, "app/ui/theme.PALETTES, ui/hover.py, engine/accumulation/pol*.py")]
+    assert dead_paths(texts) == ["app/ui/plots/panel.py:3: ui/hover.py", "engine/accumulation/policy.py:1: engine/memory/levers.py",
+                                 "engine/accumulation/policy.py:1: plot_*.py", "engine/accumulation/policy.py:1: windows.py"]
 
 
 def test_app_layers_listed_as_the_contract_has_them():

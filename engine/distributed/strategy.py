@@ -13,7 +13,7 @@ and the model's own methods work unchanged, and everything the loss runs happens
 wrapper's forward, where DDP and FSDP expect it. Gradients are summed over ranks, never
 averaged: the window's exact normalisation (accumulate.py) divides once by the global count.
 
-The window (engine/window/accumulate.py) asks a strategy, per micro-batch, for the context it
+The window (engine/accumulation/accumulate.py) asks a strategy, per micro-batch, for the context it
 runs in and whether collectives are in flight in it: an out-of-memory error where none are
 is this rank's alone to redo (`forget_window`, then the window again with half the
 micro-batch); one where they are cannot be redone apart and stops every rank.

@@ -16,7 +16,7 @@ import torch
 import transformers
 from transformers import Trainer
 
-from engine.window.grads import clip_params_by_host_norm_
+from engine.accumulation.grads import clip_params_by_host_norm_
 from .loop import clean
 
 MARK = "_headroom_wrapped"  # on a Trainer whose attributes are wrapped: (trainer, accelerator)

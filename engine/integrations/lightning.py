@@ -54,7 +54,7 @@ import torch
 
 from engine.declarations.commands import Command, SetAccum, SetClip, SetLr
 from engine.declarations.events import ScalerSkip
-from engine.window.grads import clip_params_by_host_norm_
+from engine.accumulation.grads import clip_params_by_host_norm_
 from ._exactness import WindowCheck, check_window, same
 from ._lightning_logger import HeadroomLogger
 from ._loop_rows import read_to_host

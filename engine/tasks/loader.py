@@ -16,7 +16,7 @@ from engine.declarations.paths import BUILTIN_TASKS
 from .task import Task, TaskError, check_task
 
 # Task files loaded in this process, by the private module name each was loaded under: a spawned
-# DataLoader worker loads them again by path before it unpickles the data set (engine/window/workers.py).
+# DataLoader worker loads them again by path before it unpickles the data set (engine/accumulation/workers.py).
 TASK_FILES: dict[str, str] = {}
 
 

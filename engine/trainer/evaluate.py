@@ -6,7 +6,7 @@ from typing import Optional
 import torch
 
 from engine import distributed as D
-from engine.window import sampling as W
+from engine.accumulation import sampling as W
 from engine.distributed.devices import to_device
 from engine.distributed.strategy import Local
 from .setup import RunParts

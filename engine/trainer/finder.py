@@ -18,7 +18,7 @@ import torch
 from engine.distributed import all_reduce_max
 from engine.declarations.events import MicroBatchFound
 from engine.memory.plan.forecast import MemoryModel
-from engine.window.oom import free_memory, is_oom
+from engine.accumulation.oom import free_memory, is_oom
 from .progress import Progress
 from .setup import RunParts
 

@@ -9,13 +9,13 @@ from typing import Any, Optional
 
 import torch
 
-from engine.window.grads import dtype_order
+from engine.accumulation.grads import dtype_order
 from engine.memory.breakdown import MemoryBreakdown, activations
 from engine.memory.telemetry import MemorySample
 from engine.declarations.settings import LiveSettings
 from engine.declarations.events import Event, NonFinite, ScalerSkip, StepMetrics
 from engine.declarations.step_flags import step_flags
-from engine.window.step import InFlight, WindowNumbers
+from engine.accumulation.step import InFlight, WindowNumbers
 
 
 @dataclass(frozen=True)

@@ -20,8 +20,8 @@ import torch
 
 from engine import distributed as D
 from . import closing, opening, run_state
-from engine.window import sampling as W
-from engine.window.accumulate import StopRequested, train_window
+from engine.accumulation import sampling as W
+from engine.accumulation.accumulate import StopRequested, train_window
 from .autopilot import MAX_IN_A_ROW, Autopilot, roll_back
 from .saving import Checkpointer
 from engine.steering.boundaries import Boundaries
@@ -34,14 +34,14 @@ from engine.declarations.events import (CheckpointSaved, EpochEnd, Event, LrPlan
 from .finder import NothingFits, find_micro_batch
 from engine.steering.inbox import CommandInbox
 from engine.memory.plan.forecast import MemoryModel
-from engine.window.oom import free_memory, halved, is_oom, smaller_shape
+from engine.accumulation.oom import free_memory, halved, is_oom, smaller_shape
 from engine.declarations.paths import resolve_task_spec
 from .progress import Progress
 from engine.declarations.settings import LiveSettings, scaled_to_reference
 from .setup import RunParts, build
 from .failure import failure_detail, failure_message, is_peer_failure
 from .report import Launched, skip_events, skip_kind, step_metrics
-from engine.window.step import InFlight, WindowNumbers
+from engine.accumulation.step import InFlight, WindowNumbers
 from engine.store import RunStore
 from engine.tasks.task import Task
 from .views import TrainerViews

@@ -10,7 +10,7 @@ from engine.distributed.fsdp import find_blocks
 from engine.distributed.world import shape_for
 from engine.export import by_index
 from engine.checkpoints.sharded import by_name
-from engine.window.step import pack, tightest, unpack
+from engine.accumulation.step import pack, tightest, unpack
 
 
 @pytest.mark.parametrize("micro, accum, old, new, want", [

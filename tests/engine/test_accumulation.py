@@ -16,7 +16,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.window import sampling as W
+from engine.accumulation import sampling as W
 
 from engine_helpers import (Recorder, RecordingSGD, flat, make_seqs, make_task, rel_err, run_trainer, token_collate,
                        token_loss_sum)
@@ -53,7 +53,7 @@ def reference(n, lengths, dtype, windows):
 
 
 def expected_token_windows(order, budget, lengths):
-    """Independent of engine.window.sampling: add samples until the window holds >= budget tokens."""
+    """Independent of engine.accumulation.sampling: add samples until the window holds >= budget tokens."""
     out, cur, held = [], [], 0
     for i in order:
         cur.append(i)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.window import sampling as W
+from engine.accumulation import sampling as W
 from engine.store import RunReader
 
 from engine_helpers import (RecordingSGD, flat, make_task, params_of, rel_err, run_trainer, token_collate,
@@ -64,7 +64,7 @@ def test_host_clip_is_bit_identical_to_the_device_clip():
     the deferred step with one computed on the device (grads.clip_). For float32 norms they must
     give the same bits, at the clip boundary too; a plain float64 coefficient does not (the
     negative control: the emulated float32 rounding is what makes them agree)."""
-    from engine.window import grads as G
+    from engine.accumulation import grads as G
     gen = torch.Generator().manual_seed(0)
     grads = [torch.randn(257, generator=gen), torch.randn(3, 5, generator=gen)]
     cases = [(c, n) for c in (1.0, 0.5, 3.0, 1e-3) for n in (c * 0.5, c * 4.0, c, c - 1e-6, c + 1e-6,
@@ -89,7 +89,7 @@ def test_host_clip_of_parameters_is_bit_identical_to_torch():
     """The integrations clip with grads.clip_params_by_host_norm_ in place of torch's
     clip_grads_with_norm_: the same bits, for finite norms on either side of the clip norm and
     for a NaN or inf norm (handed to torch)."""
-    from engine.window import grads as G
+    from engine.accumulation import grads as G
     gen = torch.Generator().manual_seed(1)
     shapes = [(64, 33), (33,), (7, 3, 2)]
     cases = [(1.0, 0.3), (1.0, 4.0), (1.0, 1.0), (0.25, 0.2500001), (2.0, float("nan")), (2.0, float("inf"))]

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from engine.declarations.config import TrainConfig
 from engine.declarations.events import MicroBatchFound, OomRecovered, ScalerSkip, StepMetrics
 from engine.trainer.finder import MemoryModel, search
-from engine.window.oom import is_oom
+from engine.accumulation.oom import is_oom
 from engine.tasks.task import Task
 from engine.memory.telemetry import NO_GPU, MemoryProbe, nvml_status
 from engine.trainer.trainer import Trainer

@@ -11,7 +11,7 @@ import torch.nn as nn
 
 import engine_helpers  # noqa: F401 - for its set-up: testkit's sys.path before the engine imports
 from engine.memory.snapshot import SnapshotRecorder
-from engine.window.oom import is_oom
+from engine.accumulation.oom import is_oom
 
 FAKE_SNAPSHOT = {"segments": [{"address": 0, "total_size": 2 << 20, "blocks": []}],
                  "device_traces": [[{"action": "oom", "size": 1 << 30, "frames": []}]]}

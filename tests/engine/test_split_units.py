@@ -18,8 +18,8 @@ from engine.declarations.commands import Pause, SetAccum, SetClip, SetLr, SetLrS
 from engine.declarations.events import CommandRefused, LrHint, SettingsApplied
 from engine.trainer.progress import Progress
 from engine.declarations.settings import LIVE_SETTINGS, LiveSettings
-from engine.window.step import pack, unpack
-from engine.window.policy import FixedWindows, TokenBudgetWindows
+from engine.accumulation.step import pack, unpack
+from engine.accumulation.policy import FixedWindows, TokenBudgetWindows
 
 S = LiveSettings(micro_batch=4, accum=2, lr=0.01, clip=1.0, lr_scaling="none")
 

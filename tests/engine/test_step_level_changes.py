@@ -11,7 +11,7 @@ import time
 import pytest
 import torch
 
-from engine.window import sampling as W
+from engine.accumulation import sampling as W
 from engine.declarations.commands import SetAccum, SetLr, SetMicroBatch, command_from_json
 from engine.declarations.config import ConfigError
 

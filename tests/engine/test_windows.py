@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.window import sampling as W
+from engine.accumulation import sampling as W
 
 from engine_helpers import Recorder, make_task, run_trainer
 

@@ -1,5 +1,5 @@
 """A worker seeds `random` before each sample only once its data set has drawn from it
-(engine/window/workers.py, SampleSeeds): every sample's draws must still be the bits they are
+(engine/accumulation/workers.py, SampleSeeds): every sample's draws must still be the bits they are
 when torch's, `random`'s and numpy's RNGs are all seeded before every sample, whatever the
 split and the worker's past, and the micro-batch where `random` is first drawn from is read
 again, seeded. In process: the worker's reads, no DataLoader."""
@@ -10,7 +10,7 @@ import random
 import numpy as np
 import torch
 
-from engine.window.workers import WATCH_FROM, WorkerData, sample_seed, seed_everything
+from engine.accumulation.workers import WATCH_FROM, WorkerData, sample_seed, seed_everything
 
 SEED = 7
 

@@ -14,8 +14,8 @@ import torch
 sys.path.insert(0, os.path.dirname(__file__))
 from engine_helpers import TokenData, make_seqs, make_task, run_trainer, sample_length  # noqa: E402 - after the sys.path set-up above
 
-from engine.window.feeder import auto_workers
-from engine.window.policy import TokenBudgetWindows
+from engine.accumulation.feeder import auto_workers
+from engine.accumulation.policy import TokenBudgetWindows
 from engine.declarations.settings import LiveSettings
 
 
