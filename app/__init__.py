@@ -7,7 +7,7 @@ worker thread when a run starts, so the window shows before torch is imported.
 
 Layers, each importing only the ones below it:
     app.main      the entry point (argument parsing, QApplication)
-    app.window    the main window: layout and wiring
+    app.main_window    the main window: layout and wiring
     app.ui        widgets and views (controls, plots, alerts, history, status bar, actions)
     app.runner    the Qt side of running: the engine thread, torchrun launches, the typed
                   signals and the controller that joins them to the session

@@ -185,7 +185,7 @@ def main() -> int:
     from PySide6.QtWidgets import QApplication
 
     app = QApplication.instance() or QApplication(sys.argv[:1])
-    from app.window import MainWindow
+    from app.main_window import MainWindow
 
     win = MainWindow(restore_settings=False)
     win.resize(1440, 900)

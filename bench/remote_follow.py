@@ -145,7 +145,7 @@ def app_open(run_dir: str, remote: str, env: dict, repeats: int) -> dict:
     os.environ["HEADROOM_SETTINGS"] = os.path.join(os.path.dirname(run_dir), "settings.ini")
     from PySide6.QtWidgets import QApplication
     app = QApplication.instance() or QApplication([])
-    from app.window import MainWindow
+    from app.main_window import MainWindow
     w = MainWindow(base_config={}, restore_settings=False)
     w.show()
     times: dict[str, list[float]] = {"local": [], "ssh": []}

@@ -317,7 +317,7 @@ def main() -> int:
     from PySide6.QtWidgets import QApplication
     install_message_filter(qInstallMessageHandler)
     from app.core import assets, compat  # noqa: F401 - imported for their set-up before the window, as app/main.py does
-    from app.window import MainWindow
+    from app.main_window import MainWindow
 
     # Per-call timings of the GUI thread's work (class-level wraps, before the window exists).
     ticks, refreshes, paints, alert_adds = Rows(4), Rows(4), Rows(4), Rows(4)

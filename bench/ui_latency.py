@@ -77,7 +77,7 @@ def bench_startup(repeats: int) -> dict:
 def make_window():
     from PySide6.QtWidgets import QApplication
     app = QApplication.instance() or QApplication([])
-    from app.window import MainWindow
+    from app.main_window import MainWindow
     w = MainWindow(restore_settings=False)
     w.resize(1440, 900)
     w.show()
@@ -233,7 +233,7 @@ def synthetic_columns(n: int, start: int = 1) -> dict:
 def bench_repaint(n_points: int, frames: int, app) -> dict:
     import pyqtgraph as pg
     from app.model.runmodel import RunModel
-    from app.window import MainWindow
+    from app.main_window import MainWindow
     w = MainWindow(restore_settings=False)
     w.resize(1440, 900)
     w.show()

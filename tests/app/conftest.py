@@ -11,7 +11,7 @@ from app_helpers import ROOT  # noqa: E402,F401 - sets up sys.path and app.compa
 @pytest.fixture
 def make_window(qtbot: Any) -> Callable[..., Any]:
     """MainWindow factory; every window is closed (and its engine thread joined) at teardown."""
-    from app.window import MainWindow
+    from app.main_window import MainWindow
     made: list[Any] = []
 
     def make(base_config: dict | None = None, **kw: Any) -> Any:

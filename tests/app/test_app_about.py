@@ -47,7 +47,7 @@ def test_about_dialog_shows_the_versions(qtbot, make_window):
 def test_about_is_torch_free_until_opened_and_desktop_file_name_is_set():
     code = ("import sys\n"
             "from PySide6.QtGui import QGuiApplication\n"
-            "import app.window as w, app.ui.shell.about\n"
+            "import app.main_window as w, app.ui.shell.about\n"
             "def show(self):\n"
             "    print('DESKTOP', QGuiApplication.desktopFileName(), 'torch' in sys.modules, flush=True)\n"
             "    raise SystemExit(0)\n"

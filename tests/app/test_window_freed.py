@@ -21,7 +21,7 @@ def widgets_alive() -> int:
 
 
 def test_a_closed_window_and_its_dropped_canvases_are_freed(qtbot):
-    from app.window import MainWindow
+    from app.main_window import MainWindow
     before = widgets_alive()
     w = MainWindow(restore_settings=False, theme="light")
     w.show()

@@ -82,7 +82,7 @@ def _lightning_run(tmp_path) -> str:
 
 def test_main_window_opens_integration_runs(qtbot, tmp_path):
     from app.core import compat  # noqa: F401 - imported for its effect: before any widget is painted
-    from app.window import MainWindow
+    from app.main_window import MainWindow
 
     runs = [_loop_run(str(tmp_path / "loop"))]
     if importlib.util.find_spec("transformers") and importlib.util.find_spec("accelerate"):

@@ -283,7 +283,7 @@ def test_set_lr_keeps_the_schedules_shape(make):
 
 
 def test_importing_engine_and_the_app_loads_no_framework():
-    code = ("import sys, engine, engine.integrations, engine.integrations.loop, engine.store, app.window\n"
+    code = ("import sys, engine, engine.integrations, engine.integrations.loop, engine.store, app.main_window\n"
             "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('transformers', 'lightning', "
             "'pytorch_lightning', 'accelerate'))\n"
             "assert not bad, bad\n"

@@ -77,7 +77,7 @@ def window(qtbot: Any) -> Iterator[Callable[..., Any]]:
     """MainWindow factory: make(size=(w, h), restore_settings=False) shows the window at that size
     (its client area; the last size saved when restore_settings and no size), exposed and active.
     Every window is closed (its engine thread joined) at teardown."""
-    from app.window import MainWindow
+    from app.main_window import MainWindow
     made: list[Any] = []
 
     def make(size: Optional[tuple[int, int]] = None, restore_settings: bool = False) -> Any:

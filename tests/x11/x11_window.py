@@ -141,7 +141,7 @@ def isolation(base: Path) -> dict[str, str]:
 def lasting_window(base: Path, size: tuple[int, int]) -> Iterator[Any]:
     """A window for several tests in turn (a module-scoped fixture: one window, not one a test),
     shown at `size`, its preferences, runs folder and log under `base`, closed at the end."""
-    from app.window import MainWindow
+    from app.main_window import MainWindow
     with pytest.MonkeyPatch.context() as mp:
         for k, v in isolation(base).items():
             mp.setenv(k, v)

@@ -5,7 +5,7 @@ start-up). They used to replace the "Loading plots..." placeholder as the window
 widget, and QMainWindow re-fits its docks around a new central widget: from the second
 launch on (a restored state) the docks took the room and the plots were left a strip (one
 title and an x axis) under the Alerts dock. The window's central widget is now one stack
-for its whole life (app/window.py), the plots replacing the placeholder inside it. And a
+for its whole life (app/main_window.py), the plots replacing the placeholder inside it. And a
 restored layout that still leaves the plots under half the window's height (or under
 MIN_PLOT_WIDTH of its width: a state saved by an older version, a screen that shrank) is not
 kept: the default layout is used instead.
