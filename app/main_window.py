@@ -1,8 +1,8 @@
 """The main window: layout and wiring.
 
 It lays out the Controls panel, the plots, alerts, run history and the status bar, builds
-the actions, and connects them: actions and panels to the run controller
-(app/runner/controller.py), the session's typed signals to the views. Where a run stands
+the actions, and connects them: actions and panels to the session driver
+(app/runner/session_driver.py), the session's typed signals to the views. Where a run stands
 is the session's to decide; training is the engine's. torch is never imported here.
 """
 from __future__ import annotations
@@ -21,7 +21,7 @@ from .core import assets, logs
 from .core.preferences import Preferences
 from .model.runmodel import RunModel
 from .model.title import window_title
-from .runner.controller import RunController
+from .runner.session_driver import SessionDriver
 from .runner.launcher import Launch
 from .ui import actions, export
 from .ui.shell import dialogs, keys, layout, wheel, window_prefs
@@ -63,10 +63,10 @@ class MainWindow(QMainWindow):
         use_ssh_preference(self.preferences)  # the ssh command for remote runs, when HEADROOM_SSH_COMMAND is unset
         self.base_config = dict(base_config or {})
         self.theme = theme if theme in THEMES else (self.preferences.theme() or system_theme())
-        self.controller = RunController(self)
-        self.session = self.controller.session
-        self.runner = self.controller.runner
-        self.launcher = self.controller.launcher
+        self.driver = SessionDriver(self)
+        self.session = self.driver.session
+        self.runner = self.driver.runner
+        self.launcher = self.driver.launcher
         self.errors = dialogs.ErrorDialogs(self)
         self.run_done_callbacks: list[Callable[[dict[str, Any]], None]] = []
         self.about_dialog: Any = None
@@ -117,15 +117,15 @@ class MainWindow(QMainWindow):
         self.log_action, self.theme_action, self.about_action = aa.log_scale, aa.theme, aa.about
         self.torchrun_action, self.open_log_action = aa.torchrun, aa.open_log
         self.theme_action.setChecked(self.theme == "dark")
-        self.views = RunViews(self.controller, self.controls, self.alerts, self.status, ra, aa, lambda: self._plots)
+        self.views = RunViews(self.driver, self.controls, self.alerts, self.status, ra, aa, lambda: self._plots)
         self.pacer = self.views.pacer
-        self.starter = RunStarter(self, self.controller, self.controls, self.preferences, self.base_config,
+        self.starter = RunStarter(self, self.driver, self.controls, self.preferences, self.base_config,
                                   self.show_error)
         self.server = ServerStarter(self, self.preferences, self.open_run, self.show_error, self.status.say)
-        self.tree = RunTreeViews(self.controller, self.history, self.levers, lambda: self.plots, self.start_fork,
+        self.tree = RunTreeViews(self.driver, self.history, self.levers, lambda: self.plots, self.start_fork,
                                  self.show_error, self)
         self.plot_listeners.append(self.tree.plots_built)
-        self.form_sync = FormFollowsRun(self.controller, self.controls)  # whose settings the form holds
+        self.form_sync = FormFollowsRun(self.driver, self.controls)  # whose settings the form holds
         self.view_prefs = ViewPrefs(self.preferences, restore_settings)
         self.close_question = CloseQuestion(self, self.preferences, aa.ask_close, restore_settings)
         self.field_notices = FieldNotices(self.controls)  # a field says what it refused
@@ -154,7 +154,7 @@ class MainWindow(QMainWindow):
 
     # -- construction ----------------------------------------------------------------------
     def _wire(self) -> None:
-        ra, aa, ctl = self.run_actions, self.app_actions, self.controller
+        ra, aa, drv = self.run_actions, self.app_actions, self.driver
         for action, slot in ((ra.start, self.start_run), (ra.pause, self.pause_run), (ra.resume, self.resume_run),
                              (ra.stop, self.stop_run), (ra.apply, self.apply_changes), (ra.cont, self.continue_run),
                              (aa.open_run, self.choose_run_folder), (aa.open_task, self.choose_task_file),
@@ -179,14 +179,14 @@ class MainWindow(QMainWindow):
         self.alerts.step_clicked.connect(lambda step: self.plots.zoom_to_step(step))
         self.history.open_requested.connect(self.open_run)
         self.history.browse_requested.connect(self.choose_run_folder)
-        ctl.error.connect(self.show_error)
-        ctl.signals.state_changed.connect(lambda *_: self._sync_live())
-        ctl.signals.model_replaced.connect(lambda *_: self._sync_live())
-        ctl.run_dir_known.connect(self._on_run_dir)
-        ctl.signals.run_started.connect(lambda *_: self.update_title())  # world size and strategy known
-        ctl.folder_opened.connect(self._on_folder_opened)
-        ctl.view_restored.connect(self._on_folder_opened)
-        ctl.run_done.connect(self._on_run_done)
+        drv.error.connect(self.show_error)
+        drv.signals.state_changed.connect(lambda *_: self._sync_live())
+        drv.signals.model_replaced.connect(lambda *_: self._sync_live())
+        drv.run_dir_known.connect(self._on_run_dir)
+        drv.signals.run_started.connect(lambda *_: self.update_title())  # world size and strategy known
+        drv.folder_opened.connect(self._on_folder_opened)
+        drv.view_restored.connect(self._on_folder_opened)
+        drv.run_done.connect(self._on_run_done)
 
     # -- the plots -----------------------------------------------------------------------
     @property
@@ -248,7 +248,7 @@ class MainWindow(QMainWindow):
     # -- running -------------------------------------------------------------------------
     @property
     def run_outcome(self) -> Optional[dict[str, Any]]:
-        return self.controller.outcome
+        return self.driver.outcome
 
     @property
     def launch(self) -> Optional[Launch]:
@@ -273,7 +273,7 @@ class MainWindow(QMainWindow):
         """Continue the run shown (or `path`) from its last checkpoint, with the form's settings."""
         path = path or self.views.continuable()
         values = self.starter.form()
-        if not path or values is None or not self.controller.continue_run(path, self.base_config, values):
+        if not path or values is None or not self.driver.continue_run(path, self.base_config, values):
             return False
         self.form_sync.started_run(values)
         return True
@@ -297,24 +297,24 @@ class MainWindow(QMainWindow):
         return self.server.open_for_form(values, err, self.base_config)
 
     def pause_run(self) -> None:
-        self.controller.pause()
+        self.driver.pause()
 
     def resume_run(self) -> None:
-        self.controller.resume()
+        self.driver.resume()
 
     def stop_run(self) -> None:
-        self.controller.stop()
+        self.driver.stop()
 
     def apply_changes(self) -> None:
         edits = self.controls.edits()
         self.form_sync.applied_by_user(edits)
-        self.controller.apply(edits, self.controls.apply_when())
+        self.driver.apply(edits, self.controls.apply_when())
         keys.leave_field(self.controls_dock)  # Ctrl+Return in a field: the next keys typed edit nothing
 
     def open_run(self, path: str) -> bool:
         """Show a run folder's plots (finished, or training in another process), here or on
         another machine ([user@]host:path, with the python remembered for that host)."""
-        return bool(path) and self.controller.open(path, remote_python=dialogs.remote_python_for(path))
+        return bool(path) and self.driver.open(path, remote_python=dialogs.remote_python_for(path))
 
     def set_overlay(self, path: str, on: bool) -> None:
         self.tree.set_overlay(path, on)
@@ -325,7 +325,7 @@ class MainWindow(QMainWindow):
         try:
             self._tick_n += 1
             self.pacer.catch_up()  # a redraw held back by the pacing
-            self.controller.tick()
+            self.driver.tick()
             if self._tick_n % STATUS_EVERY == 0:
                 self.views.update_status()
                 self._sync_live()
@@ -447,7 +447,7 @@ class MainWindow(QMainWindow):
             self.tick()
         self.timer.stop()
         logs.stop_reporting(self.slot_failed)
-        self.controller.close()
+        self.driver.close()
         self.save_preferences()
         self.errors.close_all()
         event.accept()

@@ -78,7 +78,7 @@ def test_repeats_update_the_row_in_place_and_ask_for_attention_once(qtbot, make_
     counts: list[int] = []
     a.serious_added.connect(lambda: raised.append(1))
     a.count_changed.connect(counts.append)
-    signals = w.controller.signals
+    signals = w.driver.signals
     signals.alerts_added.emit(notes[:1])  # the session's news, as it comes: one alert a frame
     assert a.table.rowCount() == 1 and a.table.item(0, 2).text() == "Non-finite"
     assert a.table.item(0, 1).text() == "4"

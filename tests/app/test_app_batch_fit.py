@@ -48,7 +48,7 @@ def test_memory_forecast_event_shows_what_fits(qtbot, make_window):
     w = make_window()
     assert w.controls.fits.text() == "fits: shown during a GPU run"
     # the path the engine's EventBuffer drains into
-    w.controller.publish(w.session.begin(LiveSource(w.runner.buffer, lambda _c: None)))
+    w.driver.publish(w.session.begin(LiveSource(w.runner.buffer, lambda _c: None)))
     w.runner.buffer.put(RunStarted(0, 1, run_dir="", task="mlp", device="cpu", device_name="x86_64",
                                    torch_version="", world_size=1, resumed=False, config={}))
     w.tick()

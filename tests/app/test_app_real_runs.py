@@ -125,7 +125,7 @@ def test_cosine_schedule_draws_the_planned_lr_ahead_of_the_run(qtbot, make_windo
 def test_apply_at_next_step_changes_accumulation_within_the_epoch(qtbot, make_window, tmp_path):
     w = make_window()
     texts: list[str] = []
-    w.controller.signals.pending_changed.connect(lambda names: texts.append(w.controls.status_text("accum")))
+    w.driver.signals.pending_changed.connect(lambda names: texts.append(w.controls.status_text("accum")))
     start(w, epochs=1, **LONG_EPOCHS, accum=2, run_dir=str(tmp_path / "run"))
     wait_until(qtbot, lambda: w.model.step >= 3, 90, "a few steps")
     w.controls.apply_at.setCurrentIndex(w.controls.apply_at.findData("step"))  # "Apply at: next step"

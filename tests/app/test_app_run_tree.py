@@ -265,7 +265,7 @@ def test_a_run_followed_while_another_process_rolls_back_reads_the_new_rows(qtbo
     store.record(RolledBack(6, 1, from_step=8, to_step=6, reason="nonfinite", new_lr=5e-4, windows_skipped=2))
     _rows(store, range(7, 11), loss=1.0)
     store.close()
-    w.controller.publish(w.session.poll(force=True))
+    w.driver.publish(w.session.poll(force=True))
     m = w.model.metrics
     assert list(m.view("step")) == list(range(1, 11))
     assert list(m.view("loss")[6:]) == [1.0] * 4  # the new rows, not the stale ones

@@ -1,6 +1,6 @@
 """Starting runs from the window: Start (the form's settings under the command-line flags), a
 fork (its config from the fork dialog, in a new folder) and Run on N GPUs. Each goes through
-the run controller's start or launch; the form's settings are kept as the last config used."""
+the session driver's start or launch; the form's settings are kept as the last config used."""
 from __future__ import annotations
 
 from typing import Any, Callable, Optional
@@ -11,23 +11,23 @@ from engine.declarations.config import ConfigError
 
 from app.core.preferences import Preferences
 from app.session.configs import launch_config, launch_dir
-from app.runner.controller import RunController
+from app.runner.session_driver import SessionDriver
 from app.session.launch_command import MIN_GPUS, torchrun_command
 from .gpu_dialog import GpuLaunchDialog
 from .panel import ControlsPanel
 
 
 class RunStarter:
-    def __init__(self, parent: QWidget, controller: RunController, controls: ControlsPanel,
+    def __init__(self, parent: QWidget, driver: SessionDriver, controls: ControlsPanel,
                  preferences: Preferences, base_config: dict[str, Any], error: Callable[[str, str], Any]) -> None:
         """base_config: the window's command-line flags (the same dict, so later changes count)."""
-        self.parent, self.controller, self.controls = parent, controller, controls
+        self.parent, self.driver, self.controls = parent, driver, controls
         self.preferences, self.base_config, self.error = preferences, base_config, error
         self.dialog: Optional[GpuLaunchDialog] = None  # the last Run on N GPUs dialog opened
 
     def form(self) -> Optional[dict[str, Any]]:
         """The form's run settings, or None (with a dialog if they are invalid) when no run can start."""
-        if self.controller.session.busy:
+        if self.driver.session.busy:
             return None
         values, err = self.controls.values()
         if values is None:
@@ -36,7 +36,7 @@ class RunStarter:
 
     def start(self) -> bool:
         values = self.form()
-        if values is None or not self.controller.start(self.base_config, values):
+        if values is None or not self.driver.start(self.base_config, values):
             return False
         self.preferences.set_json("last_config", values)
         return True
@@ -44,12 +44,12 @@ class RunStarter:
     def fork(self, config: dict[str, Any]) -> bool:
         """A fork (its TrainConfig fields, fork="DIR@CHECKPOINT") through the same start: in a new
         run folder, whatever --run-dir or --resume the window was given."""
-        if self.controller.session.busy:
+        if self.driver.session.busy:
             self.error("Cannot start the fork", "A run is going in this window: stop it first (or wait for it "
                                                 "to end), then fork.")
             return False
         base = {k: v for k, v in self.base_config.items() if k not in ("resume", "run_dir", "fork")}
-        if not self.controller.start(base, config):
+        if not self.driver.start(base, config):
             return False
         self.controls.set_values(config)  # the form shows what the fork trains with
         return True
@@ -58,7 +58,7 @@ class RunStarter:
         """The form's settings under torchrun with n processes; choices: the Run on N GPUs
         dialog's (--strategy, --fsdp-reduce, --cpu-offload), over the form's and the flags'."""
         values = self.form()
-        if values is None or self.controller.launch(self.base_config, {**values, **(choices or {})}, n,
+        if values is None or self.driver.launch(self.base_config, {**values, **(choices or {})}, n,
                                                     run_dir or "") is None:
             return False
         self.preferences.set_json("last_config", values)
@@ -76,7 +76,7 @@ class RunStarter:
 
     def launch_dialog(self) -> Optional[GpuLaunchDialog]:
         """The Run on N GPUs dialog (window-modal; Start launches). None with fewer than 2 GPUs."""
-        count = self.controller.launcher.gpu_count or 0
+        count = self.driver.launcher.gpu_count or 0
         if count < MIN_GPUS:
             return None
         d = GpuLaunchDialog(self.parent, count, self.launch_preview, initial=self.base_config)

@@ -24,7 +24,7 @@ from engine.declarations.config import TrainConfig
 from engine.declarations.settings import LIVE_NAMES
 from app.model.fields import same, words
 from app.model.pending import ChangeStatus
-from app.runner.controller import RunController
+from app.runner.session_driver import SessionDriver
 from app.ui.controls.panel import ControlsPanel
 
 NOT_FORM = ("run_dir", "resume", "fork", "max_steps", "seed")  # run flags the form has no field for
@@ -64,9 +64,9 @@ class FormBanner(QWidget):
 
 
 class FormFollowsRun(QObject):
-    def __init__(self, controller: RunController, controls: ControlsPanel) -> None:
-        super().__init__(controller)
-        self.controller, self.controls = controller, controls
+    def __init__(self, driver: SessionDriver, controls: ControlsPanel) -> None:
+        super().__init__(driver)
+        self.driver, self.controls = driver, controls
         self.banner = FormBanner()
         lay = controls.layout()
         assert isinstance(lay, QVBoxLayout)  # the panel's column
@@ -78,10 +78,10 @@ class FormFollowsRun(QObject):
         self.banner.mine.clicked.connect(self.restore_user_form)
         self.banner.reset.clicked.connect(self.reset_to_defaults)
         self._before: Optional[dict[str, Any]] = None  # the form as a new run model came in
-        controller.signals.model_replaced.connect(lambda _m: self._remember_form())
-        controller.folder_opened.connect(self.show_run_settings)
-        controller.run_done.connect(lambda _outcome: self.own_run_ended())
-        controller.signals.micro_batch_found.connect(self.finder_chose)
+        driver.signals.model_replaced.connect(lambda _m: self._remember_form())
+        driver.folder_opened.connect(self.show_run_settings)
+        driver.run_done.connect(lambda _outcome: self.own_run_ended())
+        driver.signals.micro_batch_found.connect(self.finder_chose)
         self._sync_mine()
 
     # -- a run folder shown ------------------------------------------------------------------
@@ -89,7 +89,7 @@ class FormFollowsRun(QObject):
         """The run's settings: those it was started with, and its live settings as it has them
         now (what its own rows and settings_applied events say, session.pending.engine), never the
         started-with values of a setting it has changed since."""
-        session = self.controller.session
+        session = self.driver.session
         cfg = session.model.config
         if session.state.is_live and not session.remote:
             return
@@ -150,7 +150,7 @@ class FormFollowsRun(QObject):
     def own_run_ended(self) -> None:
         if not self.started:
             return
-        pending = self.controller.session.pending
+        pending = self.driver.session.pending
         back = dict(self.started)
         for name, value in self.user_changes.items():
             change = pending.get(name)

@@ -10,7 +10,7 @@ from PySide6.QtCore import QObject
 from app.model.lineage import checkpoints
 from app.model.runmodel import RunModel
 from app.model.state import RunState
-from app.runner.controller import RunController
+from app.runner.session_driver import SessionDriver
 from app.session.launch_command import MIN_GPUS
 from app.ui.actions import AppActions, RunActions
 from app.ui.alerts import AlertsPanel
@@ -28,16 +28,16 @@ def ended_detail(state: RunState, model: RunModel) -> str:
 
 
 class RunViews(QObject):
-    def __init__(self, controller: RunController, controls: ControlsPanel, alerts: AlertsPanel, status: StatusBar,
+    def __init__(self, driver: SessionDriver, controls: ControlsPanel, alerts: AlertsPanel, status: StatusBar,
                  run_actions: RunActions, app_actions: AppActions, plots: Callable[[], Any]) -> None:
         """plots: the PlotPanel, or None while pyqtgraph has not loaded yet."""
-        super().__init__(controller)
-        self.controller, self.session = controller, controller.session
+        super().__init__(driver)
+        self.driver, self.session = driver, driver.session
         self.controls, self.alerts, self.status = controls, alerts, status
         self.run_actions, self.app_actions = run_actions, app_actions
         self._plots = plots
         self.pacer = PlotPacer(plots, self)
-        s, c = controller.signals, controls
+        s, c = driver.signals, controls
         s.model_replaced.connect(self._on_model_replaced)
         s.state_changed.connect(lambda _state: self.sync_state())
         s.run_started.connect(c.on_run_started)
@@ -49,8 +49,8 @@ class RunViews(QObject):
         s.data_changed.connect(self.pacer.mark_due)
         c.edits_changed.connect(self.sync_actions)
         self.shown_dir = ""  # the folder of the run shown (this window's or one opened)
-        controller.run_dir_known.connect(self._shown)
-        controller.launcher.gpu_count_known.connect(lambda *_: self.sync_state())
+        driver.run_dir_known.connect(self._shown)
+        driver.launcher.gpu_count_known.connect(lambda *_: self.sync_state())
 
     def sync_state(self) -> None:
         ses = self.session
@@ -64,7 +64,7 @@ class RunViews(QObject):
         self.update_status()
 
     def sync_actions(self) -> None:
-        launcher = self.controller.launcher
+        launcher = self.driver.launcher
         allowed = self.session.allowed(self.controls.edits_ready(), launcher.gpu_count or 0, MIN_GPUS,
                                        bool(self.continuable()))
         self.run_actions.sync(allowed)

@@ -89,7 +89,7 @@ class Script:
         self.changes = list(changes)
         self.shot_step, self.shot_path, self.stop_after_shot = shot_step, shot_path, stop_after_shot
         self.shot_taken = False
-        window.controller.signals.data_changed.connect(self._on_data)
+        window.driver.signals.data_changed.connect(self._on_data)
 
     def _on_data(self) -> None:
         w = self.w

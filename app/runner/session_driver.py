@@ -28,7 +28,7 @@ from app.session.sources import FolderSource, LiveSource
 from app.model.state import RunState
 from .worker import EngineRunner
 
-log = logging.getLogger("headroom.controller")
+log = logging.getLogger("headroom.driver")
 
 
 @dataclass
@@ -61,7 +61,7 @@ def live_writer(path: str) -> Optional[dict[str, Any]]:
     return writer_of(path, info)
 
 
-class RunController(QObject):
+class SessionDriver(QObject):
     error = Signal(str, str)  # (title, message): something the user must read
     run_dir_known = Signal(str)  # the folder of the run shown (prepared, launched or opened)
     folder_opened = Signal(str)  # a run folder's data is in the model
