@@ -1,6 +1,6 @@
 """`python -m app` / `headroom`: the desktop app.
 
-Takes the engine's run flags (engine.cli.add_run_flags) plus --autostart, --screenshot
+Takes the engine's run flags (engine.declarations.run_flags) plus --autostart, --screenshot
 PATH and --quit-when-done, so scripts and tests can drive it:
 
     QT_QPA_PLATFORM=offscreen python -m app --task mlp --epochs 2 --autostart --quit-when-done --screenshot shot.png
@@ -26,9 +26,10 @@ import sys
 import time
 from typing import Any, Optional, Sequence
 
-from engine.cli import add_run_flags, config_from_args
-from engine.ctl.remote import is_remote
+from engine.ctl.client import is_remote
 from engine.declarations.config import ConfigError, TrainConfig
+from engine.declarations.run_flags import FlagParser, add_run_flags, given as given_flags
+from engine.run_config import config_from_args
 
 log = logging.getLogger("headroom.main")
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -36,13 +37,8 @@ FORCE_AFTER_S = 5.0  # after a SIGTERM: how long the engine thread may take to s
 _T0 = time.perf_counter()
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, exit 2, no usage dump
-        raise ConfigError(message)
-
-
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="headroom", description="Headroom: a training monitor built around gradient accumulation. "
+    p = FlagParser(prog="headroom", description="Headroom: a training monitor built around gradient accumulation. "
                                              "Takes the same run flags as headroom-train.")
     add_run_flags(p)
     g = p.add_argument_group("app")
@@ -95,7 +91,7 @@ def screenshot_problem(path: str) -> str:
 def parse_args(argv: Optional[Sequence[str]]) -> tuple[argparse.Namespace, dict[str, Any]]:
     """Returns the namespace and the run flags given (as TrainConfig fields). Raises ConfigError."""
     ns = build_parser().parse_args(argv)
-    given = {k: v for k, v in vars(ns).items() if k in TrainConfig.__dataclass_fields__}
+    given = given_flags(ns)
     if "resume" in given or "fork" in given:
         # The run's (or the parent's) saved config under the flags given, as the engine's own
         # --resume and --fork read it: the form starts from it, so Start trains that fork.

@@ -12,20 +12,22 @@ once, even while task code blocks (what the store holds is committed first; exit
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import signal
 import sys
 import threading
 import time
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 from .declarations import limits
-from .declarations.config import ConfigError, TrainConfig, overlay, split_warmup
-from .declarations.settings import GROUPS, OLD_WARMUP_FLAG, SETTINGS, Setting, read_float
+from .declarations.config import ConfigError
+from .declarations.run_flags import add_run_flags, build_parser
+from .run_config import config_from_args
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
+# The run flags and their reading live below the CLI (the app and headroom-ctl start use them too).
+__all__ = ["main", "add_run_flags", "build_parser", "config_from_args", "error_line", "ensure_std_streams"]
 
 
 def error_line(message: Any) -> str:
@@ -111,115 +113,6 @@ _OUT, _ERR = _Stream("stdout"), _Stream("stderr")
 
 def _say_error(message: Any) -> None:
     _ERR.write(error_line(message) + "\n")
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, exit 2, no usage dump
-        raise ConfigError(message)
-
-
-def _arg_type(setting: Setting) -> Callable[[str], Any]:
-    """The setting's reader as an argparse type: its one-line refusal becomes argparse's."""
-    read = setting.reader
-
-    def parse(text: str) -> Any:
-        try:
-            return read(text)
-        except ConfigError as e:
-            raise argparse.ArgumentTypeError(str(e)) from None
-    parse.__name__ = setting.name
-    return parse
-
-
-class _OldWarmup(argparse.Action):
-    """--warmup W, the old spelling: below 1 it is --warmup-fraction W, 1 or more --warmup-samples W."""
-
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
-                 option_string: Optional[str] = None) -> None:
-        try:
-            parts = split_warmup(read_float(str(values)), OLD_WARMUP_FLAG)
-        except ConfigError as e:
-            raise argparse.ArgumentError(self, str(e).removeprefix(OLD_WARMUP_FLAG + " ")) from None
-        for name, value in parts.items():
-            setattr(namespace, name, value)
-
-
-def _add(group: Any, flag: str, setting: Setting, help_text: str) -> None:
-    kw: dict[str, Any] = {"dest": setting.name, "default": argparse.SUPPRESS, "help": help_text.replace("%", "%%")}
-    if setting.switch:
-        kw["action"] = "store_true"
-    else:
-        if setting.choices:
-            kw["choices"] = setting.choices
-        else:
-            kw["type"] = _arg_type(setting)
-        if setting.repeat:
-            kw["action"] = "append"
-        if setting.metavar:
-            kw["metavar"] = setting.metavar
-    group.add_argument(flag, **kw)
-
-
-def add_run_flags(p: argparse.ArgumentParser) -> dict[str, Any]:
-    """The run flags shared by the engine's CLI and the app, one per declared setting
-    (engine/declarations/settings.py), in option groups; returns the groups by name. Defaults
-    are left out of the namespace (SUPPRESS) so that --resume can tell which flags were given;
-    each help line names the TrainConfig default."""
-    groups = {name: p.add_argument_group(name) for name in GROUPS}
-    for s in SETTINGS:
-        _add(groups[s.group], s.option, s, s.help_text())
-    old = p.add_argument_group("Old spellings (still read)")
-    for s in SETTINGS:
-        for flag in s.old_flags:
-            _add(old, flag, s, f"the old name of {s.option}")
-    old.add_argument(OLD_WARMUP_FLAG, action=_OldWarmup, default=argparse.SUPPRESS, metavar="W",
-                     help="the old warmup flag: below 1 it is --warmup-fraction W, 1 or more --warmup-samples W")
-    return groups
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="headroom-train", description="Headroom's headless trainer (exact gradient accumulation).")
-    groups = add_run_flags(p)
-    groups["Output"].add_argument("--json", action="store_true", help="print one JSON object per event on stdout")
-    return p
-
-
-def config_from_args(ns: argparse.Namespace) -> TrainConfig:
-    """Flags given on the command line; for --resume, the run's saved config under them."""
-    given = {k: v for k, v in vars(ns).items() if k in TrainConfig.__dataclass_fields__}
-    if "task_args" in given:  # repeated KEY=VALUE pairs, the later one winning
-        given["task_args"] = dict(given["task_args"])
-    source = "resume" if "resume" in given else "fork" if "fork" in given else None
-    if source is not None:
-        from .store import RunReader, StoreError
-        from .checkpoints.run_tree import split_fork
-        folder = given["resume"] if source == "resume" else split_fork(given["fork"])[0]
-        try:
-            reader = RunReader(folder)
-            saved = reader.info().get("config") or {}
-            reader.close()
-        except StoreError as e:
-            raise ConfigError(f"--{source} {folder}: {e}") from None
-        saved = dict(saved) if isinstance(saved, dict) else {}
-        for key in ("run_dir", "resume", "fork", "find_micro_batch", "fork_changes"):
-            saved.pop(key, None)
-        if source == "fork":  # what the user set for this fork, even to the value the parent started with
-            given["fork_changes"] = tuple(k for k in given if k not in ("fork", "run_dir"))
-        if source == "resume":
-            saved.pop("max_steps", None)  # the limit that stopped the run is not one for its continuation
-        if "task_args" in given and isinstance(saved.get("task_args"), dict):  # the keys named change, the rest stay
-            given["task_args"] = {**saved["task_args"], **given["task_args"]}
-        base = overlay(saved, given)
-        try:
-            return TrainConfig.from_dict(base).validate()
-        except ConfigError as e:
-            try:  # the flags alone are fine: the value out of range came from the saved config
-                TrainConfig.from_dict({k: v for k, v in given.items() if k not in ("resume", "fork")}).validate()
-            except ConfigError:
-                raise e from None
-            raise ConfigError(f"--{source} {folder}: the run's saved config: {e} "
-                              "(give the flag to override it)") from None
-    return TrainConfig.from_dict(given).validate()
 
 
 class ConsoleSink:

@@ -41,6 +41,10 @@ def copy_tree(dst) -> str:
     ("engine/declarations/rules.py", "import torch", "torch-free"),
     ("engine/ctl/follow.py", "import torch", "headroom-ctl is torch-free"),
     ("engine/ctl/remote.py", "import engine.loop.trainer", "headroom-ctl is torch-free"),
+    ("engine/ctl/start.py", "import engine.cli", "headroom-ctl is torch-free"),  # no exception for start
+    ("app/session/sources.py", "import engine.ctl.remote", "only through its client API"),
+    ("app/ui/shell/dialogs.py", "from engine.ctl.protocol import CtlError", "only through its client API"),
+    ("app/main.py", "import engine.cli", "only through its client API"),
     ("engine/declarations/config.py", "import PySide6", "never imports the app"),
     ("engine/checkpoints/files.py", "import engine.loop.trainer", "engine's packages"),
     ("engine/window/step.py", "import engine.window.accumulate", "no import cycles"),

@@ -6,27 +6,18 @@ calls them off the GUI thread)."""
 from __future__ import annotations
 
 import posixpath
-from typing import Any, Optional
 
-from engine.ctl.protocol import PROTOCOL
-from engine.ctl.remote import RemoteCommand
+from engine.ctl import client
 
 from app.core.runs import RunSummary
 from app.model.metrics import MetricsBuffer, StepColumns
 from .remote_source import OPEN_TIMEOUT_S, RemoteSource
 
 
-def _number(v: Any) -> Optional[float]:
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
-
-
-def summary(host: str, record: dict[str, Any]) -> RunSummary:
-    """A `run` record of `headroom-ctl runs` as the history's row; its path is host:path."""
-    steps = record.get("step")
-    return RunSummary(path=f"{host}:{record.get('path')}", name=str(record.get("name") or "?"),
-                      task=str(record.get("task") or "?"), status=str(record.get("status") or "unknown"),
-                      started=_number(record.get("started")), steps=steps if isinstance(steps, int) else None,
-                      finished=_number(record.get("finished")), final_loss=_number(record.get("loss")))
+def summary(host: str, run: client.RunListing) -> RunSummary:
+    """A run of `headroom-ctl runs` as the history's row; its path is host:path."""
+    return RunSummary(path=f"{host}:{run.path}", name=run.name, task=run.task or "?", status=run.status,
+                      started=run.started, steps=run.step, finished=run.finished, final_loss=run.loss)
 
 
 def list_runs(host: str, remote_python: str, beside: str = "") -> list[RunSummary]:
@@ -35,9 +26,8 @@ def list_runs(host: str, remote_python: str, beside: str = "") -> list[RunSummar
     found: dict[str, RunSummary] = {}
     wheres = [""] + ([posixpath.dirname(beside.rstrip("/")) or "."] if beside else [])
     for where in wheres:
-        args = ["runs", "--json", "--protocol", str(PROTOCOL)] + (["--", where] if where else [])
-        for record in RemoteCommand(host, remote_python, args).records():
-            if record.get("kind") == "run":
+        for record in client.runs(client.RemoteRun(host, where), remote_python=remote_python):
+            if isinstance(record, client.RunListing):
                 s = summary(host, record)
                 found.setdefault(s.path, s)
     return sorted(found.values(), key=lambda s: s.started or 0.0, reverse=True)

@@ -1,5 +1,6 @@
 """A run on another machine, `[user@]host:path`, followed through headroom-ctl over ssh
-(engine/ctl): the same view as a run folder here, fed by `follow`'s records instead of run.db.
+(its client API, engine/ctl/client): the same view as a run folder here, fed by `follow`'s records
+instead of run.db.
 
 A thread reads the follow's records (rows, events, the run's info) into a queue the session
 drains on its timer, as it drains a folder's reads. When the connection drops (the laptop
@@ -19,9 +20,9 @@ from typing import Any, Optional
 
 import numpy as np
 
-from engine.ctl.protocol import EXIT_REMOTE, PROTOCOL, CtlError, ProtocolError
-from engine.ctl.remote import RemoteCommand, default_python, is_remote, parse_target
-from engine.declarations.commands import Command, Pause, SetPrecision, Stop, Unpause, setting_change
+from engine.ctl import client
+from engine.ctl.client import CtlError, ProtocolError, is_remote
+from engine.declarations.commands import Command, Stop
 from engine.store import StoreError
 
 from app.model.metrics import COLUMN_DTYPES, STEP_COLUMNS, StepColumns
@@ -41,14 +42,14 @@ class RemoteSource(FolderSource):
 
     def __init__(self, target: str, remote_python: str = "", timeout: float = OPEN_TIMEOUT_S) -> None:
         try:
-            remote = parse_target(target)
+            remote = client.parse_target(target)
         except CtlError as e:
             raise StoreError(str(e)) from None
         if remote is None or not remote.path:
             raise StoreError(f"{target}: not [user@]host:path")
         self.remote = remote
         self.run_dir = target
-        self.remote_python = remote_python or default_python()
+        self.remote_python = remote_python or client.default_python()
         self.lazy = True
         self.reader = None  # type: ignore[assignment]  # no local run.db: discarded rows are not shown for a remote run
         self.info: dict[str, Any] = {}
@@ -60,7 +61,7 @@ class RemoteSource(FolderSource):
         self._ready = threading.Event()  # caught up (or ended, or failed)
         self._closing = threading.Event()
         self._error: Optional[BaseException] = None
-        self._command: Optional[RemoteCommand] = None
+        self._following: Optional[client.Following] = None
         self._thread = threading.Thread(target=self._follow, name="remote-follow", daemon=True)
         self._thread.start()
         if not self._ready.wait(timeout):
@@ -75,20 +76,18 @@ class RemoteSource(FolderSource):
         tries = 0
         while not self._closing.is_set():
             step, event = self._cursor
-            args = ["follow", "--json", "--protocol", str(PROTOCOL), "--from-step", str(step)]
-            args += (["--after-event", str(event)] if event is not None else []) + ["--", self.remote.path]
-            self._command = RemoteCommand(self.remote.host, self.remote_python, args)
+            self._following = client.Following(self.remote, step, event, remote_python=self.remote_python)
             try:
-                for record in self._command.records():
+                for record in self._following.records():
                     tries = 0
                     self._take(record)
                 if not self._closing.is_set() and self.connection != "ended":  # cut without an error
-                    raise CtlError(f"the follow of {self.run_dir} ended early", EXIT_REMOTE)
+                    raise CtlError(f"the follow of {self.run_dir} ended early", client.EXIT_REMOTE)
                 return
             except (ProtocolError, CtlError) as e:
                 if self._closing.is_set():
                     return
-                if isinstance(e, ProtocolError) or e.code != EXIT_REMOTE or not self._ready.is_set():
+                if isinstance(e, ProtocolError) or e.code != client.EXIT_REMOTE or not self._ready.is_set():
                     self._error = e  # nothing to retry: a wrong path, an old engine, no way in at all
                     self._ready.set()
                     return
@@ -102,29 +101,27 @@ class RemoteSource(FolderSource):
                 self._ready.set()
                 return
 
-    def _take(self, record: dict[str, Any]) -> None:
-        kind = record.get("kind")
-        if kind == "rows":
+    def _take(self, record: client.AnyRecord) -> None:
+        if isinstance(record, client.Rows):
             steps = step_columns(record)
             if steps is not None:
                 self._items.append(steps)
                 self._cursor = (int(steps.steps()[-1]) + 1, self._cursor[1])
-        elif kind == "event":
-            event = record.get("event") or {}
-            self._items.append(Note.from_row(event))
-            self._cursor = (self._cursor[0], int(event.get("id") or 0))
-        elif kind == "rewind":
-            self._cursor = (int(record.get("to_step", 0)) + 1, self._cursor[1])
-        elif kind == "info":
-            self.info = dict(record.get("info") or {})
-            self.writer = _named(record.get("writer"), self.remote.host)
-            self.running = bool(record.get("live"))
-        elif kind == "caught_up":
+        elif isinstance(record, client.Event):
+            self._items.append(Note.from_row(record.event))
+            self._cursor = (self._cursor[0], record.id or 0)
+        elif isinstance(record, client.Rewind):
+            self._cursor = (record.to_step + 1, self._cursor[1])
+        elif isinstance(record, client.Info):
+            self.info = dict(record.info)
+            self.writer = _named(record.writer, self.remote.host)
+            self.running = record.live
+        elif isinstance(record, client.CaughtUp):
             self.connection = "connected"
             self._ready.set()
-        elif kind == "heartbeat":
+        elif isinstance(record, client.Heartbeat):
             self.connection = "connected"
-        elif kind == "end":
+        elif isinstance(record, client.End):
             self.connection = "ended"
             self.running = False
             self.writer = None
@@ -144,15 +141,18 @@ class RemoteSource(FolderSource):
     def send(self, command: Command) -> None:
         """The command through headroom-ctl on the server, off the GUI thread; a failure comes
         back as a refusal in the alerts."""
-        args = _ctl_args(command, self.remote.path)
-        threading.Thread(target=self._send, args=(command, args), name="remote-send", daemon=True).start()
+        try:
+            request = client.request_for(command)
+        except CtlError as e:
+            raise StoreError(str(e)) from None
+        threading.Thread(target=self._send, args=(command, request), name="remote-send", daemon=True).start()
 
     def stop(self) -> None:
         self.send(Stop())
 
-    def _send(self, command: Command, args: list[str]) -> None:
+    def _send(self, command: Command, request: client.SteerRequest) -> None:
         try:
-            for _ in RemoteCommand(self.remote.host, self.remote_python, args).records():
+            for _ in client.steer(self.remote, request, remote_python=self.remote_python):
                 pass
         except CtlError as e:
             log.warning("%s: %s: %s", self.run_dir, command.kind, e)
@@ -162,9 +162,9 @@ class RemoteSource(FolderSource):
 
     def close(self) -> None:
         self._closing.set()
-        cmd = self._command
-        if cmd is not None:
-            cmd.close()
+        following = self._following
+        if following is not None:
+            following.close()
 
 
 def _named(writer: Any, host: str) -> Optional[dict[str, Any]]:
@@ -174,30 +174,12 @@ def _named(writer: Any, host: str) -> Optional[dict[str, Any]]:
     return dict(writer, host=writer.get("host") or host)
 
 
-def _ctl_args(command: Command, path: str) -> list[str]:
-    """headroom-ctl's words for a command the app sends."""
-    head = ["--json", "--protocol", str(PROTOCOL)]
-    if isinstance(command, (Pause, Unpause, Stop)):
-        return [command.kind, *head, "--", path]
-    change = setting_change(command)
-    if change is not None:
-        setting, value = change
-        name = setting.name
-    elif isinstance(command, SetPrecision):
-        name, value = "precision", command.precision
-    else:
-        raise StoreError(f"{command.kind} cannot be sent to a remote run")
-    text = ("on" if value else "off") if isinstance(value, bool) else repr(value) if isinstance(value, float) \
-        else str(value)
-    return ["set", *head, "--at", getattr(command, "at", "epoch"), "--", path, f"{name}={text}"]
-
-
-def step_columns(record: dict[str, Any]) -> Optional[StepColumns]:
+def step_columns(record: client.Rows) -> Optional[StepColumns]:
     """A `rows` record as the model's column arrays (what a run.db read gives it), without a
     dict per row: a long run opens in the time a local one takes plus the transfer. A column
     the server does not send (an older engine) is NaN; None is NaN too."""
-    names = list(record.get("columns") or ())
-    rows = record.get("rows") or []
+    names = list(record.columns)
+    rows = record.rows
     if not rows or "step" not in names:
         return None
     values = list(zip(*rows))

@@ -1,6 +1,6 @@
 """Start on server: the form's settings as the engine's flags (every declared setting, as a
 launch on N GPUs writes them: launch_command.engine_flags), with a task file already on the
-server, started there by `headroom-ctl start` over ssh (engine/ctl/start.py): detached from
+server, started there by `headroom-ctl start` over ssh (engine/ctl/client): detached from
 the connection, so closing the app leaves it training. The window then opens the run it
 started as any remote run (remote_source.py). Qt-free; `start` blocks until the engine holds
 its folder (the window calls it off the GUI thread).
@@ -12,9 +12,7 @@ import shlex
 from dataclasses import dataclass
 from typing import Union
 
-from engine.ctl.protocol import EXIT_REMOTE, CtlError
-from engine.ctl.remote import RemoteCommand, parse_target
-from engine.ctl.start import request, with_run_dir
+from engine.ctl import client
 from engine.declarations.config import ConfigError, TrainConfig
 
 from .launch_command import engine_flags
@@ -34,8 +32,8 @@ class ServerRun:
         if not run.host:
             raise ConfigError("give the server, as [user@]host")
         try:
-            target = parse_target(f"{run.host}:x")
-        except CtlError as e:
+            target = client.parse_target(f"{run.host}:x")
+        except client.CtlError as e:
             raise ConfigError(str(e)) from None
         if target is None or target.host != run.host:
             raise ConfigError(f"{run.host!r} is not a host name for ssh")
@@ -62,8 +60,5 @@ def command_line(run: ServerRun, flags: list[str]) -> str:
 def start(run: ServerRun, flags: list[str]) -> str:
     """Start it, and return the run as `host:run folder`, for the window to open. Blocks until
     the engine holds its folder (torch loading, the task building); CtlError says why not."""
-    args = request(with_run_dir(flags, run.run_dir))
-    for record in RemoteCommand(run.host, run.remote_python, args).records():
-        if record.get("kind") == "started":
-            return f"{run.host}:{record.get('run_dir')}"
-    raise CtlError(f"{run.host}: headroom-ctl start said nothing about the run it started", EXIT_REMOTE)
+    started = client.start_on(client.RemoteRun(run.host, run.run_dir), flags, remote_python=run.remote_python)
+    return f"{run.host}:{started.run_dir}"

@@ -10,16 +10,15 @@ counter and samples seen, so the two line up on any axis.
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import torch
 
 from . import files as ckpt
+from engine.declarations.checkpoint_names import split_fork
 from engine.declarations.config import ConfigError, TrainConfig
 
-_WHICH = re.compile(r"last|epoch-\d{1,18}|step-\d{1,18}")
 # Config keys that say where a run is, not how it trains: never "changed" by a fork.
 NOT_SETTINGS = ("run_dir", "resume", "fork", "fork_changes", "find_micro_batch", "effective_batch",
                 "memory_margin")
@@ -31,14 +30,6 @@ class Origin:
     path: Optional[str] = None
     skipped: list[str] = field(default_factory=list)  # newer checkpoints passed over, and why
     parent: Optional[dict[str, Any]] = None  # a fork's parent record
-
-
-def split_fork(spec: str) -> tuple[str, str]:
-    """'DIR@step-40' -> ('DIR', 'step-40'); 'DIR' -> ('DIR', 'last')."""
-    folder, sep, which = str(spec).rpartition("@")
-    if sep and _WHICH.fullmatch(which):
-        return folder, which
-    return str(spec), "last"
 
 
 def checkpoint_for(run_dir: str, which: str) -> str:

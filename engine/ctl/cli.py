@@ -8,7 +8,8 @@ machine or on another through ssh.
     headroom-ctl runs [DIR | HOST:[DIR]]
     headroom-ctl start [DIR | HOST:[DIR]] [--detach auto|tmux|setsid] -- ENGINE_FLAGS...
 
-RUN is a run folder or `[user@]host:path` (engine/ctl/remote.py). Exit codes: 0 done, 2 bad
+RUN is a run folder or `[user@]host:path` (engine/ctl/remote.py). Built on the client API
+(engine/ctl/client), as the app is. Exit codes: 0 done, 2 bad
 input (one `error: ...` line, nothing sent), 3 a change refused (set --wait), 4 no live run (or
 it ended before it answered), 5 the remote could not be reached, spoke another protocol, or the
 connection broke. Torch-free: this is what a laptop without a GPU runs.
@@ -17,14 +18,14 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any, Iterator, NoReturn, Optional
+from typing import Iterator, NoReturn, Optional
 
-from . import local, start as starting
-from .follow import follow
+from . import client
+from .local import SETTABLE
 from .output import ClientGone, Output
 from .protocol import (EXIT_BAD_INPUT, EXIT_FAILED, EXIT_NOT_LIVE, EXIT_OK, EXIT_REFUSED, EXIT_REMOTE, PROTOCOL,
                        CtlError, error)
-from .remote import PYTHON_ENV, SSH_ENV, RemoteRun, default_python, parse_target, records as remote_records
+from .remote import PYTHON_ENV, SSH_ENV, default_python
 
 EPILOG = (f"RUN is a run folder, or [user@]host:path on a machine reached with ssh (set {SSH_ENV} to change "
           "the ssh command, e.g. 'ssh -F ~/work/ssh_config'). Exit codes: 0 done, 2 bad input, 3 a change "
@@ -76,7 +77,7 @@ def parser() -> argparse.ArgumentParser:
 
     command("status", "the run's state: live or not, step, epoch, settings, last loss, ETA")
     s = command("set", "change live settings of a running run (the same validated commands the app sends)")
-    s.add_argument("changes", nargs="+", metavar="KEY=VALUE", help=f"settings: {', '.join(local.SETTABLE)}")
+    s.add_argument("changes", nargs="+", metavar="KEY=VALUE", help=f"settings: {', '.join(SETTABLE)}")
     s.add_argument("--at", choices=("step", "epoch"), default="epoch",
                    help="apply at the next optimizer step or the next epoch (default epoch)")
     for name, help in (("pause", "pause at the next epoch boundary"), ("unpause", "go on after a pause"),
@@ -97,12 +98,12 @@ def parser() -> argparse.ArgumentParser:
                           "a host, and return once it holds its run folder", run=False)
     st.add_argument("where", nargs="?", default="", metavar="DIR|HOST:[DIR]",
                     help="the run folder, here or on a host (default: a new one under that machine's runs root)")
-    st.add_argument("--detach", choices=starting.DETACH, default="auto",
+    st.add_argument("--detach", choices=client.DETACH, default="auto",
                     help="how the run is kept going when the terminal or the ssh connection ends: inside tmux, or "
                          "in a session of its own with its output in the run folder's console.log (default: tmux "
                          "when installed)")
     st.add_argument("--timeout", type=_seconds, default=None, metavar="S",
-                    help=f"wait at most S seconds for the engine to take its folder (default {starting.WAIT_S:g})")
+                    help=f"wait at most S seconds for the engine to take its folder (default {client.START_WAIT_S:g})")
     st.set_defaults(engine_flags=[])
     return p
 
@@ -115,90 +116,46 @@ def split_engine_flags(argv: list[str]) -> tuple[list[str], Optional[list[str]]]
     return argv[:i], argv[i + 1:]
 
 
-def _start(args: argparse.Namespace) -> Iterator[dict[str, Any]]:
-    """`start`: here, or through engine.ctl on the host; the run folder of HOST:DIR or DIR is the
-    engine's --run-dir (given once)."""
-    target = parse_target(args.where) if args.where else None
-    flags = starting.with_run_dir(args.engine_flags, target.path if target is not None else args.where, args.where)
-    if target is None:
-        yield from starting.start(flags, args.detach, args.timeout or starting.WAIT_S)
-        return
-    ctl_args = starting.request(flags, args.detach, args.timeout)
-    for record in remote_records(target, args.remote_python, ctl_args):
-        if record.get("kind") == "started":  # named as this side reaches it
-            record = dict(record, target=f"{target.host}:{record.get('run_dir')}")
-        yield record
-
-
-def _remote_args(args: argparse.Namespace, path: str) -> list[str]:
-    """The same command for engine.ctl on the remote: --json, this protocol, the options, then
-    `--` and the path (a folder named like an option stays a folder)."""
-    out = [args.command, "--json", "--protocol", str(PROTOCOL)]
-    if args.command == "set":
-        out += ["--at", args.at]
-    if getattr(args, "wait", False):
-        out.append("--wait")
-    if getattr(args, "timeout", None) is not None:
-        out += ["--timeout", repr(args.timeout)]
-    if args.command == "follow":
-        out += ["--from-step", str(args.from_step)]
-        if args.after_event is not None:
-            out += ["--after-event", str(args.after_event)]
-    out += ["--", path] if path or args.command != "runs" else []
-    if args.command == "set":
-        out += list(args.changes)
-    return out
-
-
-def _records(args: argparse.Namespace, out: Output) -> Iterator[dict[str, Any]]:
+def _records(args: argparse.Namespace, out: Output) -> Iterator[client.AnyRecord]:
+    """The command's records, through the client API (here, or through engine.ctl on a host)."""
+    python = args.remote_python
     if args.command == "start":
-        yield from _start(args)
-        return
-    where = args.run if args.command != "runs" else args.where
-    target = parse_target(where) if where else None
-    if target is not None:
-        if not target.path and args.command != "runs":
-            raise CtlError(f"{where}: give the run folder's path after the colon")
-        yield from remote_records(target, args.remote_python, _remote_args(args, target.path))
-        return
-    if args.command == "status":
-        yield local.status(where)
-    elif args.command == "set":
-        yield from local.send(where, local.parse_changes(args.changes, args.at), args.wait, args.timeout)
-    elif args.command in local.ACTIONS:
-        yield from local.send(where, [local.action(args.command)], args.wait, args.timeout)
-    elif args.command == "follow":
-        if args.after_event is not None and args.from_step == 0:
-            raise CtlError("--after-event goes with --from-step (the step after the last row received)")
-        # A client program (--protocol) runs this over ssh: end when the session that started it goes.
-        yield from follow(where, args.from_step, args.after_event, watch_parent=args.protocol is not None,
-                          idle=out.flush)
+        yield from client.start(args.engine_flags, args.where, detach=args.detach, wait_s=args.timeout,
+                                remote_python=python)
     elif args.command == "runs":
-        yield from local.runs(where)
+        yield from client.runs(args.where, remote_python=python)
+    elif args.command == "status":
+        yield from client.status(args.run, remote_python=python)
+    elif args.command in client.ACTIONS:
+        request = client.SteerRequest(args.command, tuple(getattr(args, "changes", ())), getattr(args, "at", "epoch"))
+        yield from client.steer(args.run, request, wait=args.wait, timeout=args.timeout, remote_python=python)
+    elif args.command == "follow":
+        # A client program (--protocol) runs this over ssh: end when the session that started it goes.
+        yield from client.Following(args.run, args.from_step, args.after_event, remote_python=python,
+                                    watch_parent=args.protocol is not None, idle=out.flush).records()
 
 
 def _run(args: argparse.Namespace, out: Output) -> int:
     if args.protocol is not None and args.protocol != PROTOCOL:
         raise CtlError(f"this engine speaks headroom-ctl protocol {PROTOCOL}, the client asked for {args.protocol}: "
                        "install the same Headroom version on both machines", EXIT_REMOTE)
-    answers: dict[Any, str] = {}
-    cursor = [-1, None]  # the last step and event id written: where a broken follow goes on
+    answers: dict[Optional[int], str] = {}
+    last_step, last_event = -1, None  # the last step and event id written: where a broken follow goes on
     try:
         for record in _records(args, out):
-            kind = record.get("kind")
-            if kind == "command":
-                answers[record.get("id")] = record.get("status") or ""
-            elif kind == "rows" and record.get("rows") and "step" in record.get("columns", ()):
-                cursor[0] = record["rows"][-1][record["columns"].index("step")]
-            elif kind == "event":
-                cursor[1] = record["event"].get("id", cursor[1])
-            elif kind == "rewind":
-                cursor[0] = record.get("to_step", cursor[0])
-            out.write(record)
+            if isinstance(record, client.CommandAnswer):
+                answers[record.id] = record.status
+            elif isinstance(record, client.Rows) and record.last_step is not None:
+                last_step = record.last_step
+            elif isinstance(record, client.Event) and record.id is not None:
+                last_event = record.id
+            elif isinstance(record, client.Rewind):
+                last_step = record.to_step
+            out.write(record.raw)
     except CtlError as e:
-        if args.command == "follow" and e.code == EXIT_REMOTE and isinstance(parse_target(args.run), RemoteRun):
-            step = max(cursor[0] + 1, args.from_step)
-            event = cursor[1] if cursor[1] is not None else args.after_event
+        if args.command == "follow" and e.code == EXIT_REMOTE and client.is_remote(args.run):
+            step = max(last_step + 1, args.from_step)
+            event = last_event if last_event is not None else args.after_event
             again = f"--from-step {step}" + (f" --after-event {event}" if event is not None else "")
             raise CtlError(f"{e}; to go on where it broke: follow {again}", e.code) from None
         raise

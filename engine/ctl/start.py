@@ -3,8 +3,8 @@ from the terminal or the ssh session that asked for it, so that the connection e
 closed, Wi-Fi gone) never ends the training.
 
 Over ssh (`headroom-ctl start HOST: -- <flags>`) this runs on the server. It first checks the
-flags with the engine's own parser (engine/cli.py): bad flags are one `error:` line and exit 2,
-and nothing is made or started. The run folder is the one given (--run-dir, or HOST:DIR), else a
+flags as the engine reads them (engine/declarations/run_flags.py, engine/run_config.py): bad
+flags are one `error:` line and exit 2, and nothing is made or started. The run folder is the one given (--run-dir, or HOST:DIR), else a
 new one under the server's runs root (engine/declarations/paths.py). The engine then starts
 
   - inside tmux when the server has it (`tmux new-session -d -s headroom-<name>`): a person on
@@ -38,6 +38,8 @@ from typing import Any, Iterator, Optional
 from engine.declarations import limits
 from engine.declarations.config import ConfigError
 from engine.declarations.paths import default_run_dir
+from engine.declarations.run_flags import build_parser
+from engine.run_config import config_from_args
 from engine.store import DB_NAME, runlock
 
 from .local import run_path
@@ -79,8 +81,7 @@ def plan(flags: list[str]) -> Plan:
         raise CtlError("start: the engine's flags are listed by `python -m engine --help`")
     if not flags:
         raise CtlError("start: give the engine's flags after --, e.g. -- --task mlp --epochs 3")
-    # The engine's own parser (torch-free until --fork reads a checkpoint: this runs where it trains).
-    from engine.cli import build_parser, config_from_args
+    # The engine's own parser and reading of its flags (torch-free: a --fork's checkpoint by name only).
     try:
         ns = build_parser().parse_args(flags)
         config = config_from_args(ns)

@@ -13,6 +13,16 @@ import re
 CKPT_DIR = "checkpoints"
 LAST = "last.pt"
 _NUMBERED = re.compile(r"(epoch|step)-(\d{1,18})(\.pt)?")
+_WHICH = re.compile(r"last|epoch-\d{1,18}|step-\d{1,18}")
+
+
+def split_fork(spec: str) -> tuple[str, str]:
+    """'DIR@step-40' -> ('DIR', 'step-40'); 'DIR' -> ('DIR', 'last'): a --fork or an export's
+    RUN_DIR[@CHECKPOINT], split by name only (torch-free: the flags are read before torch loads)."""
+    folder, sep, which = str(spec).rpartition("@")
+    if sep and _WHICH.fullmatch(which):
+        return folder, which
+    return str(spec), "last"
 
 
 def name_of(path: str) -> str:

@@ -71,7 +71,7 @@ def test_a_live_remote_run_steered_through_a_dropped_connection(qtbot, make_wind
         w.controller.apply({"lr": 5e-4}, "step")  # through headroom-ctl set over ssh
         qtbot.waitUntil(lambda: any(abs(v - 5e-4) < 1e-12 for v in w.model.metrics.view("lr")), timeout=60_000)
         before = len(shown_steps(w))
-        os.kill(src._command.proc.pid, signal.SIGKILL)  # the ssh client dies: Wi-Fi gone
+        os.kill(src._following.ssh_pid, signal.SIGKILL)  # the ssh client dies: Wi-Fi gone
         qtbot.waitUntil(lambda: src.connection == "reconnecting", timeout=10_000)
         assert "reconnecting" in w.session.live_text()
         qtbot.waitUntil(lambda: src.connection == "connected" and len(shown_steps(w)) > before + 3, timeout=60_000)

@@ -44,7 +44,7 @@ def test_a_lost_connection_is_a_banner_over_the_plots_and_not_training(qtbot, ma
     assert not w.central.banner.isVisible()
 
     fake_ssh.touch()  # the network goes
-    os.kill(src._command.proc.pid, signal.SIGKILL)  # and the follow with it
+    os.kill(src._following.ssh_pid, signal.SIGKILL)  # and the follow with it
     wait_until(qtbot, lambda: w.central.banner.isVisible(), 30, "the banner")
     assert w.central.banner.text() == "connection lost: reconnecting, last row at step 20"
     w.views.update_status()

@@ -15,7 +15,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 from PySide6.QtCore import QObject
 
-from engine.ctl.remote import default_python, is_remote
+from engine.ctl.client import default_python, is_remote
 from engine.declarations.commands import Command
 from engine.store import RunReader, StoreError
 

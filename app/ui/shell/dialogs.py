@@ -87,7 +87,7 @@ class RemoteRunDialog(QDialog):
     the ssh command (a preference)."""
 
     def __init__(self, parent: Optional[QWidget], prefs: Preferences) -> None:
-        from engine.ctl.remote import SSH_ENV
+        from engine.ctl.client import SSH_ENV
         super().__init__(parent)
         self.setWindowTitle("Open remote run")
         self.setObjectName("remote_run_dialog")

@@ -9,7 +9,7 @@ import os
 
 from PySide6.QtWidgets import QFormLayout, QLineEdit
 
-from engine.ctl import remote
+from engine.ctl import client
 
 from app.core.preferences import Preferences
 
@@ -39,8 +39,8 @@ def ssh_preference(prefs: Preferences) -> str:
 
 
 def use_ssh_preference(prefs: Preferences) -> None:
-    """Hand the preference to headroom-ctl's client (engine/ctl/remote.py), below the variable."""
-    remote.set_ssh_fallback(ssh_preference(prefs))
+    """Hand the preference to headroom-ctl's client (engine/ctl/client), below the variable."""
+    client.set_ssh_fallback(ssh_preference(prefs))
 
 
 def set_ssh_preference(prefs: Preferences, text: str) -> None:
@@ -56,25 +56,25 @@ class RemoteFields:
         self.python = QLineEdit()
         self.python.setObjectName("remote_python")
         self.python.setToolTip("The python that has Headroom on that machine (remembered for each host), e.g. "
-                               f"~/headroom/.venv/bin/python; ${remote.PYTHON_ENV} is the default")
+                               f"~/headroom/.venv/bin/python; ${client.PYTHON_ENV} is the default")
         self.ssh = QLineEdit()
         self.ssh.setObjectName("ssh_command")
         self.ssh.setPlaceholderText("ssh")
-        env = os.environ.get(remote.SSH_ENV, "").strip()
+        env = os.environ.get(client.SSH_ENV, "").strip()
         if env:  # the variable wins: shown, not editable here
             self.ssh.setText(env)
             self.ssh.setEnabled(False)
-            self.ssh.setToolTip(f"Set by {remote.SSH_ENV} (it wins over the preference)")
+            self.ssh.setToolTip(f"Set by {client.SSH_ENV} (it wins over the preference)")
         else:
             self.ssh.setText(ssh_preference(prefs))
             self.ssh.setToolTip("The ssh client's command, kept as a preference (e.g. ssh -F ~/work/ssh_config); "
-                                f"{remote.SSH_ENV} wins when set. Keys, the agent and known_hosts are ssh's own")
+                                f"{client.SSH_ENV} wins when set. Keys, the agent and known_hosts are ssh's own")
         form.addRow("Python there", self.python)
         form.addRow("ssh command", self.ssh)
 
     def host_changed(self, host: str) -> None:
         """The python remembered for that host (else the default)."""
-        self.python.setText(remembered_python(self.prefs, host) or remote.default_python())
+        self.python.setText(remembered_python(self.prefs, host) or client.default_python())
 
     def save(self, host: str) -> None:
         remember_python(self.prefs, host, self.python.text().strip())
