@@ -20,7 +20,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from engine.accumulation import sampling as W
+from engine.accumulation import sampling
 from engine.tasks.task import Task, default_collate
 from engine.tasks.builtin.charlm import GPT
 from engine.distributed.devices import to_device
@@ -45,7 +45,7 @@ class BareLoop:
         self.autocast = ((lambda: torch.autocast(device.type, dtype=amp_dtype)) if amp_dtype
                          else contextlib.nullcontext)
         self.params = [p for p in task.model.parameters() if p.requires_grad]
-        self.plan = W.plan_epoch(len(self.data), seed, 1, micro * accum)
+        self.plan = sampling.plan_epoch(len(self.data), seed, 1, micro * accum)
         self.k = 0
         task.model.train()
 
@@ -55,7 +55,7 @@ class BareLoop:
         window = self.plan[self.k]
         self.k += 1
         model, data, n = self.task.model, self.data, len(window)
-        for idx in W.micro_batches(window, self.micro):
+        for idx in sampling.micro_batches(window, self.micro):
             batch = to_device(self.collate([data[j] for j in idx]), self.device)
             with self.autocast():
                 loss_sum, _count = self.task.loss(model, batch)

@@ -24,7 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402 - after the sys.path set-up above
 import torch.distributed as dist  # noqa: E402 - after the sys.path set-up above
 
-from engine import distributed as D  # noqa: E402 - after the sys.path set-up above
+from engine import distributed  # noqa: E402 - after the sys.path set-up above
 from engine.distributed.strategy import Replicated  # noqa: E402 - after the sys.path set-up above
 
 BUCKET_BYTES = 25 * 1024 * 1024  # DDP's default bucket_cap_mb
@@ -67,7 +67,7 @@ class GradSync:
             key = (g.dtype, g.device)
             buf = self._buckets.get(key)
             if buf is None or g.numel() > buf.numel() or not g.is_contiguous():
-                D.in_place(dist.all_reduce, g)  # a large gradient is its own bucket
+                distributed.in_place(dist.all_reduce, g)  # a large gradient is its own bucket
                 continue
             group, filled = pending.setdefault(key, ([], [0]))
             if filled[0] + g.numel() > buf.numel():
@@ -79,7 +79,7 @@ class GradSync:
         for key, (group, _) in pending.items():
             self._flush(self._buckets[key], group)
         for b in self.buffers:
-            D.in_place(D.broadcast_from_rank0, b)
+            distributed.in_place(distributed.broadcast_from_rank0, b)
         self.reductions += 1
 
     @staticmethod
@@ -103,7 +103,7 @@ class GradSum(Replicated):
     name = "sum"
     collective = "sum the gradients after the window"
 
-    def __init__(self, model: torch.nn.Module, ctx: D.DistContext, device: torch.device) -> None:
+    def __init__(self, model: torch.nn.Module, ctx: distributed.DistContext, device: torch.device) -> None:
         super().__init__(model, ctx, device)
         self.sync = GradSync([p for p in model.parameters() if p.requires_grad], self.buffers)
 
@@ -117,13 +117,13 @@ class GradSum(Replicated):
 def main() -> int:
     import engine.trainer.setup as setup
     setup.build_strategy = lambda name, model, ctx, device, **kw: (  # type: ignore[assignment]  # the benchmark swaps in the old gradient sum
-        (D.share_rank0_model(model, ctx, device), GradSum(model, ctx, device))[1] if ctx.enabled
+        (distributed.share_rank0_model(model, ctx, device), GradSum(model, ctx, device))[1] if ctx.enabled
         else _local(model, ctx))
     from engine.cli import main as engine_main
     return engine_main(sys.argv[1:])
 
 
-def _local(model: torch.nn.Module, ctx: D.DistContext) -> Any:
+def _local(model: torch.nn.Module, ctx: distributed.DistContext) -> Any:
     from engine.distributed.strategy import Local
     return Local(model, ctx)
 

@@ -26,7 +26,7 @@ import torch  # noqa: E402 - after the sys.path set-up above
 import torch.nn.functional as F  # noqa: E402 - after the sys.path set-up above
 
 from bench.common import emit_json, median, temp_run_dir  # noqa: E402 - after the sys.path set-up above
-from engine.accumulation import sampling as W  # noqa: E402 - after the sys.path set-up above
+from engine.accumulation import sampling  # noqa: E402 - after the sys.path set-up above
 from engine.declarations.config import TrainConfig  # noqa: E402 - after the sys.path set-up above
 from engine.distributed.devices import to_device  # noqa: E402 - after the sys.path set-up above
 from engine.tasks.task import Task  # noqa: E402 - after the sys.path set-up above
@@ -66,7 +66,7 @@ def plain_loop(workers: int, steps: int, device: torch.device) -> list[float]:
     task = make_task()
     model = task.model.to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    order = W.epoch_order(len(task.train_data), SEED, 1)
+    order = sampling.epoch_order(len(task.train_data), SEED, 1)
     loader = torch.utils.data.DataLoader(task.train_data, batch_sampler=[order[i:i + MICRO] for i in
                                                                          range(0, MICRO * ACCUM * (steps + 1), MICRO)],
                                          num_workers=workers, persistent_workers=workers > 0,

@@ -28,7 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402 - after the sys.path set-up above
 
-from engine import distributed as D  # noqa: E402 - after the sys.path set-up above
+from engine import distributed  # noqa: E402 - after the sys.path set-up above
 from bench.grad_sum import GradSync  # noqa: E402 (the engine's gradient sum until issue 20)
 
 
@@ -47,18 +47,18 @@ def backward(model: torch.nn.Module, width: int, device: torch.device) -> None:
 
 
 def rank_main(args: argparse.Namespace) -> None:
-    ctx = D.from_env()
+    ctx = distributed.from_env()
     device = torch.device(f"cuda:{ctx.local_rank}" if args.device == "cuda" else "cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    D.init(ctx, device)
+    distributed.init(ctx, device)
     torch.manual_seed(0)
     model = torch.nn.Sequential(*[torch.nn.Linear(args.width, args.width) for _ in range(args.layers)]).to(device)
     twin = copy.deepcopy(model)
     param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
 
     before = held(device)
-    D.share_rank0_model(model, ctx, device)
+    distributed.share_rank0_model(model, ctx, device)
     sync = GradSync([p for p in model.parameters()], list(model.buffers()))
     backward(model, args.width, device)
     sync.prepare()
@@ -76,7 +76,7 @@ def rank_main(args: argparse.Namespace) -> None:
                               engine_added_mib=round(engine_added / 2**20, 1),
                               ddp_added_mib=round(ddp_added / 2**20, 1),
                               ratio=round(max(engine_added, 0) / max(ddp_added, 1), 3))))
-    D.shutdown(ctx)
+    distributed.shutdown(ctx)
 
 
 def main() -> None:

@@ -83,10 +83,10 @@ def failure_line(e: BaseException, trainer: Any = None) -> str:
     line): the cause and where in the task's code it was raised ("RuntimeError: boom (at
     task.py:12 in loss)"), so the dialog names the task file's line too."""
     try:
-        from engine import distributed as D
+        from engine import distributed
         from engine.declarations.outcome import TrainingError
         from engine.trainer.failure import failure_message
-        return failure_message(e, getattr(trainer, "ctx", None) or D.DistContext(), (TrainingError,))
+        return failure_message(e, getattr(trainer, "ctx", None) or distributed.DistContext(), (TrainingError,))
     except Exception:  # noqa: BLE001 - the line is a courtesy: never a second failure
         return f"{type(e).__name__}: {e}"
 

@@ -23,8 +23,8 @@ from typing import Any, Callable, ContextManager, Iterable, Optional
 
 import torch
 
-from engine import distributed as D
-from . import grads as G
+from engine import distributed
+from .grads import per_param_norms, scale_, scale_by_
 from engine.distributed.strategy import Local
 from .oom import is_oom
 from engine.declarations.outcome import StepNotRedoable
@@ -47,11 +47,11 @@ class WindowContext:
     scaler: Optional[torch.amp.GradScaler]
     autocast: Callable[[], ContextManager]
     device: torch.device
-    ctx: D.DistContext
+    ctx: distributed.DistContext
     stepper: Any  # step.SyncStep | step.DeferredStep
     loss_checked: bool = False
     commands_waiting: Callable[[], bool] = lambda: False  # rank 0: commands for the next step boundary
-    strategy: Local = field(default_factory=lambda: Local(torch.nn.Module(), D.DistContext()))
+    strategy: Local = field(default_factory=lambda: Local(torch.nn.Module(), distributed.DistContext()))
     # A micro-batch trained with weight 0 where the strategy needs more than the rank's share
     # holds (under DDP and FSDP every rank must run the window's last backward: its reduction).
     stand_in: Optional[Callable[[], Any]] = None
@@ -145,8 +145,8 @@ def train_window(w: WindowContext, batches: Iterable[Any], global_samples: int, 
         # out-of-memory error, and whether rank 0 holds commands for the next step boundary
         # (so every rank joins their broadcast); on CUDA each rank's memory in its own slot, so
         # the metrics row can show the tightest rank's. Then buffers from rank 0.
-        D.all_reduce_sum(totals, w.ctx)
-        agree = D.all_reduce_max(flags_t, w.ctx)
+        distributed.all_reduce_sum(totals, w.ctx)
+        agree = distributed.all_reduce_max(flags_t, w.ctx)
         strategy.after_window()
         # From here on the other ranks step and move on: an out-of-memory error on this rank
         # cannot be redone here alone (see _step), so it stops the run.
@@ -222,12 +222,12 @@ def _normalise_and_step(w: WindowContext, totals: torch.Tensor, agree: Optional[
     # count was a host int (one process), the factor is a host number, and exactly 1 (count ==
     # samples, a classifier) needs no multiply at all.
     if torchrun or tensor_count:
-        G.scale_(grads, global_samples / totals[1])
+        scale_(grads, global_samples / totals[1])
     elif host_total != global_samples:
-        G.scale_by_(grads, global_samples / host_total if host_total else float("inf"))
+        scale_by_(grads, global_samples / host_total if host_total else float("inf"))
     # Per-parameter norms (to name non-finite parameters without another sync) and the
     # total norm before clipping, as clip_grad_norm_ computes it. The step variant clips:
     # with the norm on the host (SyncStep) a window under the clip norm costs no pass at all.
-    per_param = w.strategy.global_norms(G.per_param_norms(grads, dev))  # fsdp: over the shards of all ranks
+    per_param = w.strategy.global_norms(per_param_norms(grads, dev))  # fsdp: over the shards of all ranks
     norm = torch.linalg.vector_norm(per_param)
     return w.stepper.finish(totals, agree, norm, per_param, clip, grads)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Callable, Optional, Protocol, Sequence
 
-from . import sampling as W
+from . import sampling
 from engine.declarations.settings import LiveSettings
 
 
@@ -43,10 +43,10 @@ class FixedWindows:
         self.n, self.seed = n_samples, seed
 
     def plan(self, epoch: int, settings: LiveSettings, world: int, start: int = 0) -> list[list[int]]:
-        return W.fixed_windows(W.epoch_order(self.n, self.seed, epoch)[start:], settings.window_samples * world)
+        return sampling.fixed_windows(sampling.epoch_order(self.n, self.seed, epoch)[start:], settings.window_samples * world)
 
     def split(self, share: Sequence[int], settings: LiveSettings) -> list[list[int]]:
-        return W.micro_batches(share, settings.micro_batch)
+        return sampling.micro_batches(share, settings.micro_batch)
 
     def refusal(self, setting: str) -> Optional[str]:
         return None
@@ -64,14 +64,14 @@ class TokenBudgetWindows:
         self.micro_tokens = micro_tokens
 
     def plan(self, epoch: int, settings: LiveSettings, world: int, start: int = 0) -> list[list[int]]:
-        return W.token_windows(W.epoch_order(self.n, self.seed, epoch)[start:], self.budget, self.length)
+        return sampling.token_windows(sampling.epoch_order(self.n, self.seed, epoch)[start:], self.budget, self.length)
 
     def split(self, share: Sequence[int], settings: LiveSettings) -> list[list[int]]:
         """At most micro_batch samples and (with --micro-tokens) at most micro_tokens counted
         items a micro-batch, so one of long sequences costs the memory of one of short ones.
         A sample longer than micro_tokens is a micro-batch of its own."""
         if self.micro_tokens is None:
-            return W.micro_batches(share, settings.micro_batch)
+            return sampling.micro_batches(share, settings.micro_batch)
         out: list[list[int]] = []
         current: list[int] = []
         held = 0

@@ -20,7 +20,7 @@ from typing import Callable, Optional
 
 import torch
 
-from . import grads as G
+from .grads import clip_, clip_by_host_norm_
 
 # Host numbers of the ranks' agreement, when a job has several ranks (see accumulate.py); on
 # CUDA followed by each rank's GPU memory, MEM_N numbers a rank in its own slot (the others 0),
@@ -135,7 +135,7 @@ class SyncStep:
             nums = unpack(pack(totals, agree, norm, per_param).tolist(), _n_agree(agree))
         if nums.finite:
             if clip > 0:
-                G.clip_by_host_norm_(grads, clip, norm, nums.norm)
+                clip_by_host_norm_(grads, clip, norm, nums.norm)
             self.optimizer.step()
             if self.scaler is not None:
                 self.scaler.update()
@@ -163,7 +163,7 @@ class DeferredStep:
     def finish(self, totals: torch.Tensor, agree: Optional[torch.Tensor], norm: torch.Tensor,
                per_param: torch.Tensor, clip: float, grads: list[torch.Tensor]) -> InFlight:
         if clip > 0:
-            G.clip_(grads, clip, norm)  # on the device: the norm is not on the host yet
+            clip_(grads, clip, norm)  # on the device: the norm is not on the host yet
         packed = pack(totals, agree, norm, per_param)
         opt = self.optimizer
         n_agree = _n_agree(agree)

@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from engine import distributed as D
+from engine import distributed
 from .strategy import LossCall, Replicated
 
 
@@ -49,7 +49,7 @@ class Ddp(Replicated):
     collective = "all-reduce the gradients in its backward"
     grads_in_buckets = True
 
-    def __init__(self, model: torch.nn.Module, ctx: D.DistContext, device: torch.device,
+    def __init__(self, model: torch.nn.Module, ctx: distributed.DistContext, device: torch.device,
                  find_unused: bool = False) -> None:
         super().__init__(model, ctx, device)
         # rank 0's values are on every rank already (strategy.build): no second broadcast

@@ -8,11 +8,11 @@ from typing import Any, Callable
 
 import torch
 
-from engine import distributed as D
+from engine import distributed
 from engine.declarations.config import ConfigError
 
 
-def resolve_device(name: str, ctx: D.DistContext = D.DistContext()) -> torch.device:
+def resolve_device(name: str, ctx: distributed.DistContext = distributed.DistContext()) -> torch.device:
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     if name == "cpu":

@@ -35,7 +35,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
-from engine import distributed as D
+from engine import distributed
 from engine.declarations.config import ConfigError
 from .strategy import LossCall, Replicated
 
@@ -90,7 +90,7 @@ class Fsdp(Replicated):
     name = "fsdp"
     sharded = True
 
-    def __init__(self, model: torch.nn.Module, ctx: D.DistContext, device: torch.device, *,
+    def __init__(self, model: torch.nn.Module, ctx: distributed.DistContext, device: torch.device, *,
                  blocks: Optional[Callable[[torch.nn.Module], Any]] = None, precision: str = "fp32",
                  reduce: str = "last", cpu_offload: bool = False) -> None:
         super().__init__(model, ctx, device)

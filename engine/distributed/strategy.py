@@ -25,7 +25,7 @@ from typing import Any, Callable, ContextManager
 
 import torch
 
-from engine import distributed as D
+from engine import distributed
 
 
 class LossCall(torch.nn.Module):
@@ -47,7 +47,7 @@ class Local:
     grads_in_buckets = False  # ddp: the gradients are views into the reducer's buckets (zeroed in place, kept)
     offloaded = False  # fsdp --cpu-offload: shards, gradients and the optimizer step on the CPU
 
-    def __init__(self, model: torch.nn.Module, ctx: D.DistContext) -> None:
+    def __init__(self, model: torch.nn.Module, ctx: distributed.DistContext) -> None:
         self.model, self.ctx = model, ctx
 
     def forward(self, loss: Callable[[torch.nn.Module, Any], Any], batch: Any) -> Any:
@@ -106,11 +106,11 @@ class Replicated(Local):
     """What every torchrun strategy of replicas shares: rank 0's model on every rank at the
     start, and its buffers on every rank after each window."""
 
-    def __init__(self, model: torch.nn.Module, ctx: D.DistContext, device: torch.device) -> None:
+    def __init__(self, model: torch.nn.Module, ctx: distributed.DistContext, device: torch.device) -> None:
         super().__init__(model, ctx)
         self.device = device
         self.buffers = list(model.buffers())
 
     def after_window(self) -> None:
         for b in self.buffers:
-            D.in_place(D.broadcast_from_rank0, b)
+            distributed.in_place(distributed.broadcast_from_rank0, b)

@@ -13,7 +13,7 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
-from engine import distributed as D
+from engine import distributed
 from engine.declarations.commands import Command, SettingCommand, Stop, command_from_json
 from engine.declarations.events import Event
 from engine.store import RunStore
@@ -32,7 +32,7 @@ class CommandInbox:
     """The Trainer's arrivals: the queue and run.db into the shared lifecycle (engine.steering.lifecycle),
     each received command due at the next step (at="step") or at the start of the next epoch."""
 
-    def __init__(self, commands: "queue.Queue[Command]", stop: threading.Event, ctx: D.DistContext,
+    def __init__(self, commands: "queue.Queue[Command]", stop: threading.Event, ctx: distributed.DistContext,
                  emit: Callable[[Event], None], db_interval: float = 1.0) -> None:
         self.queue = commands
         self.device: Any = None  # where torchrun's collectives run: set once the run's device is known
@@ -75,11 +75,11 @@ class CommandInbox:
         """Rank 0's commands, broadcast as JSON, so every rank applies the same ones; and
         a stop asked of any rank stops all of them."""
         rows = [(r.cmd.kind, r.cmd.to_json()) for r in self.life.pending] if self.ctx.is_main else None
-        rows = D.broadcast_object(rows, self.ctx)
+        rows = distributed.broadcast_object(rows, self.ctx)
         if not self.ctx.is_main:
             copies = [command_from_json(k, p) for k, p in rows]
             self.life.pending = [Received(c, None, None if applies_at(c) == "step" else next_epoch) for c in copies]
-        if D.any_rank(self.stop.is_set(), self.ctx, self.device):
+        if distributed.any_rank(self.stop.is_set(), self.ctx, self.device):
             self.stop.set()
 
     def take(self, at: str = "epoch") -> list[Received]:

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import logging
 
-from engine import distributed as D
+from engine import distributed
 from engine.steering.inbox import CommandInbox
 from .setup import RunParts
 
 log = logging.getLogger("headroom.trainer")
 
 
-def close_inbox(inbox: CommandInbox, ctx: D.DistContext, step: int, epoch: int) -> None:
+def close_inbox(inbox: CommandInbox, ctx: distributed.DistContext, step: int, epoch: int) -> None:
     """No command row is left "received": those sent since the last look are read (one
     process only: other ranks may be gone, and this is no place for a collective), and what
     is still pending is refused as sent too late."""
@@ -27,7 +27,7 @@ def close_inbox(inbox: CommandInbox, ctx: D.DistContext, step: int, epoch: int) 
         log.warning("could not mark the commands left at the end: %s", e)
 
 
-def release(parts: RunParts, ctx: D.DistContext, clean: bool) -> None:
+def release(parts: RunParts, ctx: distributed.DistContext, clean: bool) -> None:
     """Everything the run held, after run.db closed (the folder is then free for the next writer)."""
     if parts.lock is not None:
         parts.lock.release()
@@ -38,4 +38,4 @@ def release(parts: RunParts, ctx: D.DistContext, clean: bool) -> None:
     # and a reducer that drops the last reference runs the group's destructor with the GIL held,
     # which joins gloo's threads while one of them waits for the GIL (a hang, seen in CI)
     parts.window.strategy.release()
-    D.shutdown(ctx, clean=clean)
+    distributed.shutdown(ctx, clean=clean)

@@ -5,8 +5,8 @@ from typing import Optional
 
 import torch
 
-from engine import distributed as D
-from engine.accumulation import sampling as W
+from engine import distributed
+from engine.accumulation import sampling
 from engine.distributed.devices import to_device
 from engine.distributed.strategy import Local
 from .setup import RunParts
@@ -31,13 +31,13 @@ def validation_loss(parts: RunParts, micro_batch: int) -> Optional[float]:
 def _sums(parts: RunParts, strategy: Local, micro_batch: int) -> torch.Tensor:
     """This rank's share of the val set: loss sum and count, then summed over ranks."""
     val, dev, ctx = parts.task.val_data, parts.device, parts.ctx
-    shard = W.rank_share(list(range(len(val))), ctx.rank, ctx.world)
+    shard = sampling.rank_share(list(range(len(val))), ctx.rank, ctx.world)
     total = torch.zeros(2, device=dev, dtype=torch.float64 if dev.type == "cpu" else torch.float32)
-    for idx in W.micro_batches(shard, max(1, micro_batch)):
+    for idx in sampling.micro_batches(shard, max(1, micro_batch)):
         batch = to_device(parts.collate([val[j] for j in idx]), dev)
         with parts.autocast():
             loss_sum, count = strategy.eval_forward(parts.task.loss, batch)
         total[0] += loss_sum.detach()
         total[1] += count
-    D.all_reduce_sum(total, ctx)
+    distributed.all_reduce_sum(total, ctx)
     return total

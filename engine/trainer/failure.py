@@ -16,7 +16,7 @@ import traceback
 from dataclasses import dataclass
 from typing import Iterable, Optional
 
-from engine import distributed as D
+from engine import distributed
 from engine.declarations.config import ConfigError
 
 DETAIL_CHARS = 20_000  # run_failed's traceback in run.db: its end (the cause) is kept
@@ -34,7 +34,7 @@ class Frame:
         return f"{_shown_path(self.path)}:{self.line} in {self.func}"
 
 
-def failure_message(e: BaseException, ctx: D.DistContext, user_errors: tuple[type, ...]) -> str:
+def failure_message(e: BaseException, ctx: distributed.DistContext, user_errors: tuple[type, ...]) -> str:
     """One line for run_failed and the console: the user's message for our own errors, else
     the exception (a worker's own, for one raised in a DataLoader worker) and where it was raised."""
     if isinstance(e, KeyboardInterrupt):

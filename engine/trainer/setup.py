@@ -17,8 +17,8 @@ import torch
 
 from engine.checkpoints import files as ckpt, sharded
 from engine.store import runlock
-from engine import distributed as D
-from engine.accumulation import step as S
+from engine import distributed
+from engine.accumulation.step import choose as choose_stepper
 from engine.accumulation.accumulate import WindowContext
 from engine.declarations.config import ConfigError, TrainConfig
 from engine.distributed.devices import default_optimizer, resolve_device, to_device
@@ -44,7 +44,7 @@ from engine.accumulation.policy import FixedWindows, TokenBudgetWindows, WindowP
 @dataclass
 class RunParts:
     config: TrainConfig
-    ctx: D.DistContext
+    ctx: distributed.DistContext
     device: torch.device
     task: Task
     model: torch.nn.Module
@@ -89,7 +89,7 @@ class RunParts:
         return CommandRules(len(self.task.train_data), refusal, self.policy.window_size)
 
 
-def build(config: TrainConfig, task: Optional[Task], ctx: D.DistContext) -> RunParts:
+def build(config: TrainConfig, task: Optional[Task], ctx: distributed.DistContext) -> RunParts:
     claimed: list[RunLock] = []
     try:
         return _build(config, task, ctx, claimed)
@@ -99,7 +99,7 @@ def build(config: TrainConfig, task: Optional[Task], ctx: D.DistContext) -> RunP
         raise
 
 
-def _build(config: TrainConfig, task: Optional[Task], ctx: D.DistContext, claimed: list) -> RunParts:
+def _build(config: TrainConfig, task: Optional[Task], ctx: distributed.DistContext, claimed: list) -> RunParts:
     cfg = config
     device = resolve_device(cfg.device, ctx)
     if cfg.vram_limit is not None and device.type != "cuda":
@@ -150,9 +150,9 @@ def _build(config: TrainConfig, task: Optional[Task], ctx: D.DistContext, claime
         origin = resume_origin(run_dir, model)
         check_fits_data(origin, len(task.train_data), cfg)
 
-    D.init(ctx, device)  # the process group, once the input is known good
+    distributed.init(ctx, device)  # the process group, once the input is known good
     val = task.val_data
-    D.check_same_data({"train_data": len(task.train_data), "val_data": len(val) if val is not None else -1},
+    distributed.check_same_data({"train_data": len(task.train_data), "val_data": len(val) if val is not None else -1},
                       ctx, device)  # as the model is checked (strategy.build): before any window is planned
     # torchrun: rank 0's model on every rank, wrapped in DDP or sharded with FSDP2 (engine/distributed)
     strategy = build_strategy(cfg.strategy, model, ctx, device, blocks=task.blocks, precision=cfg.precision,
@@ -165,7 +165,7 @@ def _build(config: TrainConfig, task: Optional[Task], ctx: D.DistContext, claime
     snapshots = SnapshotRecorder()
     if cfg.memory_snapshot == "on-oom":
         snapshots.start(device)  # on CUDA: allocator history from here on; elsewhere it says why not
-    stepper = S.choose(optimizer, scaler, ctx.enabled, torch.device("cpu") if strategy.offloaded else device,
+    stepper = choose_stepper(optimizer, scaler, ctx.enabled, torch.device("cpu") if strategy.offloaded else device,
                        os.environ.get("HEADROOM_STEP_MODE", "auto"))  # offloaded: the step runs on the CPU
     stepper.before_zero = memory.at_window_end  # the breakdown sees the gradients before they go
     stepper.set_to_none = not strategy.grads_in_buckets
@@ -301,7 +301,7 @@ def _window_policy(cfg: TrainConfig, task: Task) -> WindowPolicy:
     return TokenBudgetWindows(len(data), cfg.seed, cfg.token_budget, lengths.__getitem__, cfg.micro_tokens)
 
 
-def _claim_folder(cfg: TrainConfig, ctx: D.DistContext) -> tuple[str, Optional[RunLock]]:
+def _claim_folder(cfg: TrainConfig, ctx: distributed.DistContext) -> tuple[str, Optional[RunLock]]:
     """The run folder, and (rank 0) the OS lock that makes this process its one writer; a
     killed writer's temporary files are removed once the folder is ours."""
     if cfg.resume:

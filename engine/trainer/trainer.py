@@ -18,9 +18,9 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
-from engine import distributed as D
+from engine import distributed
 from . import closing, opening, run_state
-from engine.accumulation import sampling as W
+from engine.accumulation import sampling
 from engine.accumulation.accumulate import StopRequested, train_window
 from .autopilot import MAX_IN_A_ROW, Autopilot, roll_back
 from .saving import Checkpointer
@@ -56,12 +56,12 @@ class Trainer(TrainerViews):
     def __init__(self, config: TrainConfig, task: Optional[Task] = None,
                  sink: Optional[Callable[[Event], None]] = None,
                  commands: Optional["queue.Queue[Command]"] = None,
-                 dist_ctx: Optional[D.DistContext] = None, *, db_interval: float = 1.0) -> None:
+                 dist_ctx: Optional[distributed.DistContext] = None, *, db_interval: float = 1.0) -> None:
         config = config.validate()
         self.config = config.with_(task=resolve_task_spec(config.task))  # resumable from any folder
         self.sink = sink
         self.commands: "queue.Queue[Command]" = commands if commands is not None else queue.Queue()
-        self.ctx = dist_ctx if dist_ctx is not None else D.from_env()
+        self.ctx = dist_ctx if dist_ctx is not None else distributed.from_env()
         self._stop = threading.Event()
         self._stop_agreed = False  # under torchrun: a stop every rank knows about (see _report)
         self._step_commands_agreed = False  # under torchrun: rank 0 holds commands for the next step
@@ -215,7 +215,7 @@ class Trainer(TrainerViews):
         """The windows of the epoch from the first sample not yet trained, as the current
         settings cut them; the feeder's workers start loading them."""
         plan = parts.policy.plan(self.epoch, self.settings, self.ctx.world, start=self.progress.epoch_offset)
-        parts.feeder.begin_epoch([W.rank_share(w, self.ctx.rank, self.ctx.world) for w in plan],
+        parts.feeder.begin_epoch([sampling.rank_share(w, self.ctx.rank, self.ctx.world) for w in plan],
                                  lambda share: parts.policy.split(share, self.settings), self.epoch)
         return plan
 
@@ -251,7 +251,7 @@ class Trainer(TrainerViews):
         micro-batch and redo the window from its first sample."""
         parts = self.parts
         t0 = time.perf_counter()
-        share = W.rank_share(window, self.ctx.rank, self.ctx.world)
+        share = sampling.rank_share(window, self.ctx.rank, self.ctx.world)
         if parts.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(parts.device)  # so mem_peak is this window's peak
         launch_settings = parts.lr.for_window(self.settings, self.progress.samples)

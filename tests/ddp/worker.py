@@ -24,7 +24,7 @@ import torch  # noqa: E402 - after the sys.path set-up above
 import torch.distributed as dist  # noqa: E402 - after the sys.path set-up above
 from torch.nn.parallel import DistributedDataParallel  # noqa: E402 - after the sys.path set-up above
 
-import engine.distributed as D  # noqa: E402 - after the sys.path set-up above
+from engine import distributed  # noqa: E402 - after the sys.path set-up above
 from engine.declarations.config import TrainConfig  # noqa: E402 - after the sys.path set-up above
 from engine.trainer.trainer import Trainer  # noqa: E402 - after the sys.path set-up above
 from tests.ddp import varlen_task  # noqa: E402 - after the sys.path set-up above
@@ -84,10 +84,10 @@ def main() -> None:
         DistributedDataParallel.register_comm_hook = lambda self, state, hook: None
     if opts.get("no_share") == "1":
         # Negative control: each rank keeps the model it built (no rank 0 values at the start).
-        D.share_rank0_model = lambda model, ctx, device: None
+        distributed.share_rank0_model = lambda model, ctx, device: None
     if opts.get("local_count") == "1":
         # Negative control: normalise by each rank's own count, not the all-reduced one.
-        D.all_reduce_sum = lambda t, ctx: t
+        distributed.all_reduce_sum = lambda t, ctx: t
     extra: dict = {}
     for key in ("checkpoint_every", "max_steps"):
         if key in opts:
@@ -137,7 +137,7 @@ def main() -> None:
 
     trainer.step_window = step
     weights: dict = {}
-    original_shutdown = D.shutdown
+    original_shutdown = distributed.shutdown
 
     wrappers_at_shutdown = []
 
@@ -149,7 +149,7 @@ def main() -> None:
         wrappers_at_shutdown.extend(o for o in gc.get_objects() if isinstance(o, DistributedDataParallel))
         original_shutdown(ctx, clean)
 
-    D.shutdown = shutdown
+    distributed.shutdown = shutdown
     trainer.run()
     torch.save(weights, os.path.join(out, f"weights-{rank}.pt"))
     with open(os.path.join(out, f"log-{rank}.json"), "w") as f:

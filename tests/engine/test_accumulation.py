@@ -16,7 +16,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.accumulation import sampling as W
+from engine.accumulation import sampling
 
 from engine_helpers import (Recorder, RecordingSGD, flat, make_seqs, make_task, rel_err, run_trainer, token_collate,
                        token_loss_sum)
@@ -85,7 +85,7 @@ def test_accumulated_update_equals_one_batch_update(tmp_path, case, dtype):
     seqs = make_seqs(n, lengths)
     expected = []
     for epoch in range(1, EPOCHS + 1):
-        order = W.epoch_order(n, 0, epoch)
+        order = sampling.epoch_order(n, 0, epoch)
         assert sorted(order) == list(range(n))
         if budget:
             expected += expected_token_windows(order, budget, [len(s) - 1 for s in seqs])
@@ -142,7 +142,7 @@ def test_negative_control_mean_per_micro_batch(tmp_path, lengths):
     n, micro, accum = 16, 2, 4
     task = make_task(n, lengths, torch.float64)
     data = task.train_data
-    window = W.epoch_order(n, 0, 1)[: micro * accum]
+    window = sampling.epoch_order(n, 0, 1)[: micro * accum]
     batches = [token_collate([data[i] for i in window[j:j + micro]]) for j in range(0, len(window), micro)]
     whole = token_collate([data[i] for i in window])
     task.model.zero_grad()

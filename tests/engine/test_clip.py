@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.accumulation import sampling as W
+from engine.accumulation import sampling
 from engine.store import RunReader
 
 from engine_helpers import (RecordingSGD, flat, make_task, params_of, rel_err, run_trainer, token_collate,
@@ -17,7 +17,7 @@ N, MICRO, ACCUM = 12, 3, 4  # one window of 12 samples = one step per epoch
 def window_gradient():
     """The true gradient of the first window, by hand."""
     task = make_task(N)
-    window = W.epoch_order(N, 0, 1)[: MICRO * ACCUM]
+    window = sampling.epoch_order(N, 0, 1)[: MICRO * ACCUM]
     loss_sum, count = token_loss_sum(task.model, token_collate([task.train_data[i] for i in window]))
     (loss_sum / count).backward()
     return flat([p.grad for p in task.model.parameters()])
@@ -64,7 +64,7 @@ def test_host_clip_is_bit_identical_to_the_device_clip():
     the deferred step with one computed on the device (grads.clip_). For float32 norms they must
     give the same bits, at the clip boundary too; a plain float64 coefficient does not (the
     negative control: the emulated float32 rounding is what makes them agree)."""
-    from engine.accumulation import grads as G
+    from engine.accumulation.grads import clip_, clip_by_host_norm_, scale_by_
     gen = torch.Generator().manual_seed(0)
     grads = [torch.randn(257, generator=gen), torch.randn(3, 5, generator=gen)]
     cases = [(c, n) for c in (1.0, 0.5, 3.0, 1e-3) for n in (c * 0.5, c * 4.0, c, c - 1e-6, c + 1e-6,
@@ -74,13 +74,13 @@ def test_host_clip_is_bit_identical_to_the_device_clip():
     for clip, n in cases:
         norm = torch.tensor(n, dtype=torch.float32)
         device, host, naive = ([g.clone() for g in grads] for _ in range(3))
-        G.clip_(device, clip, norm)
-        G.clip_by_host_norm_(host, clip, norm, norm.item())
+        clip_(device, clip, norm)
+        clip_by_host_norm_(host, clip, norm, norm.item())
         for a, b in zip(device, host):
             assert torch.equal(a, b), (clip, n)
         coef = clip / (norm.item() + 1e-6)
         if coef < 1:
-            G.scale_by_(naive, coef)
+            scale_by_(naive, coef)
         naive_differs += any(not torch.equal(a, b) for a, b in zip(device, naive))
     assert naive_differs > 0  # float64 arithmetic is not float32's: the emulation matters
 
@@ -89,7 +89,7 @@ def test_host_clip_of_parameters_is_bit_identical_to_torch():
     """The integrations clip with grads.clip_params_by_host_norm_ in place of torch's
     clip_grads_with_norm_: the same bits, for finite norms on either side of the clip norm and
     for a NaN or inf norm (handed to torch)."""
-    from engine.accumulation import grads as G
+    from engine.accumulation.grads import clip_params_by_host_norm_
     gen = torch.Generator().manual_seed(1)
     shapes = [(64, 33), (33,), (7, 3, 2)]
     cases = [(1.0, 0.3), (1.0, 4.0), (1.0, 1.0), (0.25, 0.2500001), (2.0, float("nan")), (2.0, float("inf"))]
@@ -101,6 +101,6 @@ def test_host_clip_of_parameters_is_bit_identical_to_torch():
             a.grad, b.grad = g.clone(), g.clone()
         norm = torch.tensor(n, dtype=torch.float32)
         torch.nn.utils.clip_grads_with_norm_(theirs, clip, norm)
-        G.clip_params_by_host_norm_(mine, clip, norm, norm.item())
+        clip_params_by_host_norm_(mine, clip, norm, norm.item())
         for a, b in zip(mine, theirs):
             assert torch.equal(a.grad, b.grad) or (a.grad.isnan().all() and b.grad.isnan().all()), (clip, n)

@@ -11,7 +11,7 @@ import time
 import pytest
 import torch
 
-from engine.accumulation import sampling as W
+from engine.accumulation import sampling
 from engine.declarations.commands import SetAccum, SetLr, SetMicroBatch, command_from_json
 from engine.declarations.config import ConfigError
 
@@ -48,7 +48,7 @@ def test_changes_apply_at_the_next_step_and_never_split_a_window(tmp_path):
     assert shapes[4][1:3] == (2, 4) and shapes[4][0] == 1  # still epoch 1: a step-level change
     # The epoch's sample order is the plan's, however its windows were cut.
     epoch1 = [i for w, m in zip(rec.windows, run.steps) if m.epoch == 1 for i in w]
-    assert epoch1 == W.epoch_order(N, 0, 1)
+    assert epoch1 == sampling.epoch_order(N, 0, 1)
     for w, m in zip(rec.window_micro, run.steps):  # each window trained with one micro-batch size
         assert all(len(mb) <= m.micro_batch for mb in w) and sum(map(len, w)) == m.samples
     assert [m.lr for m in run.steps if m.epoch == 2] == [0.25] * len([m for m in run.steps if m.epoch == 2])
@@ -66,7 +66,7 @@ def test_every_update_still_equals_the_window_gradient(tmp_path):
         assert rel_err(flat(g), flat(r)) < 1e-10, f"step {step}"
     # Negative control: the windows of a run that never changed differ from step 3 on, and so
     # do their gradients, by far more than the tolerance.
-    fixed = [W.epoch_order(N, 0, 1)[i:i + 6] for i in range(0, N, 6)]
+    fixed = [sampling.epoch_order(N, 0, 1)[i:i + 6] for i in range(0, N, 6)]
     wrong, _, _, _ = reference(N, "variable", torch.float64, fixed)
     assert rel_err(flat(grads[2]), flat(wrong[2])) > 1e-3
 
