@@ -16,7 +16,7 @@ window samples per micro-batch), with a hook before zero_grad where the trainer 
       the allocator at that moment: params + grads + optimizer within 2% of memory_allocated;
       after zero_grad, params + optimizer within 2%; params + grads + optimizer + activations
       = the window's peak (exact by construction: activations is the rest; INFO)
-  g2  what fits (engine.memory.plan.levers): fit through the peaks of 4 x 2 and 8 x 2, predict 16 (16 x 4
+  g2  what fits (engine.memory.what_fits.levers): fit through the peaks of 4 x 2 and 8 x 2, predict 16 (16 x 4
       measured): within 10%; INFO: 32 x 2 predicted vs measured, and the fp32 extrapolation
       of 8 x 2 vs a measured fp32 8 x 2 (calibrates the precision factor)
   g3  checkpointing (engine.memory.activation_checkpointing.checkpoint_modules(model.blocks)): 16 x 4 peak with it
@@ -47,11 +47,11 @@ if REPO not in sys.path:
 import torch  # noqa: E402 - after the sys.path set-up above
 
 from bench.common import RandomTokens, engine_default_optimizer, gpt_loss, make_gpt, median  # noqa: E402 - after the sys.path set-up above
-from engine.memory.plan import levers  # noqa: E402 - after the sys.path set-up above
+from engine.memory.what_fits import levers  # noqa: E402 - after the sys.path set-up above
 from engine.memory.activation_checkpointing import checkpoint_modules  # noqa: E402 - after the sys.path set-up above
 from engine.memory.breakdown import activations, count  # noqa: E402 - after the sys.path set-up above
 from engine.memory.snapshot import SnapshotRecorder  # noqa: E402 - after the sys.path set-up above
-from engine.memory.plan.forecast import MemoryModel  # noqa: E402 - after the sys.path set-up above
+from engine.memory.what_fits.forecast import MemoryModel  # noqa: E402 - after the sys.path set-up above
 from engine.accumulation.oom import free_memory, is_oom  # noqa: E402 - after the sys.path set-up above
 
 GiB = 2**30

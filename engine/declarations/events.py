@@ -281,7 +281,7 @@ class MemoryForecast(Event):
 
 @dataclass(frozen=True)
 class MemoryLevers(Event):
-    """The "what fits" table (engine/memory/plan/levers.py): one row per (micro-batch, precision,
+    """The "what fits" table (engine/memory/what_fits/levers.py): one row per (micro-batch, precision,
     checkpointing) with the predicted peak, whether it fits, the accumulation that keeps the
     effective batch, and where the number comes from (measured, fit, extrapolated, unknown).
     Emitted on CUDA when a new micro-batch size or state was measured."""
@@ -290,7 +290,7 @@ class MemoryLevers(Event):
     rows: tuple[tuple[int, str, bool, Optional[int], Optional[bool], int, str, bool, bool], ...]
     # (micro_batch, precision, checkpointing, predicted_peak, fits, accum, source, current, available)
     notes: tuple[str, ...] = ()
-    # The sharding levers this machine allows, estimates (engine/memory/plan/sharding.py ShardingRow.to_row):
+    # The sharding levers this machine allows, estimates (engine/memory/what_fits/sharding.py ShardingRow.to_row):
     # (world, fsdp_reduce, cpu_offload, micro_batch, accum, predicted_peak, fits, largest, host_bytes,
     #  current, basis). Absent from runs before them.
     sharding: tuple[tuple[Any, ...], ...] = ()

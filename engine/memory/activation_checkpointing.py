@@ -50,7 +50,7 @@ class CheckpointSwitch:
     """Callable: switch(True) / switch(False). `on` is the state it last set."""
     apply: Callable[[bool], None]
     source: str               # "task" or "huggingface"
-    layers: Optional[int]     # how many blocks are checkpointed, if known (for engine.memory.plan.levers.CheckpointModel)
+    layers: Optional[int]     # how many blocks are checkpointed, if known (for engine.memory.what_fits.levers.CheckpointModel)
     on: bool = False
 
     def __call__(self, on: bool) -> None:

@@ -92,7 +92,7 @@ def _device_key(dev: torch.device) -> str:
 
 
 def dtype_name(dtype: torch.dtype) -> str:
-    """torch.float32 -> 'float32' (the names engine.memory.plan.levers uses, torch-free)."""
+    """torch.float32 -> 'float32' (the names engine.memory.what_fits.levers uses, torch-free)."""
     return str(dtype).removeprefix("torch.")
 
 

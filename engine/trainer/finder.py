@@ -2,7 +2,7 @@
 
 Probe a real forward + backward + optimizer step of the task at growing sizes;
 on out-of-memory, bisect. On a GPU the first two probes also fit a memory model
-(engine.memory.plan.forecast) whose prediction is probed next, so the search usually
+(engine.memory.what_fits.forecast) whose prediction is probed next, so the search usually
 ends in a handful of probes. Model, optimizer, scaler and RNG state are restored
 afterwards: probing leaves no trace in training. Then accumulation is set to
 ceil(effective batch / (micro-batch x world size)).
@@ -17,7 +17,7 @@ import torch
 
 from engine.distributed import all_reduce_max
 from engine.declarations.events import MicroBatchFound
-from engine.memory.plan.forecast import MemoryModel
+from engine.memory.what_fits.forecast import MemoryModel
 from engine.accumulation.oom import free_memory, is_oom
 from .progress import Progress
 from .setup import RunParts

@@ -33,7 +33,7 @@ from engine.declarations.events import (CheckpointSaved, EpochEnd, Event, LrPlan
     OomRecovered, RunFailed, RunFinished, StoreProblem)
 from .finder import NothingFits, find_micro_batch
 from engine.steering.inbox import CommandInbox
-from engine.memory.plan.forecast import MemoryModel
+from engine.memory.what_fits.forecast import MemoryModel
 from engine.accumulation.oom import free_memory, halved, is_oom, smaller_shape
 from engine.declarations.paths import resolve_task_spec
 from .progress import Progress

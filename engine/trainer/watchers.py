@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING, Optional, Protocol
 
 import torch
 
-from engine.memory.plan import levers, sharding
+from engine.memory.what_fits import levers, sharding
 from engine.declarations.events import (BatchNormSmallBatch, ClipSaturation, Event, MemoryForecast,
     MemoryLevers, StepMetrics, VramLow)
-from engine.memory.plan.forecast import MemoryModel
+from engine.memory.what_fits.forecast import MemoryModel
 from engine.declarations.settings import LiveSettings
 
 if TYPE_CHECKING:

@@ -1,6 +1,6 @@
 """The "What fits" panel shows the sharding levers of a memory_levers event (issue 20): FSDP over
 N of the machine's GPUs, reduction every micro-batch, CPU offload, each row marked as an estimate
-in its text and tooltip. The event is the engine's own (engine.memory.plan.levers.build_table for a
+in its text and tooltip. The event is the engine's own (engine.memory.what_fits.levers.build_table for a
 machine said to have 4 GPUs, the count passed in), written to a run folder by the engine's store
 and opened in the window; a one-GPU machine's table has no such rows."""
 from __future__ import annotations
@@ -11,8 +11,8 @@ import os
 import time
 
 from engine.declarations.events import MemoryLevers, RunStarted
-from engine.memory.plan.forecast import MemoryModel
-from engine.memory.plan.levers import Current, Persistent, build_table
+from engine.memory.what_fits.forecast import MemoryModel
+from engine.memory.what_fits.levers import Current, Persistent, build_table
 from engine.store import RunStore
 
 GIB = 2 ** 30

@@ -1,4 +1,4 @@
-"""engine.memory.plan.levers: the "what fits" table, against numbers worked out by hand.
+"""engine.memory.what_fits.levers: the "what fits" table, against numbers worked out by hand.
 
 The run: fp32, checkpointing off, measured peaks 4000 B at micro-batch 2 and 6000 B at
 4, so the line is fixed 2000 + 1000 per sample. Parameters: 100 fp32 elements (400 B),
@@ -15,10 +15,10 @@ import pytest
 
 import engine_helpers  # noqa: F401 - for its set-up: testkit's sys.path before the engine imports
 from engine.declarations.commands import SetAccum, SetMicroBatch
-from engine.memory.plan.levers import (CheckpointModel, Current, Persistent, accum_for, build_table, cast_bytes,
+from engine.memory.what_fits.levers import (CheckpointModel, Current, Persistent, accum_for, build_table, cast_bytes,
     commands_for, lines_for)
 from engine.declarations.commands import COMMANDS as MEM_COMMANDS, SetCheckpointing, SetPrecision
-from engine.memory.plan.forecast import MemoryModel
+from engine.memory.what_fits.forecast import MemoryModel
 from engine.declarations.config import ConfigError
 
 PERSIST = Persistent(params=400, grads=400, optimizer=800, param_dtypes={"float32": 400})
@@ -185,7 +185,7 @@ def test_mem_commands_validate_and_round_trip():
 
 
 def test_levers_import_no_torch():
-    code = "import sys, engine.memory.plan.levers, engine.declarations.commands; print('torch' in sys.modules)"
+    code = "import sys, engine.memory.what_fits.levers, engine.declarations.commands; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=engine_helpers.ROOT)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False"

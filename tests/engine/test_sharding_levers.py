@@ -1,4 +1,4 @@
-"""engine.memory.plan.sharding: the "what fits" table's sharding levers, against figures worked out by hand.
+"""engine.memory.what_fits.sharding: the "what fits" table's sharding levers, against figures worked out by hand.
 
 The run (as tests/engine/test_levers.py): fp32, checkpointing off, peaks 4000 B at micro-batch 2
 and 6000 B at 4 (line: fixed 2000 + 1000 per sample), micro-batch 4 x accum 8 on 2 ranks
@@ -24,9 +24,9 @@ import json
 import engine_helpers  # noqa: F401 - for its set-up: testkit's sys.path before the engine imports
 from engine.declarations.events import MemoryLevers, StepMetrics
 from engine.declarations.settings import LiveSettings
-from engine.memory.plan.forecast import MemoryModel
-from engine.memory.plan.levers import CheckpointModel, Current, Persistent, build_table
-from engine.memory.plan.sharding import Layout, ShardingRow, Whole, rows
+from engine.memory.what_fits.forecast import MemoryModel
+from engine.memory.what_fits.levers import CheckpointModel, Current, Persistent, build_table
+from engine.memory.what_fits.sharding import Layout, ShardingRow, Whole, rows
 
 CUR = Current(micro_batch=4, accum=8, precision="fp32", checkpointing=False, world=2)
 WHOLE = Persistent(params=400, grads=400, optimizer=800, param_dtypes={"float32": 400})

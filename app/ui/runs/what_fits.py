@@ -1,4 +1,4 @@
-"""The "What fits" table: the engine's latest memory_levers event (engine/memory/plan/levers.py) as a grid,
+"""The "What fits" table: the engine's latest memory_levers event (engine/memory/what_fits/levers.py) as a grid,
 one row per micro-batch (with the accumulation that keeps the effective batch), one column
 per precision x activation checkpointing; each cell the predicted peak and whether it fits.
 Where a number comes from shows on the cell: measured or fit from this state's own steps
@@ -6,12 +6,12 @@ plainly, extrapolated from another state in italics with "≈" on a hatched back
 unknown as a dash. The run's own cell is bold ("● now").
 
 Below it, where the machine has 2 or more GPUs or the run is distributed, the sharding levers
-(engine/memory/plan/sharding.py): FSDP over N GPUs, its reduction, CPU offload, each row an
+(engine/memory/what_fits/sharding.py): FSDP over N GPUs, its reduction, CPU offload, each row an
 estimate from the measured breakdown (said in its text and tooltip). They need a new launch
 (Run on N GPUs...), so they are shown, not applied.
 
 Choosing a cell and pressing "Apply at next step" or "Apply at next epoch" asks for the
-commands that move the run there (engine.memory.plan.levers.commands_for); the window sends them along
+commands that move the run there (engine.memory.what_fits.levers.commands_for); the window sends them along
 the session's command path, so each change and any refusal shows as for any setting."""
 from __future__ import annotations
 
@@ -23,8 +23,8 @@ from PySide6.QtGui import QBrush, QColor, QFont
 from PySide6.QtWidgets import (QAbstractItemView, QHBoxLayout, QHeaderView, QLabel, QPushButton, QTableWidget,
                                QTableWidgetItem, QVBoxLayout, QWidget)
 
-from engine.memory.plan import levers
-from engine.memory.plan.sharding import ShardingRow
+from engine.memory.what_fits import levers
+from engine.memory.what_fits.sharding import ShardingRow
 from engine.declarations.commands import Command, setting_of
 
 
@@ -38,7 +38,7 @@ def _gib(n: Optional[int]) -> str:
 
 
 def cells_of(data: dict[str, Any]) -> list[levers.Cell]:
-    """A memory_levers event's rows as engine.memory.plan.levers cells (rows from run.db are JSON lists)."""
+    """A memory_levers event's rows as engine.memory.what_fits.levers cells (rows from run.db are JSON lists)."""
     out = []
     for row in data.get("rows") or ():
         try:

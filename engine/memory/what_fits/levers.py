@@ -8,7 +8,7 @@ and where the number comes from.
 Where the numbers come from (Cell.source), best first:
 
   "measured"      this very micro-batch was trained in this state: its largest peak seen.
-  "fit"           this state's own measurements: engine.memory.plan.forecast.MemoryModel's line
+  "fit"           this state's own measurements: engine.memory.what_fits.forecast.MemoryModel's line
                   (fixed + per_sample x micro) through two or more micro-batch sizes; with
                   one size and the persistent bytes known (engine.memory.breakdown), the
                   fixed part is taken as params + grads + optimizer and the rest of the
@@ -332,7 +332,7 @@ def build_table(models: Mapping[State, MemoryModel], current: Current, *, capaci
     """The table for the current run. `models`: one MemoryModel per measured state
     ((precision, checkpointing) -> MemoryModel of window peaks by micro-batch). `layout`: how
     the run's ranks hold the model (default: a replica on each of current.world); `gpus`: this
-    machine's GPUs, for the sharding levers (engine/memory/plan/sharding.py)."""
+    machine's GPUs, for the sharding levers (engine/memory/what_fits/sharding.py)."""
     if current.micro_batch < 1 or current.accum < 1 or current.world < 1:
         raise ValueError(f"micro-batch, accum and world must be >= 1, got {current}")
     usable = None if capacity is None else capacity * (1.0 - margin)
