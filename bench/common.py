@@ -1,7 +1,7 @@
 """Shared pieces of the benchmarks: the bare seed loop, the anchors' GPT, timing helpers.
 
 The bare loop is what a careful user writes without Headroom: the same model, the
-same sample order (engine.accumulation.sampling.plan_epoch), the same collate, micro-batch,
+same sample order (engine.accumulation.sampling.epoch_windows), the same collate, micro-batch,
 accumulation and optimizer, clip_grad_norm_, and no host reads at all. Benchmarks
 hold the engine against it side by side in one process.
 """
@@ -45,14 +45,14 @@ class BareLoop:
         self.autocast = ((lambda: torch.autocast(device.type, dtype=amp_dtype)) if amp_dtype
                          else contextlib.nullcontext)
         self.params = [p for p in task.model.parameters() if p.requires_grad]
-        self.plan = sampling.plan_epoch(len(self.data), seed, 1, micro * accum)
+        self.windows = sampling.epoch_windows(len(self.data), seed, 1, micro * accum)
         self.k = 0
         task.model.train()
 
     def step(self) -> None:
-        if self.k >= len(self.plan):
-            raise ValueError(f"the bare loop runs one epoch ({len(self.plan)} windows)")
-        window = self.plan[self.k]
+        if self.k >= len(self.windows):
+            raise ValueError(f"the bare loop runs one epoch ({len(self.windows)} windows)")
+        window = self.windows[self.k]
         self.k += 1
         model, data, n = self.task.model, self.data, len(window)
         for idx in sampling.micro_batches(window, self.micro):

@@ -6,7 +6,7 @@ The engine (Trainer.run, writing run.db, its sink feeding an EventBuffer as the 
 does) and the bare seed loop (bench.common.BareLoop) run in this process in lockstep:
 each time the engine emits a StepMetrics event, its sink runs one bare step. Both
 start from the same model init (the task's seed), see the same windows
-(engine.accumulation.sampling.plan_epoch), the same collate, micro-batch x accumulation (16 x 4),
+(engine.accumulation.sampling.epoch_windows), the same collate, micro-batch x accumulation (16 x 4),
 clip (1.0; clip_grad_norm_ in the bare loop) and optimizer (the engine's default
 AdamW, lr 1e-3). Engine step = from leaving the sink to entering it again; bare
 step = one BareLoop.step(). Alternating step by step, both see the same machine

@@ -1,9 +1,9 @@
 """How far the current epoch is, in accumulation windows, and when it (and the run) will end.
 
-The engine plans an epoch as len(train_data) samples. The app does not load the task, so it
+The engine counts an epoch as len(train_data) samples. The app does not load the task, so it
 reads that size off the engine's `lr_planned` event: the schedule spans epochs x the data
 set, or, with --max-steps, the smaller of that and max steps x the starting effective batch
-(engine/trainer/setup.py planned_samples). Where the max-steps term is the smaller, the data set size
+(engine/trainer/setup.py total_samples). Where the max-steps term is the smaller, the data set size
 is known only once an epoch has ended (RunModel.samples_per_epoch). Windows left = samples
 left / the samples of the latest window (accumulation can change mid-epoch), never past
 --max-steps. Seconds per window are the median pace of the last steps (seconds_per_window), so
@@ -38,7 +38,7 @@ MIN_PACED = 5  # no ETA before this many steps past the warm-up: a guess from on
 class EpochProgress:
     epoch: int
     done: int  # windows trained in this epoch
-    planned: Optional[int]  # windows this epoch will have (done + left); None when the plan is unknown
+    total: Optional[int]  # windows this epoch will have (done + left); None when not known
     eta: Optional[float]  # seconds to the end of this epoch (or of the run, if --max-steps ends it first)
     run_eta: Optional[float]  # seconds to the end of the run
     step: int = 0
@@ -49,13 +49,13 @@ class EpochProgress:
     def fraction(self) -> float:
         if self.by_steps and self.max_steps:
             return min(1.0, self.step / self.max_steps)
-        return min(1.0, self.done / self.planned) if self.planned else 0.0
+        return min(1.0, self.done / self.total) if self.total else 0.0
 
     def text(self, eta_shown: bool = True) -> str:
         """'epoch 2: 37% · ETA 1:24'."""
         if self.by_steps:
             head = f"epoch {self.epoch} \u00b7 step {self.step:,} of {self.max_steps:,}: {self.fraction:.0%}"
-        elif self.planned:
+        elif self.total:
             head = f"epoch {self.epoch}: {self.fraction:.0%}"
         else:
             head = f"epoch {self.epoch}: {self.done:,} steps"
@@ -80,18 +80,18 @@ class ProgressTracker:
     def __init__(self) -> None:
         self._model: Optional[RunModel] = None
         self._notes = 0
-        self.planned_total: Optional[float] = None  # samples the engine plans for the whole run
+        self.total_samples: Optional[float] = None  # the whole run's samples, as the engine counts them
         self._marks: list[Mark] = []  # the run's segments' starts and ends (run_started, run_finished...)
         self.time = RunTime()
 
     def _read(self, model: RunModel) -> None:
         if model is not self._model or len(model.notes) < self._notes:
-            self._model, self._notes, self.planned_total = model, 0, None
+            self._model, self._notes, self.total_samples = model, 0, None
             self._marks, self.time = [], RunTime()
         marks = len(self._marks)
         for note in model.notes[self._notes:]:
             if note.kind == "lr_planned" and note.data.get("total_samples"):
-                self.planned_total = float(note.data["total_samples"])
+                self.total_samples = float(note.data["total_samples"])
             elif note.kind in MARK_KINDS:
                 self._marks.append(self._mark(note.kind, note.time, model.metrics))
         self._notes = len(model.notes)
@@ -121,15 +121,15 @@ class ProgressTracker:
             return float(model.samples_per_epoch)
         cfg = model.config
         epochs = whole(cfg.get("epochs"))
-        if self.planned_total is None or epochs <= 0:
+        if self.total_samples is None or epochs <= 0:
             return None
         max_steps = cfg.get("max_steps")
         if max_steps:
             world = whole(model.info.get("world_size") or 1, 1)
             by_steps = whole(max_steps) * whole(cfg.get("micro_batch")) * whole(cfg.get("accum")) * world
-            if self.planned_total >= by_steps:
-                return None  # max steps x the batch was the smaller: the data set size is not in the plan
-        return self.planned_total / epochs
+            if self.total_samples >= by_steps:
+                return None  # max steps x the batch was the smaller: the data set size is not in the total
+        return self.total_samples / epochs
 
     def progress(self, model: RunModel) -> Optional[EpochProgress]:
         buf = model.metrics

@@ -8,7 +8,7 @@ of the other.
 running sums of the per-step `samples` and `tokens` columns and the `time` column as seconds
 since the run's first row are the buffer's own derived columns (app/model/metrics.py:
 samples_seen, tokens_seen, wall, kept up to date as rows arrive); here they are mapped to
-the axes, and to the places that are steps (clipped steps, markers, the plan ahead).
+the axes, and to the places that are steps (clipped steps, markers, the planned lr ahead).
 A fork's rows continue its parent's samples, tokens and time: `set_offsets` shifts its axes
 by what came before its first row (app/model/lineage.py), so the branches line up.
 Qt-free.

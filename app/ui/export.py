@@ -150,7 +150,7 @@ def _layout_plots(canvas: Any) -> None:
     sizes, which invalidates theirs)."""
     for _ in range(3):
         # The canvas' own item fills it again: the view sized it before the panel laid the plots
-        # out for the new size, so the old plan's least height could still hold it taller.
+        # out for the new size, so the old placement's least height could still hold it taller.
         canvas.ci.setGeometry(QRectF(canvas.viewport().rect()))
         for item in canvas.scene().items(Qt.SortOrder.AscendingOrder):
             lay = QGraphicsWidget.layout(item) if isinstance(item, QGraphicsWidget) else None  # pyqtgraph

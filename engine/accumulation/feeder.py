@@ -1,9 +1,9 @@
-"""Micro-batches on their way to the model: the plan's micro-batches, fetched and collated
+"""Micro-batches on their way to the model: the epoch's micro-batches, fetched and collated
 by `torch.utils.data.DataLoader` workers ahead of the step that needs them.
 
-The DataLoader's batch sampler yields exactly the plan's micro-batches of this rank, in
+The DataLoader's batch sampler yields exactly the epoch's micro-batches of this rank, in
 training order, for the rest of the epoch, so workers prefetch the next window while this
-one trains. The sample order is the plan's: the weights after a run do not depend on the
+one trains. The sample order is the epoch's: the weights after a run do not depend on the
 number of workers. When the split changes (an out-of-memory redo, a micro-batch changed at
 a step boundary) the sampler is re-aimed from the current window and the workers, kept
 alive (`persistent_workers`), start over from there; batches fetched for the old split
@@ -31,7 +31,7 @@ AUTO_MAX_WORKERS = 4
 AUTO_LOAD_SECONDS = 0.5e-3  # per micro-batch: above this, loading competes with the step
 
 
-class _PlanSampler:
+class _WindowSampler:
     """A batch sampler over a list of micro-batches that the feeder replaces as it goes."""
 
     def __init__(self) -> None:
@@ -50,7 +50,7 @@ class Feeder:
     def __init__(self, dataset: Any, collate: Callable[[list], Any], device: torch.device, workers: int,
                  seed: int, prefetch: int = 2) -> None:
         self.dataset, self.collate, self.device, self.workers = dataset, collate, device, workers
-        self._sampler = _PlanSampler()
+        self._sampler = _WindowSampler()
         self._loader: Optional[torch.utils.data.DataLoader] = None
         if workers > 0:
             # Its own generator: creating an iterator draws a seed from it, and drawing from the

@@ -20,9 +20,9 @@ from engine.declarations.settings import LiveSettings
 
 
 class WindowPolicy(Protocol):
-    def plan(self, epoch: int, settings: LiveSettings, world: int, start: int = 0) -> list[list[int]]:
+    def windows(self, epoch: int, settings: LiveSettings, world: int, start: int = 0) -> list[list[int]]:
         """The epoch's windows (all ranks) from its `start`-th sample on, as sample indices,
-        in training order. A change at a step boundary re-plans the rest of the epoch from
+        in training order. A change at a step boundary cuts the rest of the epoch again from
         where the last window ended: the sample order never changes, only how it is cut."""
 
     def split(self, share: Sequence[int], settings: LiveSettings) -> list[list[int]]:
@@ -42,7 +42,7 @@ class FixedWindows:
     def __init__(self, n_samples: int, seed: int) -> None:
         self.n, self.seed = n_samples, seed
 
-    def plan(self, epoch: int, settings: LiveSettings, world: int, start: int = 0) -> list[list[int]]:
+    def windows(self, epoch: int, settings: LiveSettings, world: int, start: int = 0) -> list[list[int]]:
         return sampling.fixed_windows(sampling.epoch_order(self.n, self.seed, epoch)[start:], settings.window_samples * world)
 
     def split(self, share: Sequence[int], settings: LiveSettings) -> list[list[int]]:
@@ -63,7 +63,7 @@ class TokenBudgetWindows:
         self.n, self.seed, self.budget, self.length = n_samples, seed, budget, length
         self.micro_tokens = micro_tokens
 
-    def plan(self, epoch: int, settings: LiveSettings, world: int, start: int = 0) -> list[list[int]]:
+    def windows(self, epoch: int, settings: LiveSettings, world: int, start: int = 0) -> list[list[int]]:
         return sampling.token_windows(sampling.epoch_order(self.n, self.seed, epoch)[start:], self.budget, self.length)
 
     def split(self, share: Sequence[int], settings: LiveSettings) -> list[list[int]]:

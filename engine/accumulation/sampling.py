@@ -51,8 +51,8 @@ def micro_batches(share: Sequence[int], micro: int) -> list[list[int]]:
     return [list(share[i:i + micro]) for i in range(0, len(share), micro)]
 
 
-def plan_epoch(n: int, seed: int, epoch: int, global_samples: int, token_budget: Optional[int] = None,
-               length: Optional[Callable[[int], int]] = None) -> list[list[int]]:
+def epoch_windows(n: int, seed: int, epoch: int, global_samples: int, token_budget: Optional[int] = None,
+                  length: Optional[Callable[[int], int]] = None) -> list[list[int]]:
     order = epoch_order(n, seed, epoch)
     if token_budget is not None:
         assert length is not None

@@ -36,7 +36,7 @@ from engine.declarations.outcome import TrainingError
 from engine.tasks import loader
 from engine.tasks.task import TaskError
 
-Key = tuple[int, int]  # (epoch, sample index): what the plan's sampler hands the workers
+Key = tuple[int, int]  # (epoch, sample index): what the window sampler hands the workers
 
 
 class WorkerExited(TrainingError):

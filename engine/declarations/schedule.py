@@ -17,16 +17,16 @@ from .config import LR_SCHEDULES  # noqa: F401 - the one declaration of the name
 class LrSchedule:
     kind: str  # constant | linear | cosine
     warmup: float  # samples of linear warmup from 0 to the peak
-    total: float  # the run's planned samples
+    total: float  # the run's samples in all
     min_ratio: float  # linear and cosine end at min_ratio x peak
 
     @classmethod
-    def plan(cls, kind: str, min_ratio: float, planned_samples: float, *, warmup_samples: float = 0,
+    def for_run(cls, kind: str, min_ratio: float, total_samples: float, *, warmup_samples: float = 0,
              warmup_fraction: float = 0.0) -> "LrSchedule":
-        """The warmup is a number of samples or a fraction of the planned samples (TrainConfig
+        """The warmup is a number of samples or a fraction of the run's samples (TrainConfig
         allows one of the two)."""
-        w = warmup_samples or warmup_fraction * planned_samples
-        return cls(kind, float(w), float(max(planned_samples, 1)), float(min_ratio))
+        w = warmup_samples or warmup_fraction * total_samples
+        return cls(kind, float(w), float(max(total_samples, 1)), float(min_ratio))
 
     def factor(self, samples: float) -> float:
         """The multiple of the peak lr for a step that starts after `samples` samples."""
@@ -41,6 +41,6 @@ class LrSchedule:
         return self.min_ratio + (1.0 - self.min_ratio) * 0.5 * (1.0 + math.cos(math.pi * t))
 
     def curve(self, peak: float, points: int = 120) -> tuple[tuple[float, float], ...]:
-        """(samples, lr) over the whole planned run, for the app's lr plot ahead of the run."""
+        """(samples, lr) over the whole run, for the app's lr plot ahead of the run."""
         xs = sorted({0.0, self.warmup, self.total} | {self.total * k / (points - 1) for k in range(points)})
         return tuple((x, peak * self.factor(x)) for x in xs if x <= self.total)

@@ -103,7 +103,7 @@ def share_rank0_model(model: torch.nn.Module, ctx: DistContext, device: torch.de
 
 
 def check_same_data(lengths: dict[str, int], ctx: DistContext, device: torch.device) -> None:
-    """Every rank must build data sets of the same lengths (-1: none): else each plans other
+    """Every rank must build data sets of the same lengths (-1: none): else each cuts other
     windows from its own length, the ranks fall out of step and one waits in a collective
     until the timeout. One all-gather; the same one-line ConfigError on every rank if not."""
     if not ctx.enabled:
@@ -123,7 +123,7 @@ def check_same_data(lengths: dict[str, int], ctx: DistContext, device: torch.dev
                              f"{', '.join(map(str, r))}" for n, r in by_len.items())
             differ.append(f"{name}: {said}")
     if differ:
-        raise ConfigError("under torchrun every rank must build the same data sets (each rank plans the "
+        raise ConfigError("under torchrun every rank must build the same data sets (each rank cuts the "
                           f"windows from its length): {' / '.join(differ)}")
 
 

@@ -3,7 +3,7 @@
 `LrControl` owns the optimizer's learning rate for the engine: each window's lr is the
 schedule's factor at the samples seen times the peak (the lr setting), or what the task's
 own torch scheduler set; a new peak (set_lr, a rollback) rescales the task's scheduler so
-its curve keeps its shape. The plan ahead of the run is published as an `lr_planned` event.
+its curve keeps its shape. The planned lr ahead of the run is published as an `lr_planned` event.
 
 `rescale` is the scheduler arithmetic the engine and the integrations (set_lr for a plain
 loop, the Hugging Face and Lightning callbacks) share: every param group's lr and the keys
@@ -64,7 +64,7 @@ class LrControl:
         """The optimizer's state was loaded (a rollback): the next window writes its lr again."""
         self._in_use = None
 
-    def plan(self, step: int, epoch: int, peak: float, samples_seen: int) -> LrPlanned:
+    def planned(self, step: int, epoch: int, peak: float, samples_seen: int) -> LrPlanned:
         s = self.schedule
         return LrPlanned(step, epoch, schedule=s.kind, peak=peak, warmup_samples=s.warmup, total_samples=s.total,
                          min_lr_ratio=s.min_ratio, samples_now=samples_seen, curve=s.curve(peak))

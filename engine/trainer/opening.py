@@ -44,7 +44,7 @@ def run_started(parts: RunParts, config: TrainConfig, step: int, epoch: int) -> 
 def continue_from(parts: RunParts, state: dict[str, Any]) -> tuple[Progress, LiveSettings, list[Command]]:
     progress, settings, asked = run_state.restore(parts, state)
     if progress.window and "epoch_offset" not in state:  # a checkpoint from before epoch_offset existed
-        done = parts.policy.plan(progress.epoch, settings, parts.ctx.world)[:progress.window]
+        done = parts.policy.windows(progress.epoch, settings, parts.ctx.world)[:progress.window]
         progress.epoch_offset = sum(len(w) for w in done)
     return progress, settings, asked
 

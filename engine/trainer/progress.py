@@ -18,7 +18,7 @@ class Progress:
     step: int = 0  # optimizer steps done
     epoch: int = 1  # the epoch being trained (1-based)
     window: int = 0  # windows of this epoch already trained
-    epoch_offset: int = 0  # samples of this epoch already trained (where the rest of its plan starts)
+    epoch_offset: int = 0  # samples of this epoch already trained (where the rest of its windows start)
     epoch_loss: float = 0.0  # this epoch's sum of loss x count so far
     epoch_count: float = 0.0  # and of count
     nonfinite_steps: int = 0

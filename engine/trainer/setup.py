@@ -60,7 +60,7 @@ class RunParts:
     lock: Optional[RunLock]  # this process is the run folder's one writer (rank 0), held until the end
     modes: TrainModes  # train/eval mode as the task built it (frozen parts stay in eval)
     lr: LrControl  # the one writer of the optimizer's lr (the schedule x peak, or the task's scheduler)
-    feeder: Feeder  # the plan's micro-batches, loaded (by DataLoader workers) ahead of the step
+    feeder: Feeder  # the epoch's micro-batches, loaded (by DataLoader workers) ahead of the step
     scheduler: Any  # the task's own torch lr scheduler, or None (then lr's schedule sets the lr)
     switch: Optional[CheckpointSwitch]  # activation checkpointing on/off, if the task or model has one
     memory: WindowMemory  # params/grads/optimizer bytes at each window's end
@@ -153,7 +153,7 @@ def _build(config: TrainConfig, task: Optional[Task], ctx: distributed.DistConte
     distributed.init(ctx, device)  # the process group, once the input is known good
     val = task.val_data
     distributed.check_same_data({"train_data": len(task.train_data), "val_data": len(val) if val is not None else -1},
-                      ctx, device)  # as the model is checked (strategy.build): before any window is planned
+                      ctx, device)  # as the model is checked (strategy.build): before any window is cut
     # torchrun: rank 0's model on every rank, wrapped in DDP or sharded with FSDP2 (engine/distributed)
     strategy = build_strategy(cfg.strategy, model, ctx, device, blocks=task.blocks, precision=cfg.precision,
                               fsdp_reduce=cfg.fsdp_reduce, cpu_offload=cfg.cpu_offload, unused=frozenset(unused))
@@ -171,8 +171,8 @@ def _build(config: TrainConfig, task: Optional[Task], ctx: distributed.DistConte
     stepper.set_to_none = not strategy.grads_in_buckets
     if origin.state is not None:
         _load_state(origin, model, optimizer, scaler, scheduler, strategy.sharded)
-    schedule = LrSchedule.plan(cfg.lr_schedule, cfg.min_lr_ratio,
-                               planned_samples(cfg, len(task.train_data), ctx.world),
+    schedule = LrSchedule.for_run(cfg.lr_schedule, cfg.min_lr_ratio,
+                               total_samples(cfg, len(task.train_data), ctx.world),
                                warmup_samples=cfg.warmup_samples, warmup_fraction=cfg.warmup_fraction)
     probe = MemoryProbe(device)
     window = WindowContext(net=model, loss=task.loss, task_name=task.name, params=params, optimizer=optimizer,
@@ -232,8 +232,8 @@ def _task_scheduler(task: Task, optimizer: torch.optim.Optimizer, cfg: TrainConf
     return sched
 
 
-def planned_samples(cfg: TrainConfig, data_len: int, world: int) -> int:
-    """The run's planned samples: epochs x data set, or with --max-steps, max steps x the
+def total_samples(cfg: TrainConfig, data_len: int, world: int) -> int:
+    """The run's total samples: epochs x data set, or with --max-steps, max steps x the
     effective batch at the start (what the schedule's warmup fraction and decay span)."""
     by_epochs = cfg.epochs * data_len
     if cfg.max_steps is None:
@@ -244,7 +244,7 @@ def planned_samples(cfg: TrainConfig, data_len: int, world: int) -> int:
 def check_warmup(cfg: TrainConfig, data_len: int, world: int) -> None:
     """A warmup in samples longer than the whole run would train every step below the peak lr
     (at 1e-9 of it, for a warmup of millions on a small run) without a word: refused."""
-    total = planned_samples(cfg, data_len, world)
+    total = total_samples(cfg, data_len, world)
     if cfg.warmup_samples > total:
         by = (f"{cfg.max_steps} steps x {cfg.micro_batch * cfg.accum * world} samples"
               if cfg.max_steps is not None and total < cfg.epochs * data_len

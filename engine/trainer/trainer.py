@@ -1,7 +1,7 @@
 """The training engine's run loop: epochs, windows, boundaries, stop.
 
 One optimizer step is one accumulation window. Read `_train_epochs` top to bottom:
-the policy plans the epoch's windows, `step_window` trains one (accumulate.py does
+the policy cuts the epoch into windows, `step_window` trains one (accumulate.py does
 the micro-batches, step.py the optimizer step), `_report` turns its numbers into
 metrics and alerts, and commands are applied only at boundaries, so no window is
 ever split between two settings. Set-up is setup.py (run when the Trainer is made),
@@ -65,7 +65,7 @@ class Trainer(TrainerViews):
         self._stop = threading.Event()
         self._stop_agreed = False  # under torchrun: a stop every rank knows about (see _report)
         self._step_commands_agreed = False  # under torchrun: rank 0 holds commands for the next step
-        self._feed_index = 0  # the window's place in the current plan (the feeder's position)
+        self._feed_index = 0  # the window's place in the epoch's current windows (the feeder's position)
         self.store: Optional[RunStore] = None  # rank 0, from run() until the run ends
         self.progress = Progress()
         self.settings = LiveSettings.from_config(self.config)
@@ -140,7 +140,7 @@ class Trainer(TrainerViews):
             parts.modes.train_mode(parts.model)  # train mode, except the parts the user froze in eval
             if self.settings.checkpointing and parts.switch is not None:
                 parts.switch(True)
-            self._emit(self._lr_plan())
+            self._emit(self._lr_planned())
             self._emit_all(BatchNormWatcher(parts.model).check(self.step, self.epoch, self.settings))
             reason = self._train_epochs(parts)
         except NonFiniteStop as e:
@@ -181,8 +181,8 @@ class Trainer(TrainerViews):
             if self._stop.is_set():
                 return self._stopped()
             epoch_start = time.perf_counter()
-            while plan := self._plan_rest_of_epoch(parts):
-                for k, window in enumerate(plan):
+            while windows := self._rest_of_epoch(parts):
+                for k, window in enumerate(windows):
                     self._feed_index = k
                     if not self.step_window(window):  # stopped mid-window: the partial window is dropped
                         return self._stopped()
@@ -198,10 +198,10 @@ class Trainer(TrainerViews):
                         self._save_checkpoint(step_checkpoint=True)
                     if self.autopilot is not None and self.autopilot.pending is not None:
                         self._roll_back(parts)
-                    if self._step_boundary():  # the windows changed: plan the rest of the epoch anew
+                    if self._step_boundary():  # the windows changed: cut the rest of the epoch anew
                         break
                 else:
-                    break  # the epoch's plan is done
+                    break  # the epoch's windows are done
             self._drain()
             done = EpochEnd(p.step, p.epoch, train_loss=p.epoch_train_loss,
                             val_loss=validation_loss(parts, self.settings.micro_batch),
@@ -211,13 +211,13 @@ class Trainer(TrainerViews):
             self._emit(done)
         return "completed"
 
-    def _plan_rest_of_epoch(self, parts: RunParts) -> list[list[int]]:
+    def _rest_of_epoch(self, parts: RunParts) -> list[list[int]]:
         """The windows of the epoch from the first sample not yet trained, as the current
         settings cut them; the feeder's workers start loading them."""
-        plan = parts.policy.plan(self.epoch, self.settings, self.ctx.world, start=self.progress.epoch_offset)
-        parts.feeder.begin_epoch([sampling.rank_share(w, self.ctx.rank, self.ctx.world) for w in plan],
+        windows = parts.policy.windows(self.epoch, self.settings, self.ctx.world, start=self.progress.epoch_offset)
+        parts.feeder.begin_epoch([sampling.rank_share(w, self.ctx.rank, self.ctx.world) for w in windows],
                                  lambda share: parts.policy.split(share, self.settings), self.epoch)
-        return plan
+        return windows
 
     def _roll_back(self, parts: RunParts) -> None:
         """The autopilot saw a divergence: back to the newest good checkpoint (autopilot.py)."""
@@ -286,8 +286,8 @@ class Trainer(TrainerViews):
             self._report(self._in_flight.popleft())
         return True
 
-    def _lr_plan(self) -> LrPlanned:
-        return self.parts.lr.plan(self.step, self.epoch, self.settings.lr, self.progress.samples)
+    def _lr_planned(self) -> LrPlanned:
+        return self.parts.lr.planned(self.step, self.epoch, self.settings.lr, self.progress.samples)
 
     def train_window(self, micro: list[list[int]], global_samples: int) -> InFlight:
         """Forward/backward each micro-batch, then the optimizer step (accumulate.py)."""
@@ -379,7 +379,7 @@ class Trainer(TrainerViews):
             switch(after.checkpointing)
         if "lr" in changed:
             self.parts.lr.new_peak(before.lr, after.lr)
-            self._emit(self._lr_plan())
+            self._emit(self._lr_planned())
         for w in self.watchers:
             self._emit_all(w.on_settings(self.step, self.epoch, after, changed))
         if self.store is not None:

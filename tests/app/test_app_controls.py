@@ -114,7 +114,7 @@ def test_memory_plot_says_no_gpu_plainly_on_cpu(qtbot, make_window):
     assert w.plots.gpu_mode() == "gpu" and w.plots.parts.memory.fill.isVisible()
     x, y = w.plots.curve_data("mem_used")
     assert list(y) == [6.0] * 10
-    assert w.plots.parts.plot_set.mem.isVisible() and "GPU" not in w.plots.parts.fold.plan.line
+    assert w.plots.parts.plot_set.mem.isVisible() and "GPU" not in w.plots.parts.fold.placement.line
 
 
 @pytest.mark.slow

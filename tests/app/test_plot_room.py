@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from PySide6.QtCore import Qt
 
-from app.ui.plots.fold import LOSS_SHARE, plan_fold
+from app.ui.plots.fold import LOSS_SHARE, place_rows
 from recorded_runs import gpu_run, plot_run
 from test_window_layout import settle
 
@@ -88,15 +88,15 @@ def test_a_gpu_run_shows_its_memory_beside_memory_by_kind_and_throughput(qtbot, 
 
 def test_rows_fold_lowest_first_and_the_loss_keeps_its_share() -> None:
     cpu = {"mem": "GPU memory: no GPU"}
-    full = plan_fold(600, 900, cpu)
+    full = place_rows(600, 900, cpu)
     assert full.rows == (("loss",), ("norm", "lr"), ("stack", "tput")) and full.line and not full.folded
     assert full.loss_min == 360
-    short = plan_fold(356, 640, cpu)
+    short = place_rows(356, 640, cpu)
     assert short.rows == (("loss",), ("norm", "lr")) and short.folded == ("stack", "tput") and not short.line
-    shorter = plan_fold(300, 640, cpu)
+    shorter = place_rows(300, 640, cpu)
     assert shorter.rows == (("loss",),) and shorter.folded == ("norm", "lr", "stack", "tput")
     assert shorter.loss_min == 256
-    assert plan_fold(200, 640, cpu).loss_min == 192  # a canvas under 40% of the window: all of it
-    everything_empty = plan_fold(600, 900, {"mem": "a", "stack": "b", "tput": "c"})
+    assert place_rows(200, 640, cpu).loss_min == 192  # a canvas under 40% of the window: all of it
+    everything_empty = place_rows(600, 900, {"mem": "a", "stack": "b", "tput": "c"})
     assert everything_empty.rows == (("loss",), ("norm", "lr")) and everything_empty.line == "a   \u00b7   b   \u00b7   c"
-    assert plan_fold(0, 900, cpu).rows == full.rows  # not laid out yet: everything
+    assert place_rows(0, 900, cpu).rows == full.rows  # not laid out yet: everything

@@ -49,7 +49,7 @@ def lrs_ahead(opt, sched, n: int) -> list[float]:
 def test_a_rescaled_scheduler_goes_on_as_one_started_at_the_new_peak(kind):
     moved, moved_sched = built_at(0.1, kind)
     lrs_ahead(moved, moved_sched, 4)
-    LrControl(moved, LrSchedule.plan("constant", 0.0, 1), moved_sched).new_peak(0.1, 0.04)
+    LrControl(moved, LrSchedule.for_run("constant", 0.0, 1), moved_sched).new_peak(0.1, 0.04)
     assert moved_sched.get_last_lr() == [g["lr"] for g in moved.param_groups]
     fresh, fresh_sched = built_at(0.04, kind)  # a run started at the new peak, at the same step
     lrs_ahead(fresh, fresh_sched, 4)
@@ -100,10 +100,10 @@ def test_the_engines_lr_after_a_set_lr_at_a_step_is_the_schedule_times_the_new_p
 
     run = run_trainer(task, tmp_path / "r", on_event=on_event, lr=0.2, epochs=2, lr_schedule="cosine", warmup=12,
                       min_lr_ratio=0.1, micro_batch=2, accum=2)
-    [plan, replan] = run.of("lr_planned")
-    schedule = LrSchedule.plan(plan.schedule, plan.min_lr_ratio, plan.total_samples, warmup_samples=plan.warmup_samples)
+    [planned, replanned] = run.of("lr_planned")
+    schedule = LrSchedule.for_run(planned.schedule, planned.min_lr_ratio, planned.total_samples, warmup_samples=planned.warmup_samples)
     [applied] = run.of("settings_applied")
-    assert applied.changes == (("lr", 0.2, 0.05),) and replan.peak == 0.05
+    assert applied.changes == (("lr", 0.2, 0.05),) and replanned.peak == 0.05
     seen, want = 0, []
     for m in run.steps:
         want.append((0.2 if m.step < applied.from_step else 0.05) * schedule.factor(seen))

@@ -17,16 +17,16 @@ from engine.declarations.schedule import LrSchedule
 
 
 def test_shapes():
-    s = LrSchedule.plan("cosine", 0.2, 1000, warmup_fraction=0.1)
+    s = LrSchedule.for_run("cosine", 0.2, 1000, warmup_fraction=0.1)
     assert s.warmup == 100 and s.total == 1000
     assert s.factor(0) == pytest.approx(1 / 101) and s.factor(99) == pytest.approx(100 / 101)
     assert s.factor(100) == pytest.approx(1.0)
     assert s.factor(550) == pytest.approx(0.2 + 0.8 * 0.5)  # half way through the decay
     assert s.factor(1000) == pytest.approx(0.2) and s.factor(5000) == pytest.approx(0.2)
-    lin = LrSchedule.plan("linear", 0.0, 100)
+    lin = LrSchedule.for_run("linear", 0.0, 100)
     assert [lin.factor(x) for x in (0, 50, 100)] == pytest.approx([1.0, 0.5, 0.0])
-    assert LrSchedule.plan("constant", 0.1, 100, warmup_samples=10).factor(50) == 1.0
-    assert LrSchedule.plan("cosine", 0.1, 100, warmup_samples=32).warmup == 32  # samples, not a fraction
+    assert LrSchedule.for_run("constant", 0.1, 100, warmup_samples=10).factor(50) == 1.0
+    assert LrSchedule.for_run("cosine", 0.1, 100, warmup_samples=32).warmup == 32  # samples, not a fraction
     curve = s.curve(2.0)
     assert curve[0][0] == 0 and curve[-1] == (1000.0, pytest.approx(0.4))
 
@@ -52,7 +52,7 @@ def test_lr_at_equal_samples_is_equal_across_accumulations(tmp_path):
     assert max(la.values()) == pytest.approx(0.1, rel=0.05) and min(la.values()) < 0.05
     # Negative control: a schedule over optimizer steps (warmup = a quarter of the steps)
     # puts b's lr at a different point of the curve for the same samples.
-    by_step = LrSchedule.plan("cosine", 0.1, len(b.steps), warmup_fraction=0.25)
+    by_step = LrSchedule.for_run("cosine", 0.1, len(b.steps), warmup_fraction=0.25)
     step_based = {x: 0.1 * by_step.factor(k) for k, x in enumerate(sorted(lb))}
     assert any(abs(step_based[x] - lb[x]) > 0.01 for x in shared)
 

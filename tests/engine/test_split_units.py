@@ -27,31 +27,31 @@ S = LiveSettings(micro_batch=4, accum=2, lr=0.01, clip=1.0, lr_scaling="none")
 # -- window policies -------------------------------------------------------------------------------
 def test_fixed_windows_cover_the_epoch_in_windows_of_micro_x_accum_x_world():
     policy = FixedWindows(30, seed=1)
-    plan = policy.plan(1, S, world=2)
-    assert [len(w) for w in plan] == [16, 14]  # 4 x 2 x 2, the last one short
-    assert sorted(i for w in plan for i in w) == list(range(30))
+    windows = policy.windows(1, S, world=2)
+    assert [len(w) for w in windows] == [16, 14]  # 4 x 2 x 2, the last one short
+    assert sorted(i for w in windows for i in w) == list(range(30))
     assert policy.split(list(range(8)), S) == [[0, 1, 2, 3], [4, 5, 6, 7]]
     assert policy.refusal("accum") is None
 
 
 def test_fixed_windows_order_depends_on_seed_and_epoch_only():
     policy = FixedWindows(30, seed=1)
-    flat = lambda plan: [i for w in plan for i in w]  # noqa: E731 - a one-line function, named where it is used
-    assert flat(policy.plan(1, S, 1)) == flat(policy.plan(1, S.with_(micro_batch=1, accum=7), 1))
-    assert flat(policy.plan(1, S, 1)) != flat(policy.plan(2, S, 1))
-    assert flat(policy.plan(1, S, 1)) != flat(FixedWindows(30, seed=2).plan(1, S, 1))
+    flat = lambda windows: [i for w in windows for i in w]  # noqa: E731 - a one-line function, named where it is used
+    assert flat(policy.windows(1, S, 1)) == flat(policy.windows(1, S.with_(micro_batch=1, accum=7), 1))
+    assert flat(policy.windows(1, S, 1)) != flat(policy.windows(2, S, 1))
+    assert flat(policy.windows(1, S, 1)) != flat(FixedWindows(30, seed=2).windows(1, S, 1))
 
 
 def test_token_budget_windows_close_on_the_budget_and_refuse_accum():
     lengths = [3, 5, 2, 7, 1, 4, 6, 2]
     policy = TokenBudgetWindows(len(lengths), seed=0, budget=8, length=lengths.__getitem__)
-    plan = policy.plan(1, S, world=1)
-    for w in plan[:-1]:
+    windows = policy.windows(1, S, world=1)
+    for w in windows[:-1]:
         held = sum(lengths[i] for i in w)
         assert held >= 8 and held - lengths[w[-1]] < 8  # closed by its last sample, not before
-    assert sorted(i for w in plan for i in w) == list(range(8))
+    assert sorted(i for w in windows for i in w) == list(range(8))
     # The window does not depend on the settings: accumulation is not a knob here.
-    assert plan == policy.plan(1, S.with_(accum=9, micro_batch=1), world=1)
+    assert windows == policy.windows(1, S.with_(accum=9, micro_batch=1), world=1)
     assert "token-budget" in policy.refusal("accum")
     assert policy.refusal("micro_batch") is None and policy.refusal("lr") is None
 

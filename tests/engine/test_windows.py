@@ -71,9 +71,9 @@ def test_micro_batches(n, micro):
 
 
 def test_plan_epoch_modes():
-    assert sampling.plan_epoch(10, 0, 1, 4) == sampling.fixed_windows(sampling.epoch_order(10, 0, 1), 4)
+    assert sampling.epoch_windows(10, 0, 1, 4) == sampling.fixed_windows(sampling.epoch_order(10, 0, 1), 4)
     lengths = [3] * 10
-    assert sampling.plan_epoch(10, 0, 1, 4, token_budget=7, length=lengths.__getitem__) == \
+    assert sampling.epoch_windows(10, 0, 1, 4, token_budget=7, length=lengths.__getitem__) == \
         sampling.token_windows(sampling.epoch_order(10, 0, 1), 7, lengths.__getitem__)
 
 

@@ -30,7 +30,7 @@ from .memory import MemoryPlot
 from .note import PlotNote
 from .overlays import Overlays
 from .parts import PlotCanvas, PlotSet, Series, adopt_menus, make_plots
-from .plan import PlannedLr
+from .planned_lr import PlannedLr
 from .point_menu import PointMenu, PointViewBox
 from .rollbacks import RollbackMarks
 from .validation import ValidationDots

@@ -9,7 +9,7 @@ goes to the others. Where the canvas is too short for a row at its readable heig
 a taller Alerts dock), the row folds away, the lowest first, then gradient norm and lr; they
 come back as soon as there is room, and the toolbar's hint says what is folded.
 
-Each placement is worked out from scratch (plan_fold: the canvas' and the window's heights and
+Each placement is worked out from scratch (place_rows: the canvas' and the window's heights and
 what is empty) and the plots are laid out anew from it, so nothing depends on what the layout
 held before (a theme switch builds a new canvas: build.py).
 """
@@ -42,15 +42,15 @@ TPUT_EMPTY = "Throughput: shown from the first step"
 
 
 @dataclass(frozen=True)
-class FoldPlan:
+class Placement:
     rows: tuple[tuple[str, ...], ...]  # the plots of each row, top to bottom (the loss alone first)
     line: str  # the one line under the plots ("": none)
     folded: tuple[str, ...]  # plots left out for room (not the empty ones)
     loss_min: int  # px
 
 
-def plan_fold(canvas_h: int, window_h: int, empty: Mapping[str, str], margins: int = 8,
-              spacing: int = 8) -> FoldPlan:
+def place_rows(canvas_h: int, window_h: int, empty: Mapping[str, str], margins: int = 8,
+               spacing: int = 8) -> Placement:
     """The rows to place on a canvas `canvas_h` tall in a window `window_h` tall. `empty`: plot
     name -> the line that says why it has nothing to show (those plots are not placed). A
     canvas of height 0 (not laid out yet) gets every row."""
@@ -58,7 +58,7 @@ def plan_fold(canvas_h: int, window_h: int, empty: Mapping[str, str], margins: i
     line = SEPARATOR.join(empty[n] for n in LOWER if n in empty)
     full: list[tuple[str, ...]] = [("loss",), ("norm", "lr")] + ([lower] if lower else [])
     if canvas_h <= 0:
-        return FoldPlan(tuple(full), line, (), 0)
+        return Placement(tuple(full), line, (), 0)
     room = canvas_h - margins
     loss_min = max(0, min(math.ceil(LOSS_SHARE * window_h), room))
 
@@ -70,7 +70,7 @@ def plan_fold(canvas_h: int, window_h: int, empty: Mapping[str, str], margins: i
     rows, with_line = next(((r, w) for r, w in ((full, bool(line)), (full[:2], False)) if need(r, w) <= room),
                            (full[:1], False))  # the loss alone, as tall as the canvas allows
     placed = {n for r in rows for n in r}
-    return FoldPlan(tuple(rows), line if with_line else "", tuple(n for r in full for n in r if n not in placed),
+    return Placement(tuple(rows), line if with_line else "", tuple(n for r in full for n in r if n not in placed),
                     loss_min)
 
 
@@ -93,7 +93,7 @@ class OneLine(ShrinkingTitle):
 
 class Line(QGraphicsWidget):
     """Items in a row or a column, each with its share of the room (a layout emptied and filled
-    again for each plan: a grid kept the spacing of rows it once had)."""
+    again for each placement: a grid kept the spacing of rows it once had)."""
 
     def __init__(self, parent: Any, orientation: Qt.Orientation, spacing: float) -> None:
         super().__init__(parent)
@@ -111,7 +111,7 @@ class Line(QGraphicsWidget):
 
 
 class PlotFold:
-    """Lays the plots out on the canvas by plan_fold, again whenever the plan changes."""
+    """Lays the plots out on the canvas by place_rows, again whenever the placement changes."""
 
     def __init__(self, canvas: Any, plots: PlotSet, hint: Any, pal: Palette) -> None:
         self.canvas, self.plots, self.hint = canvas, plots, hint
@@ -125,18 +125,18 @@ class PlotFold:
             item.setParentItem(self.column)
         for item in [*plots.all, self.line, *self.rows.values()]:
             item.hide()
-        self.plan: Optional[FoldPlan] = None
+        self.placement: Optional[Placement] = None
         self.empty: dict[str, str] = {}
         self.canvas_h = self.window_h = self.canvas_w = 0
 
     @property
     def folded(self) -> bool:
         """Some plots are folded away for room (not those with nothing to show)."""
-        return bool(self.plan and self.plan.folded)
+        return bool(self.placement and self.placement.folded)
 
     def update(self, canvas_h: Optional[int] = None, window_h: Optional[int] = None,
                empty: Optional[Mapping[str, str]] = None, canvas_w: Optional[int] = None) -> bool:
-        """Lay the plots out again if the sizes or what is empty call for another plan. True if so."""
+        """Lay the plots out again if the sizes or what is empty call for another placement. True if so."""
         if canvas_w is not None and canvas_w != self.canvas_w:
             self.canvas_w = canvas_w
             self._share_widths()
@@ -147,21 +147,21 @@ class PlotFold:
         if empty is not None:
             self.empty = {k: v for k, v in empty.items() if v}
         _left, top, _right, bottom = self.canvas.ci.layout.getContentsMargins()
-        plan = plan_fold(self.canvas_h, self.window_h, self.empty, int(top + bottom), self.spacing)
-        if plan == self.plan:
+        placement = place_rows(self.canvas_h, self.window_h, self.empty, int(top + bottom), self.spacing)
+        if placement == self.placement:
             return False
-        self.plan = plan
-        self._place(plan)
+        self.placement = placement
+        self._place(placement)
         return True
 
-    def _place(self, plan: FoldPlan) -> None:
+    def _place(self, placement: Placement) -> None:
         shown: set[Any] = {self.column}
         column: list[tuple[Any, int]] = []
-        for r, names in enumerate(plan.rows):
+        for r, names in enumerate(placement.rows):
             kind = "loss" if names == ("loss",) else "middle" if names == ("norm", "lr") else "lower"
             plots = [getattr(self.plots, n) for n in names]
             for p in plots:  # x values under the loss and under the lowest row (those above share its steps)
-                p.getAxis("bottom").setStyle(showValues=kind == "loss" or r == len(plan.rows) - 1)
+                p.getAxis("bottom").setStyle(showValues=kind == "loss" or r == len(placement.rows) - 1)
             if kind == "loss":
                 column.append((plots[0], STRETCH[kind]))
             else:
@@ -170,32 +170,32 @@ class PlotFold:
                 column.append((row, STRETCH[kind]))
                 shown.add(row)
             shown.update(plots)
-        self.plots.loss.setMinimumHeight(plan.loss_min if plan.loss_min else -1)
-        if plan.line:
-            self.line.show_text(plan.line)
+        self.plots.loss.setMinimumHeight(placement.loss_min if placement.loss_min else -1)
+        if placement.line:
+            self.line.show_text(placement.line)
             column.append((self.line, 0))
             shown.add(self.line)
         self.column.fill(column)
         self._share_widths()
-        # The canvas sized its layout to the view before this plan (a resize comes first): again now,
+        # The canvas sized its layout to the view before this placement (a resize comes first): again now,
         # so a layout that needs less height than the last one is not left as tall as that one.
         for item, layout in ((self.column, self.column.lay), (self.canvas.ci, self.canvas.ci.layout)):
             layout.invalidate()
-            item.updateGeometry()  # forget the size hints of the last plan
+            item.updateGeometry()  # forget the size hints of the last placement
         self.canvas.ci.setGeometry(QRectF(self.canvas.viewport().rect()))
         for item in [*self.plots.all, self.line, *self.rows.values()]:
             item.setVisible(item in shown)
-        self.hint.setText(folded_hint(plan.folded))
-        self.hint.setToolTip(FOLDED_TIP if plan.folded else "")
+        self.hint.setText(folded_hint(placement.folded))
+        self.hint.setToolTip(FOLDED_TIP if placement.folded else "")
 
     def _share_widths(self) -> None:
         """Each plot in a row as wide as its share says (SHARES): its preferred width, the row's
         width shared out, so Qt gives each exactly that (its stretch factors share the room out by
         a rule of their own, and a title's length would count too)."""
-        if self.plan is None:
+        if self.placement is None:
             return
         left, _top, right, _bottom = self.canvas.ci.layout.getContentsMargins()
-        for names in self.plan.rows:
+        for names in self.placement.rows:
             room = max(0.0, self.canvas_w - left - right - self.spacing * (len(names) - 1))
             shares = SHARES[names]
             for name, share in zip(names, shares):

@@ -2,7 +2,7 @@
 
 Every plot shares one x axis, chosen in the toolbar: optimizer step, samples seen, tokens
 seen or wall time (app/model/x_axis.py; the other runs overlaid on the loss follow it too).
-The lr plot also shows the engine's planned lr ahead of the run, dashed (plan.py).
+The lr plot also shows the engine's planned lr ahead of the run, dashed (planned_lr.py).
 Under GPU memory, memory by kind (mem_stack.py); on every plot, rollbacks and the steps
 they threw away (rollbacks.py); in every plot's right-click menu, "Fork from here..."
 (point_menu.py: the panel's `fork_requested` says the step).
@@ -360,12 +360,12 @@ class PlotPanel(QWidget):
                 parts.stack.update(model, buf, x0, x1, width, axis)
                 self._fit_room()  # a plot with nothing to show gives its room to the others
             parts.validation.update(model, self.steps_to_x)
-            legend_had = (parts.planned.plan is not None, len(parts.planned.changes))
+            legend_had = (parts.planned.curve is not None, len(parts.planned.changes))
             if all_plots or self._turn == 0 or parts.planned.stale(model):  # with the lr plot's turn
                 parts.planned.update(model, axis)
             marks_changed = parts.marks.update(model, parts.memory.shown)
             marks_changed = parts.rollbacks.update(model, parts.memory.shown) or marks_changed
-            if marks_changed or legend_had != (parts.planned.plan is not None, len(parts.planned.changes)):
+            if marks_changed or legend_had != (parts.planned.curve is not None, len(parts.planned.changes)):
                 self._set_titles()
             unit = "tokens/s" if buf.counts_tokens() else "samples/s"
             if unit != self._tput_unit:

@@ -19,7 +19,7 @@ def curve_data(parts: CanvasParts, name: str) -> tuple[np.ndarray, np.ndarray]:
             "throughput": cv.tput, "mem_used": p.memory.used, "mem_total": p.memory.total,
             "discarded_loss": p.rollbacks.loss, "discarded_grad_norm": p.rollbacks.norm,
             **{f"stack_{c}": item for (c, _n), item in zip(LAYERS, p.stack.layers)}}[name]
-    x, y = (item.xData, item.yData) if name.startswith("lr_p") else item.getData()  # the plan: all of it
+    x, y = (item.xData, item.yData) if name.startswith("lr_p") else item.getData()  # the planned lr: all of it
     x, y = np.asarray(x if x is not None else []), np.asarray(y if y is not None else [])
     if name == "clipped":  # drawn as zero-length segments: each point twice
         x, y = x[::2], y[::2]

@@ -9,7 +9,7 @@ from typing import Optional
 from app.model.runmodel import RunModel
 from .overlays import Overlays
 from .parts import PlotSet, legend
-from .plan import PlannedLr
+from .planned_lr import PlannedLr
 from .rollbacks import RollbackMarks
 from app.ui.theme import Palette
 
@@ -38,7 +38,7 @@ def set_titles(plots: PlotSet, pal: Palette, model: Optional[RunModel], planned:
     plots.norm.setTitle(legend("Gradient norm, before clipping",
                                [(pal.norm, "\u2501", "norm"), (pal.clip, "\u2505", "clip"),
                                 (pal.clipped, "\u25cf", "clipped")] + overlays.legend("norm"), fg))
-    lr_extra = [(pal.lr, "\u2501", "per step"), (pal.planned, "\u2505", "planned")] if planned.plan is not None else []
+    lr_extra = [(pal.lr, "\u2501", "per step"), (pal.planned, "\u2505", "planned")] if planned.curve is not None else []
     if planned.changes:
         lr_extra.append((pal.marker, "\u25b2", "peak changed"))
     plots.lr.setTitle(legend("Learning rate", lr_extra + overlays.legend("lr"), fg))

@@ -229,7 +229,7 @@ class StatusBar(QStatusBar):
             bar.setRange(0, max(1, int(prog.max_steps or 1)))
             bar.setValue(min(prog.step, bar.maximum()))
         else:
-            bar.setRange(0, max(1, prog.planned or prog.done))
+            bar.setRange(0, max(1, prog.total or prog.done))
             bar.setValue(min(prog.done, bar.maximum()))
         text = prog.text(eta_shown=running)
         if state is RunState.PAUSED:

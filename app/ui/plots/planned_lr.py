@@ -2,7 +2,7 @@
 `lr_planned` events (the schedule over samples seen, sent at the start and again whenever
 the peak changes), with a triangle where the peak was changed.
 
-The engine gives the plan in samples seen. On the samples axis it is drawn as it is; on the
+The engine gives the curve in samples seen. On the samples axis it is drawn as it is; on the
 step, tokens and wall-time axes its part ahead of the run is placed at the run's current rate
 (x per sample over its last steps, app/model/x_axis.py), so it moves when accumulation or speed
 changes. Before the first step only the samples axis can show it.
@@ -22,16 +22,16 @@ from app.model.x_axis import columns
 
 
 @dataclass(frozen=True)
-class Plan:
+class PlannedCurve:
     samples: np.ndarray  # the curve's x: samples seen
     lr: np.ndarray
-    samples_now: float  # where the run was when this plan was made
+    samples_now: float  # where the run was when this curve was made
     peak: float
     schedule: str
 
 
-def plan_of(data: dict) -> Optional[Plan]:
-    """An lr_planned note's data as a Plan (None if it carries no usable curve)."""
+def curve_of(data: dict) -> Optional[PlannedCurve]:
+    """An lr_planned note's data as a PlannedCurve (None if it carries no usable curve)."""
     try:
         pts = np.asarray(data.get("curve") or (), dtype=np.float64).reshape(-1, 2)
     except (TypeError, ValueError):
@@ -40,7 +40,7 @@ def plan_of(data: dict) -> Optional[Plan]:
     if not len(pts):
         return None
     order = np.argsort(pts[:, 0], kind="stable")
-    return Plan(pts[order, 0], pts[order, 1], float(data.get("samples_now") or 0.0),
+    return PlannedCurve(pts[order, 0], pts[order, 1], float(data.get("samples_now") or 0.0),
                 float(data.get("peak") or 0.0), str(data.get("schedule") or ""))
 
 
@@ -57,7 +57,7 @@ class PlannedLr:
 
     def reset(self) -> None:
         """A new model: read its notes from the start."""
-        self.plan: Optional[Plan] = None
+        self.curve: Optional[PlannedCurve] = None
         self.changes: list[tuple[float, float]] = []  # (samples seen, new lr) where the peak changed
         self._notes = 0
         self._key: tuple = ()
@@ -76,36 +76,36 @@ class PlannedLr:
         for note in notes[self._notes:]:
             if note.kind != "lr_planned":
                 continue
-            plan = plan_of(note.data)
-            if plan is None:
+            curve = curve_of(note.data)
+            if curve is None:
                 continue
-            if self.plan is not None and plan.peak != self.plan.peak:
-                self.changes.append((plan.samples_now, float(np.interp(plan.samples_now, plan.samples, plan.lr))))
-            self.plan = plan
+            if self.curve is not None and curve.peak != self.curve.peak:
+                self.changes.append((curve.samples_now, float(np.interp(curve.samples_now, curve.samples, curve.lr))))
+            self.curve = curve
             changed = True
         self._notes = len(notes)
         return changed
 
     def update(self, model: RunModel, axis: str) -> None:
-        """Draw the latest plan from the last trained sample on, and the peak changes."""
+        """Draw the latest curve from the last trained sample on, and the peak changes."""
         self._read(model)
         buf = model.metrics
-        key = (id(buf), buf.version, axis, id(self.plan), len(self.changes))
+        key = (id(buf), buf.version, axis, id(self.curve), len(self.changes))
         if key == self._key:
             return
         self._key = key
-        plan = self.plan
-        if plan is None:
+        curve = self.curve
+        if curve is None:
             self.item.setData([], [])
             self.peaks.setData([], [])
             self.y_shown = np.empty(0)
             return
         cols = columns(buf)
         seen = cols.values("samples")
-        start = max(float(seen[-1]) if len(seen) else 0.0, plan.samples_now)
-        ahead = plan.samples > start
-        xs = np.concatenate(([start], plan.samples[ahead]))
-        ys = np.concatenate(([np.interp(start, plan.samples, plan.lr)], plan.lr[ahead]))
+        start = max(float(seen[-1]) if len(seen) else 0.0, curve.samples_now)
+        ahead = curve.samples > start
+        xs = np.concatenate(([start], curve.samples[ahead]))
+        ys = np.concatenate(([np.interp(start, curve.samples, curve.lr)], curve.lr[ahead]))
         x = cols.samples_to_x(axis, xs)
         if x is None or not ahead.any():
             self.item.setData([], [])
