@@ -1,6 +1,7 @@
 """Every import and command the README documents for users still resolves, whatever the
-engine's internal packages are called (issue 29 renamed engine/loop, engine/control,
-engine/window, engine/memory/plan and app/window.py; none of these is a user import).
+engine's internal packages are called (issue 29 renamed the Trainer's, the steering's, the
+accumulation window's and the memory estimates' packages and the main window's module; none of
+them is a user import).
 
 Fast and Qt-free: the app's entry point is checked by its source, not imported."""
 from __future__ import annotations
