@@ -154,7 +154,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     from .core import assets, compat  # noqa: F401 - compat: see app/core/compat.py
     from .model.title import APP_NAME
-    from .window import MainWindow
+    from .main_window import MainWindow
 
     existing = QApplication.instance()
     app = existing if isinstance(existing, QApplication) else QApplication(sys.argv[:1])

@@ -235,7 +235,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         ns = build_parser().parse_args(argv)
         config = config_from_args(ns)
-        from .loop.trainer import Trainer, TrainingError  # torch loads here, after the flags are checked
+        from .trainer.trainer import Trainer, TrainingError  # torch loads here, after the flags are checked
         trainer = Trainer(config, sink=ConsoleSink(ns.json, config.epochs))  # builds the run: bad input raises here
     except ConfigError as e:
         _say_error(e)
@@ -251,7 +251,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         _say_error(e)
         return EXIT_FAILED
     except Exception as e:  # the task's own code failed mid-run: run.db already holds run_failed
-        from .loop.failure import failure_message  # the cause and where, as run_failed says it
+        from .trainer.failure import failure_message  # the cause and where, as run_failed says it
         _say_error(f"run failed at step {trainer.step}: {failure_message(e, trainer.ctx, ())}")
         return EXIT_FAILED
     except KeyboardInterrupt:  # raised by the task's own code (Ctrl-C is caught as a stop request)

@@ -37,18 +37,18 @@ def copy_tree(dst) -> str:
 
 @pytest.mark.parametrize("module,line,contract", [
     ("engine/store/_run_store.py", "import torch", "torch-free"),
-    ("engine/memory/plan/levers.py", "import numpy", "torch-free"),
+    ("engine/memory/what_fits/levers.py", "import numpy", "torch-free"),
     ("engine/declarations/rules.py", "import torch", "torch-free"),
     ("engine/ctl/follow.py", "import torch", "headroom-ctl is torch-free"),
-    ("engine/ctl/remote.py", "import engine.loop.trainer", "headroom-ctl is torch-free"),
+    ("engine/ctl/remote.py", "import engine.trainer.trainer", "headroom-ctl is torch-free"),
     ("engine/ctl/start.py", "import engine.cli", "headroom-ctl is torch-free"),  # no exception for start
     ("app/session/sources.py", "import engine.ctl.remote", "only through its client API"),
     ("app/ui/shell/dialogs.py", "from engine.ctl.protocol import CtlError", "only through its client API"),
     ("app/main.py", "import engine.cli", "only through its client API"),
     ("engine/declarations/config.py", "import PySide6", "never imports the app"),
-    ("engine/checkpoints/files.py", "import engine.loop.trainer", "engine's packages"),
-    ("engine/window/step.py", "import engine.window.accumulate", "no import cycles"),
-    ("engine/loop/report.py", "import engine.store._writer", "private module"),
+    ("engine/checkpoints/files.py", "import engine.trainer.trainer", "engine's packages"),
+    ("engine/accumulation/step.py", "import engine.accumulation.accumulate", "no import cycles"),
+    ("engine/trainer/report.py", "import engine.store._writer", "private module"),
     ("app/model/pending.py", "import app.ui.plots.panel", "app's layers"),
     ("app/model/x_axis.py", "import PySide6.QtCore", "Qt-free"),
     ("app/session/session.py", "import PySide6.QtCore", "Qt-free"),
@@ -84,6 +84,6 @@ def test_the_contracts_name_packages_not_modules():
         return os.path.isfile(os.path.join(ROOT, *name.split("."), "__init__.py"))
 
     sources = contract_sources()
-    assert "engine.declarations" in sources and "engine.memory.plan" in sources
+    assert "engine.declarations" in sources and "engine.memory.what_fits" in sources
     assert [m for m in sources if not is_package(m)] == []
     assert not is_package("engine.memory.breakdown")

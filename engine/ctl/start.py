@@ -58,7 +58,7 @@ _PLAIN = re.compile(r"[A-Za-z0-9_./-]+")
 
 
 @dataclass
-class Plan:
+class EngineStart:
     """What to start: the engine's command line, its folder, and whether this made the folder."""
     argv: list[str]
     run_dir: str
@@ -74,7 +74,7 @@ def engine_command() -> list[str]:
     return [sys.executable, "-m", "engine"]
 
 
-def plan(flags: list[str]) -> Plan:
+def checked_start(flags: list[str]) -> EngineStart:
     """The engine's flags checked by its own parser, the run folder chosen and checked. CtlError
     (exit 2) for anything the engine would refuse as input; nothing is made."""
     if any(f in ("-h", "--help") for f in flags):
@@ -112,7 +112,7 @@ def plan(flags: list[str]) -> Plan:
     holder = runlock.holder(run_dir) if os.path.isdir(run_dir) else None
     if holder is not None:
         raise CtlError(f"{runlock.describe(run_dir, holder)}: a run folder has one writer")
-    return Plan(argv, run_dir)
+    return EngineStart(argv, run_dir)
 
 
 def with_run_dir(flags: list[str], path: str, where: str = "") -> list[str]:
@@ -144,7 +144,7 @@ class Detached:
 class _Setsid(Detached):
     how = "setsid"
 
-    def __init__(self, p: Plan, console: str) -> None:
+    def __init__(self, p: EngineStart, console: str) -> None:
         nohup = shutil.which("nohup")
         with open(console, "ab") as log:  # the child has its own descriptor; ours closes here
             self.proc = subprocess.Popen([nohup, *p.argv] if nohup else p.argv, stdin=subprocess.DEVNULL,
@@ -162,7 +162,7 @@ def _ignore_hangup() -> None:
 class _Tmux(Detached):
     how = "tmux"
 
-    def __init__(self, tmux: str, p: Plan, console: str) -> None:
+    def __init__(self, tmux: str, p: EngineStart, console: str) -> None:
         self.tmux = tmux
         self.session = _free_session(tmux, SESSION_PREFIX + os.path.basename(p.run_dir.rstrip(os.sep)))
         fd, self.script = tempfile.mkstemp(prefix="headroom-start-", suffix=".sh")
@@ -203,7 +203,7 @@ def _free_session(tmux: str, base: str) -> str:
     return name
 
 
-def detach(p: Plan, how: str, console: str) -> Detached:
+def detach(p: EngineStart, how: str, console: str) -> Detached:
     tmux = shutil.which("tmux") if how in ("auto", "tmux") else None
     if how == "tmux" and tmux is None:
         raise CtlError("--detach tmux: tmux is not installed on this machine")
@@ -220,7 +220,7 @@ def detach(p: Plan, how: str, console: str) -> Detached:
 def start(flags: list[str], how: str = "auto", wait_s: float = WAIT_S) -> Iterator[dict[str, Any]]:
     """Start the engine detached and yield one `started` record once it holds its run folder (or,
     after wait_s, still starting). CtlError for flags the engine refuses (exit 2, nothing left)."""
-    p = plan(flags)
+    p = checked_start(flags)
     try:
         os.makedirs(p.run_dir)
         p.made = True
@@ -249,13 +249,13 @@ def start(flags: list[str], how: str = "auto", wait_s: float = WAIT_S) -> Iterat
         time.sleep(POLL_S)
 
 
-def _record(p: Plan, d: Detached, console: str, held: Optional[dict[str, Any]]) -> dict[str, Any]:
+def _record(p: EngineStart, d: Detached, console: str, held: Optional[dict[str, Any]]) -> dict[str, Any]:
     return {"kind": "started", "run_dir": p.run_dir, "started": held is not None,
             "pid": (held or {}).get("pid"), "host": (held or {}).get("host"), "detach": d.how,
             "session": d.session, "console": console, "command": p.argv}
 
 
-def _took_folder(p: Plan) -> Optional[dict[str, Any]]:
+def _took_folder(p: EngineStart) -> Optional[dict[str, Any]]:
     """The writer lock's record, if an engine took the folder after we started ours."""
     try:
         with open(runlock.lock_path(p.run_dir), encoding="utf-8") as f:
@@ -277,7 +277,7 @@ def _last_error(console: str) -> str:
     return limits.one_line(said.removeprefix("error:").strip() or "it ended without a word (see its console)")
 
 
-def _undo(p: Plan, console: str) -> None:
+def _undo(p: EngineStart, console: str) -> None:
     """A start that did not happen leaves nothing: the folder it made, if the console (and an
     empty checkpoints folder) is all that is in it."""
     if not p.made:
@@ -297,4 +297,4 @@ def _remove(path: str) -> None:
         pass
 
 
-__all__ = ["DETACH", "WAIT_S", "CONSOLE", "Plan", "plan", "start", "script", "with_run_dir", "request"]
+__all__ = ["DETACH", "WAIT_S", "CONSOLE", "EngineStart", "checked_start", "start", "script", "with_run_dir", "request"]

@@ -68,7 +68,7 @@ def test_a_live_remote_run_steered_through_a_dropped_connection(qtbot, make_wind
         src = w.session.source
         assert w.session.remote and src.running
         qtbot.waitUntil(lambda: len(shown_steps(w)) >= 5, timeout=60_000)
-        w.controller.apply({"lr": 5e-4}, "step")  # through headroom-ctl set over ssh
+        w.driver.apply({"lr": 5e-4}, "step")  # through headroom-ctl set over ssh
         qtbot.waitUntil(lambda: any(abs(v - 5e-4) < 1e-12 for v in w.model.metrics.view("lr")), timeout=60_000)
         before = len(shown_steps(w))
         os.kill(src._following.ssh_pid, signal.SIGKILL)  # the ssh client dies: Wi-Fi gone

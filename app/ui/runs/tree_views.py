@@ -21,7 +21,7 @@ from engine.store import RunReader, StoreError
 
 from app.core.preferences import Preferences
 from app.session import remote_runs
-from app.runner.controller import RunController
+from app.runner.session_driver import SessionDriver
 from app.session.remote_source import RemoteSource
 from app.session.sources import read_metrics
 from app.model import lineage
@@ -60,24 +60,24 @@ def validation(path: str) -> tuple[np.ndarray, np.ndarray]:
 
 
 class RunTreeViews(QObject):
-    def __init__(self, controller: RunController, history: HistoryPanel, levers: LeversPanel,
+    def __init__(self, driver: SessionDriver, history: HistoryPanel, levers: LeversPanel,
                  plots: Callable[[], Any], start: Callable[[dict[str, Any]], bool],
                  error: Callable[[str, str], Any], parent_widget: Any) -> None:
         """plots: the PlotPanel (built on first use); start: the window's start path for a
         config's fields; error: a dialog (title, message)."""
-        super().__init__(controller)
-        self.controller, self.session = controller, controller.session
+        super().__init__(driver)
+        self.driver, self.session = driver, driver.session
         self.history, self.levers, self._plots, self.error = history, levers, plots, error
         self.forks = ForkFlow(parent_widget, start, error)
         self.background = Background(self)  # another machine's runs and overlays, read over ssh
-        s = controller.signals
+        s = driver.signals
         history.fork_requested.connect(lambda path, ckpt: self.forks.open(path, ckpt))
         history.overlay_toggled.connect(self.set_overlay)
         history.family_requested.connect(self.compare_family)
         history.compare_cleared.connect(self.clear_compare)
         s.run_started.connect(lambda info: self.align_shown(str(info.get("run_dir") or "")))
-        controller.folder_opened.connect(self.align_shown)
-        controller.folder_opened.connect(self.list_host_runs)
+        driver.folder_opened.connect(self.align_shown)
+        driver.folder_opened.connect(self.list_host_runs)
         s.memory_levers.connect(levers.set_levers)
         s.model_replaced.connect(self._on_model_replaced)
         s.state_changed.connect(lambda state: levers.set_live(state.is_live))
@@ -194,7 +194,7 @@ class RunTreeViews(QObject):
         path = os.path.abspath(path)
         shown = self.shown_run_dir()
         if shown is None or os.path.abspath(shown) != path:
-            if self.session.busy or not self.controller.open(path):
+            if self.session.busy or not self.driver.open(path):
                 self.history.set_checked(path, True)
         family = self.history.family(path)
         for p in family:
@@ -215,10 +215,10 @@ class RunTreeViews(QObject):
         them; checkpointing and precision as they are (a refusal comes back as an alert)."""
         edits, others = split_commands(commands)
         if edits:
-            self.controller.apply(edits, at)
+            self.driver.apply(edits, at)
         for cmd in others:
             u = self.session.send(cmd)
-            self.controller.publish(u)
+            self.driver.publish(u)
             if u.error:
                 self.error("Could not send the change", f"{u.error}\n\nNothing was sent: the run goes on as it was.")
                 return
