@@ -47,14 +47,12 @@ PARALLEL := -n $(TEST_WORKERS) --maxprocesses=4 --dist loadfile
 X11_TESTS := tests/x11
 X11_PHASE := $(PY) tests/x11/x_server.py -- env QT_QPA_PLATFORM=xcb $(PY) -m pytest -q -m x11 $(X11_TESTS)
 
-# The gates before the tests: ruff (pyflakes, bugbear; rules in pyproject.toml [tool.ruff.lint]), then
-# mypy ([tool.mypy]: strict for engine.declarations, engine.store and engine.ctl, the rest checked). The import
-# layers are checked by a test (tests/test_layers.py runs lint-imports). LINT_IGNORE: ruff rules
-# selected in pyproject.toml that `make lint` leaves out for now -- I (import order), until the
-# tree-wide sort (`ruff check --select I --fix .`) lands; then `make lint LINT_IGNORE=` and empty it here.
-LINT_IGNORE ?= I
+# The gates before the tests: ruff (pyflakes, bugbear, import order; rules in pyproject.toml
+# [tool.ruff.lint]), then mypy ([tool.mypy]: strict for engine.declarations, engine.store and
+# engine.ctl, the rest checked). The import layers are checked by a test (tests/test_layers.py
+# runs lint-imports).
 lint: $(STAMP)
-	$(VENV)/bin/ruff check $(if $(LINT_IGNORE),--ignore $(LINT_IGNORE)) .
+	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 
 # The ddp tests start several processes each (torchrun, gloo): they run after the others, one

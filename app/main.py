@@ -28,7 +28,8 @@ from typing import Any, Optional, Sequence
 
 from engine.ctl.client import is_remote
 from engine.declarations.config import ConfigError, TrainConfig
-from engine.declarations.run_flags import FlagParser, add_run_flags, given as given_flags
+from engine.declarations.run_flags import FlagParser, add_run_flags
+from engine.declarations.run_flags import given as given_flags
 from engine.run_config import config_from_args
 
 log = logging.getLogger("headroom.main")
@@ -153,8 +154,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     install_message_filter(qInstallMessageHandler)
 
     from .core import assets, compat  # noqa: F401 - compat: see app/core/compat.py
-    from .model.title import APP_NAME
     from .main_window import MainWindow
+    from .model.title import APP_NAME
 
     existing = QApplication.instance()
     app = existing if isinstance(existing, QApplication) else QApplication(sys.argv[:1])

@@ -21,27 +21,27 @@ from .core import assets, logs
 from .core.preferences import Preferences
 from .model.runmodel import RunModel
 from .model.title import window_title
-from .runner.session_driver import SessionDriver
 from .runner.launcher import Launch
+from .runner.session_driver import SessionDriver
 from .ui import actions, export
-from .ui.shell import dialogs, keys, layout, wheel, window_prefs
 from .ui.alerts import AlertsPanel
 from .ui.controls.panel import ControlsPanel
-from .ui.runs.history import HistoryPanel
-from .ui.runs.what_fits import LeversPanel
-from .ui.shell.loading import PlotsArea
-from .ui.shell.pacing import TICK_MS
 from .ui.controls.run_starter import RunStarter
 from .ui.controls.server_dialog import ServerStarter
-from .ui.shell.remote_fields import use_ssh_preference
-from .ui.runs.tree_views import RunTreeViews
 from .ui.runs.form_sync import FormFollowsRun
+from .ui.runs.history import HistoryPanel
+from .ui.runs.tree_views import RunTreeViews
 from .ui.runs.views import RunViews
-from .ui.shell.statusbar import StatusBar
-from .ui.theme import THEMES, apply_stylesheet, system_theme
+from .ui.runs.what_fits import LeversPanel
+from .ui.shell import dialogs, keys, layout, wheel, window_prefs
 from .ui.shell.close_question import CloseQuestion, stop_engine
 from .ui.shell.field_notices import FieldNotices
+from .ui.shell.loading import PlotsArea
+from .ui.shell.pacing import TICK_MS
+from .ui.shell.remote_fields import use_ssh_preference
+from .ui.shell.statusbar import StatusBar
 from .ui.shell.view_prefs import ViewPrefs
+from .ui.theme import THEMES, apply_stylesheet, system_theme
 
 log = logging.getLogger("headroom.window")
 

@@ -21,9 +21,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from engine.accumulation import sampling
-from engine.tasks.task import Task, default_collate
-from engine.tasks.builtin.charlm import GPT
 from engine.distributed.devices import to_device
+from engine.tasks.builtin.charlm import GPT
+from engine.tasks.task import Task, default_collate
 
 # -- the bare seed loop -------------------------------------------------------------------
 

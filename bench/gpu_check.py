@@ -49,11 +49,20 @@ sys.path.insert(0, REPO)
 
 import torch  # noqa: E402 - after the sys.path set-up above
 
-from bench.common import (GPT_CFG, GPT_SMALL_CFG, BareLoop, RandomTokens, engine_default_optimizer,  # noqa: E402 - after the sys.path set-up above
-                          gpt_loss, make_gpt, median, temp_run_dir)
+from bench.common import (  # noqa: E402 - after the sys.path set-up above
+    GPT_CFG,
+    GPT_SMALL_CFG,
+    BareLoop,
+    RandomTokens,
+    engine_default_optimizer,
+    gpt_loss,
+    make_gpt,
+    median,
+    temp_run_dir,
+)
+from engine.accumulation.oom import free_memory, is_oom  # noqa: E402 - after the sys.path set-up above
 from engine.declarations.config import TrainConfig  # noqa: E402 - after the sys.path set-up above
 from engine.declarations.events import MicroBatchFound, NonFinite, OomRecovered, StepMetrics  # noqa: E402 - after the sys.path set-up above
-from engine.accumulation.oom import free_memory, is_oom  # noqa: E402 - after the sys.path set-up above
 from engine.tasks.task import Task  # noqa: E402 - after the sys.path set-up above
 from engine.trainer.trainer import Trainer  # noqa: E402 - after the sys.path set-up above
 

@@ -47,12 +47,12 @@ if REPO not in sys.path:
 import torch  # noqa: E402 - after the sys.path set-up above
 
 from bench.common import RandomTokens, engine_default_optimizer, gpt_loss, make_gpt, median  # noqa: E402 - after the sys.path set-up above
-from engine.memory.what_fits import levers  # noqa: E402 - after the sys.path set-up above
+from engine.accumulation.oom import free_memory, is_oom  # noqa: E402 - after the sys.path set-up above
 from engine.memory.activation_checkpointing import checkpoint_modules  # noqa: E402 - after the sys.path set-up above
 from engine.memory.breakdown import activations, count  # noqa: E402 - after the sys.path set-up above
 from engine.memory.snapshot import SnapshotRecorder  # noqa: E402 - after the sys.path set-up above
+from engine.memory.what_fits import levers  # noqa: E402 - after the sys.path set-up above
 from engine.memory.what_fits.forecast import MemoryModel  # noqa: E402 - after the sys.path set-up above
-from engine.accumulation.oom import free_memory, is_oom  # noqa: E402 - after the sys.path set-up above
 
 GiB = 2**30
 CAP = 24 * GiB

@@ -121,6 +121,7 @@ def race(make: Callable[[Any, "Lockstep", int, int], Callable[[], None]], with_b
 
 def hf_maker(workdir: str) -> Callable[[bool, Lockstep, int, int], Callable[[], None]]:
     from transformers import Trainer, TrainerCallback, TrainingArguments
+
     from engine.integrations.transformers import HeadroomCallback
     task = build_task(SEED)
     data = [{"x": x, "labels": torch.as_tensor(y)} for x, y in (task.train_data[i] for i in range(len(task.train_data)))]
@@ -180,8 +181,10 @@ def hf_maker(workdir: str) -> Callable[[bool, Lockstep, int, int], Callable[[], 
 
 def lightning_maker(workdir: str) -> Callable[[bool, Lockstep, int, int], Callable[[], None]]:
     import logging
+
     import lightning.pytorch as L
     from torch.utils.data import DataLoader
+
     from engine.integrations.lightning import HeadroomCallback
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
     task = build_task(SEED)

@@ -181,8 +181,9 @@ def main() -> int:
     import gc
     gc.collect()
 
-    from app.core import compat  # noqa: F401 - before any widget is painted
     from PySide6.QtWidgets import QApplication
+
+    from app.core import compat  # noqa: F401 - before any widget is painted
 
     app = QApplication.instance() or QApplication(sys.argv[:1])
     from app.main_window import MainWindow

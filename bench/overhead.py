@@ -162,8 +162,8 @@ def breakdown(task_name: str, n: int = 2000) -> dict:
     import queue
     import timeit
 
-    from engine.store import RunStore
     from engine.accumulation.grads import scale_ as _scale_grads  # noqa: F401 - timed by name in a timeit statement below
+    from engine.store import RunStore
     task = load_task(task_name, SEED)
     model = task.model
     batch = (task.collate or torch.utils.data.default_collate)([task.train_data[i] for i in range(MICRO)])

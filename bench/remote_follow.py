@@ -33,10 +33,10 @@ ROOT = Path(__file__).resolve().parents[1]
 for p in (ROOT, ROOT / "tests", ROOT / "tests" / "ctl"):
     sys.path.insert(0, str(p))
 
+import sshkit  # noqa: E402 - after the sys.path set-up above
+
 from engine.declarations.events import StepMetrics  # noqa: E402 - after the sys.path set-up above
 from engine.store import RunReader, RunStore, runlock  # noqa: E402 - after the sys.path set-up above
-
-import sshkit  # noqa: E402 - after the sys.path set-up above
 
 
 def row(step: int) -> StepMetrics:

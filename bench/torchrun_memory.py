@@ -28,8 +28,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402 - after the sys.path set-up above
 
-from engine import distributed  # noqa: E402 - after the sys.path set-up above
 from bench.grad_sum import GradSync  # noqa: E402 (the engine's gradient sum until issue 20)
+from engine import distributed  # noqa: E402 - after the sys.path set-up above
 
 
 def held(device: torch.device) -> int:

@@ -129,6 +129,7 @@ class Lateness:
 
 def bench_loop_latency_and_plot_latency(seconds: float) -> dict:
     from PySide6.QtCore import QEventLoop, QTimer
+
     from engine.declarations.events import StepMetrics
     app, w = make_window()
     lat = Lateness()
@@ -232,8 +233,9 @@ def synthetic_columns(n: int, start: int = 1) -> dict:
 
 def bench_repaint(n_points: int, frames: int, app) -> dict:
     import pyqtgraph as pg
-    from app.model.runmodel import RunModel
+
     from app.main_window import MainWindow
+    from app.model.runmodel import RunModel
     w = MainWindow(restore_settings=False)
     w.resize(1440, 900)
     w.show()

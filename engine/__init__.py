@@ -7,8 +7,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from .declarations.commands import (Pause, Resume, SetAccum, SetCheckpointing, SetClip, SetLr, SetLrScaling,
-                                    SetMicroBatch, Stop, Unpause)
+from .declarations.commands import (
+    Pause,
+    Resume,
+    SetAccum,
+    SetCheckpointing,
+    SetClip,
+    SetLr,
+    SetLrScaling,
+    SetMicroBatch,
+    Stop,
+    Unpause,
+)
 from .declarations.config import ConfigError, TrainConfig
 from .declarations.events import EventBuffer
 

@@ -16,7 +16,6 @@ import pytest
 
 from engine.cli import build_parser
 from engine.store import RunReader
-
 from testkit import ROOT
 
 README = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()

@@ -9,8 +9,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from engine.store import runlock
-from engine.store import DB_NAME, RunReader, StoreError
+from engine.store import DB_NAME, RunReader, StoreError, runlock
 
 
 def is_run_dir(path: str) -> bool:

@@ -26,7 +26,6 @@ from .notes import Note
 from .state import RunState
 from .stored import measured, whole
 
-
 PER_STEP_LIVE = tuple(s for s in LIVE_SETTINGS if s.per_step)  # every metrics row records these
 
 

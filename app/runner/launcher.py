@@ -16,12 +16,11 @@ from typing import Optional
 from PySide6.QtCore import QObject, QProcess, QProcessEnvironment, QTimer, QUrl, Signal
 from PySide6.QtGui import QDesktopServices
 
+from app.core.runs import is_run_dir
+from app.session import launch_command as command
 from engine.declarations.commands import Stop
 from engine.declarations.config import TrainConfig
 from engine.store import RunReader, StoreError, send_command
-
-from app.core.runs import is_run_dir
-from app.session import launch_command as command
 
 log = logging.getLogger("headroom.launcher")
 

@@ -13,19 +13,18 @@ from typing import Any, Optional
 
 from PySide6.QtCore import QObject, Signal
 
-from engine.store import runlock
-from engine.declarations.config import ConfigError, TrainConfig
-from engine.store import RunReader, StoreError
-
 from app.core import logs
 from app.core.runs import remove_if_empty, writer_of
-from app.session.configs import launch_config, launch_dir, start_config
-from .launcher import Launch, LaunchManager
-from app.session.session import RunSession, Update
-from .signals import SessionSignals
-from app.session.remote_source import RemoteSource, is_remote
-from app.session.sources import FolderSource, LiveSource
 from app.model.state import RunState
+from app.session.configs import launch_config, launch_dir, start_config
+from app.session.remote_source import RemoteSource, is_remote
+from app.session.session import RunSession, Update
+from app.session.sources import FolderSource, LiveSource
+from engine.declarations.config import ConfigError, TrainConfig
+from engine.store import RunReader, StoreError, runlock
+
+from .launcher import Launch, LaunchManager
+from .signals import SessionSignals
 from .worker import EngineRunner
 
 log = logging.getLogger("headroom.driver")

@@ -6,10 +6,9 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from app.core.runs import is_run_dir
 from engine.declarations.config import ConfigError, TrainConfig, overlay
 from engine.declarations.paths import default_run_dir
-
-from app.core.runs import is_run_dir
 
 
 def start_config(base: dict[str, Any], form: dict[str, Any], resume_used: bool) -> TrainConfig:

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import posixpath
 
-from engine.ctl import client
-
 from app.core.runs import RunSummary
 from app.model.metrics import MetricsBuffer, StepColumns
+from engine.ctl import client
+
 from .remote_source import OPEN_TIMEOUT_S, RemoteSource
 
 

@@ -20,14 +20,14 @@ from typing import Any, Optional
 
 import numpy as np
 
+from app.model.metrics import COLUMN_DTYPES, STEP_COLUMNS, StepColumns
+from app.model.notes import Note
+from app.model.stored import whole
 from engine.ctl import client
 from engine.ctl.client import CtlError, ProtocolError, is_remote
 from engine.declarations.commands import Command, Stop
 from engine.store import StoreError
 
-from app.model.metrics import COLUMN_DTYPES, STEP_COLUMNS, StepColumns
-from app.model.notes import Note
-from app.model.stored import whole
 from .sources import FolderSource
 
 log = logging.getLogger(__name__)

@@ -21,9 +21,8 @@ from typing import Any, Iterable, Optional, Sequence
 
 import numpy as np
 
-from engine.store import RunReader, StoreError
-
 from app.model.metrics import COLUMN_DTYPES, STEP_COLUMNS
+from engine.store import RunReader, StoreError
 
 log = logging.getLogger("headroom.rundb")
 

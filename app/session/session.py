@@ -18,18 +18,18 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
+from app.model.metrics import StepColumns
+from app.model.notes import Note
+from app.model.pending import PendingChanges
+from app.model.runmodel import Delta, RunModel
+from app.model.state import RunState
 from engine.declarations.commands import SETTING_COMMANDS, Command, Pause, Stop, Unpause, command_for
 from engine.declarations.config import ConfigError
 from engine.declarations.events import Event, StepMetrics
 from engine.declarations.settings import LIVE_NAMES
 
-from app.model.metrics import StepColumns
-from app.model.notes import Note
-from app.model.pending import PendingChanges
-from app.model.runmodel import Delta, RunModel
-from .sources import FolderSource, Source
-from app.model.state import RunState
 from .rules import Allowed, allowed
+from .sources import FolderSource, Source
 
 # A command's outcome; held back a frame when its receipt came in the same batch (see receipt_cut).
 OUTCOME_KINDS = ("settings_applied", "command_refused")

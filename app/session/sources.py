@@ -15,14 +15,14 @@ from typing import Any, Callable, Optional, Protocol
 
 import numpy as np
 
+from app.core.runs import writer_of
+from app.model.metrics import STEP_COLUMNS, MetricsBuffer, StepColumns
+from app.model.notes import Note
 from engine.declarations import checkpoint_names as ckpt_names
 from engine.declarations.commands import Command, Stop
 from engine.declarations.events import EventBuffer, StepMetrics
 from engine.store import RunReader, StoreError, send_command
 
-from app.core.runs import writer_of
-from app.model.metrics import STEP_COLUMNS, MetricsBuffer, StepColumns
-from app.model.notes import Note
 from .rundb import LAZY_ABOVE, RunDbColumns, metric_columns, read_steps
 
 

@@ -13,14 +13,12 @@ from PySide6.QtCore import QRect, QRectF, QSize, Qt
 from PySide6.QtGui import QColor, QFont, QImage, QPainter
 from PySide6.QtWidgets import QApplication, QFileDialog, QGraphicsWidget, QMainWindow, QWidget
 
-from engine.declarations.paths import default_runs_root
-
 from app.core.preferences import Preferences
-
 from app.model.metrics import STEP_COLUMNS, MetricsBuffer
 from app.model.runmodel import RunModel
 from app.model.scalars import read_scalars
 from app.ui.shell.layout import settle
+from engine.declarations.paths import default_runs_root
 
 CSV_COLUMNS = (*STEP_COLUMNS, "loss_ema")
 INT_COLUMNS = {"step", "epoch", "accum", "micro_batch", "samples", "tokens", "clipped", "nonfinite",

@@ -24,12 +24,13 @@ from typing import Any, Callable, ContextManager, Iterable, Optional
 import torch
 
 from engine import distributed
-from .grads import per_param_norms, scale_, scale_by_
-from engine.distributed.strategy import Local
-from .oom import is_oom
 from engine.declarations.outcome import StepNotRedoable
-from .step import MEM_N, InFlight
+from engine.distributed.strategy import Local
 from engine.tasks.task import check_loss_output
+
+from .grads import per_param_norms, scale_, scale_by_
+from .oom import is_oom
+from .step import MEM_N, InFlight
 
 
 class StopRequested(Exception):

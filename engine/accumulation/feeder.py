@@ -24,6 +24,7 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 import torch
 
 from engine.distributed.devices import to_device
+
 from .workers import WorkerData, exited_worker, worker_started
 
 Split = Callable[[Sequence[int]], list[list[int]]]

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 from typing import Callable, Optional, Protocol, Sequence
 
-from . import sampling
 from engine.declarations.settings import LiveSettings
+
+from . import sampling
 
 
 class WindowPolicy(Protocol):

@@ -21,10 +21,11 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import torch
 
-from . import contents
-from engine.declarations.config import ConfigError
 # What a run folder holds, by name (torch-free, shared with the app): re-exported from here.
 from engine.declarations.checkpoint_names import CKPT_DIR, LAST, candidates, name_of  # noqa: F401 - re-exported: the engine reads the names from here
+from engine.declarations.config import ConfigError
+
+from . import contents
 
 if TYPE_CHECKING:
     from engine.store.runlock import RunLock

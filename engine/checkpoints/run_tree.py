@@ -15,9 +15,10 @@ from typing import Any, Optional
 
 import torch
 
-from . import files as ckpt
 from engine.declarations.checkpoint_names import split_fork
 from engine.declarations.config import ConfigError, TrainConfig
+
+from . import files as ckpt
 
 # Config keys that say where a run is, not how it trains: never "changed" by a fork.
 NOT_SETTINGS = ("run_dir", "resume", "fork", "fork_changes", "find_micro_batch", "effective_batch",

@@ -21,6 +21,7 @@ from typing import Any, Optional
 
 import torch
 import torch.distributed as dist
+
 # Re-exported: a resume catches it as sharded.CheckpointException (engine/trainer/setup.py).
 from torch.distributed.checkpoint.api import CheckpointException as CheckpointException
 
@@ -134,8 +135,7 @@ def load_weights(state: dict[str, Any], model: torch.nn.Module, optimizer: torch
 def load_whole_into(state: dict[str, Any], model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
     """A single-file checkpoint (whole tensors, the optimizer's state by parameter index) into
     a sharded model: each rank keeps its shards of it."""
-    from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
-                                                         set_optimizer_state_dict)
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
     whole = StateDictOptions(full_state_dict=True)
     set_model_state_dict(model, state["model"], options=whole)
     set_optimizer_state_dict(model, optimizer, by_name(state["optimizer"], model, optimizer), options=whole)

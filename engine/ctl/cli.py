@@ -23,8 +23,17 @@ from typing import Iterator, NoReturn, Optional
 from . import client
 from .local import SETTABLE
 from .output import ClientGone, Output
-from .protocol import (EXIT_BAD_INPUT, EXIT_FAILED, EXIT_NOT_LIVE, EXIT_OK, EXIT_REFUSED, EXIT_REMOTE, PROTOCOL,
-                       CtlError, error)
+from .protocol import (
+    EXIT_BAD_INPUT,
+    EXIT_FAILED,
+    EXIT_NOT_LIVE,
+    EXIT_OK,
+    EXIT_REFUSED,
+    EXIT_REMOTE,
+    PROTOCOL,
+    CtlError,
+    error,
+)
 from .remote import PYTHON_ENV, SSH_ENV, default_python
 
 EPILOG = (f"RUN is a run folder, or [user@]host:path on a machine reached with ssh (set {SSH_ENV} to change "

@@ -17,7 +17,8 @@ from engine.declarations import limits
 from engine.declarations.commands import Command, Pause, SetPrecision, SettingCommand, Stop, Unpause, command_for
 from engine.declarations.config import ConfigError
 from engine.declarations.paths import default_runs_root
-from engine.declarations.settings import BY_NAME as SETTINGS_BY_NAME, LIVE_SETTINGS
+from engine.declarations.settings import BY_NAME as SETTINGS_BY_NAME
+from engine.declarations.settings import LIVE_SETTINGS
 from engine.store import DB_NAME, RunReader, StoreError, runlock, send_command
 
 from .protocol import EXIT_NOT_LIVE, CtlError, finite_or_none

@@ -5,8 +5,8 @@ session that ended) is `ClientGone`, never a traceback. Torch-free.
 from __future__ import annotations
 
 import math
-import shlex
 import os
+import shlex
 import sys
 import time
 from typing import Any, Optional, TextIO

@@ -23,7 +23,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Iterator, Optional
 
-from .protocol import PROTOCOL, EXIT_REMOTE, CtlError, ProtocolError, check_hello, decode
+from .protocol import EXIT_REMOTE, PROTOCOL, CtlError, ProtocolError, check_hello, decode
 
 SSH_ENV = "HEADROOM_SSH_COMMAND"
 PYTHON_ENV = "HEADROOM_REMOTE_PYTHON"  # the default of --remote-python, for the CLI and the app

@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Optional
 
 from . import limits
 from .config import ConfigError, check_value
-from .settings import BY_NAME as SETTINGS_BY_NAME, LIVE_SETTINGS, Setting
+from .settings import BY_NAME as SETTINGS_BY_NAME
+from .settings import LIVE_SETTINGS, Setting
 
 
 @dataclass(frozen=True)

@@ -41,8 +41,23 @@ from dataclasses import InitVar, asdict, dataclass, fields, replace
 from typing import Any, Optional
 
 from . import limits
-from ._declare import (BATCH, BOUNDS, CHECKPOINTS, GPUS, MEMORY, NONFINITE, OPTIMIZER, OUTPUT, PRECISION, SETTING,
-    TASK, bounded, default_of, setting)
+from ._declare import (
+    BATCH,
+    BOUNDS,
+    CHECKPOINTS,
+    GPUS,
+    MEMORY,
+    NONFINITE,
+    OPTIMIZER,
+    OUTPUT,
+    PRECISION,
+    SETTING,
+    TASK,
+    bounded,
+    default_of,
+    setting,
+)
+
 # (ConfigError and the parsers are read from here too: re-exported, `name as name`.)
 from ._reading import MAX_TASK_ARG_CHARS as MAX_TASK_ARG_CHARS
 from ._reading import MAX_TASK_ARGS as MAX_TASK_ARGS

@@ -26,7 +26,6 @@ from ._reading import read_int, read_on_off, read_text
 from .config import RANGES, TrainConfig, check_value, value_type
 from .events import SettingsApplied
 
-
 _READERS: dict[type, Callable[[str], Any]] = {int: read_int, float: read_float, bool: read_on_off, str: read_text}
 _FIELDS = {f.name: f for f in fields(TrainConfig)}
 

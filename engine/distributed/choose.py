@@ -6,6 +6,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from engine import distributed
+
 from .ddp import Ddp
 from .fsdp import Fsdp
 from .strategy import Local

@@ -25,6 +25,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from engine import distributed
+
 from .strategy import LossCall, Replicated
 
 

@@ -37,6 +37,7 @@ from torch.distributed.tensor import DTensor
 
 from engine import distributed
 from engine.declarations.config import ConfigError
+
 from .strategy import LossCall, Replicated
 
 

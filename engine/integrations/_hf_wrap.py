@@ -17,6 +17,7 @@ import transformers
 from transformers import Trainer
 
 from engine.accumulation.grads import clip_params_by_host_norm_
+
 from .loop import clean
 
 MARK = "_headroom_wrapped"  # on a Trainer whose attributes are wrapped: (trainer, accelerator)

@@ -18,6 +18,7 @@ from lightning.pytorch.loggers import Logger
 from lightning.pytorch.utilities import rank_zero_only
 
 from engine.declarations.paths import default_run_dir
+
 from .loop import HeadroomRun, clean
 
 ALONE = "this run is written by HeadroomLogger alone: add HeadroomCallback() to the Trainer's callbacks to steer it"

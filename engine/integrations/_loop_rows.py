@@ -76,8 +76,8 @@ class StepRows:
 
     def open(self, device: Any) -> None:
         from engine.declarations.config import TrainConfig
-        from engine.trainer.watchers import ClipSaturationWatcher, VramLowWatcher
         from engine.memory.telemetry import MemoryProbe
+        from engine.trainer.watchers import ClipSaturationWatcher, VramLowWatcher
         self.probe = MemoryProbe(device)
         self.cuda = device.type == "cuda"
         # The engine's alerts that follow from the rows alone: every step clipped (the clip is too

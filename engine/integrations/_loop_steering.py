@@ -12,10 +12,10 @@ import sqlite3
 import time
 from typing import Any, Optional
 
-from engine.steering.lifecycle import Lifecycle, Received, while_paused
 from engine.declarations.commands import Command, Pause, Resume, Stop
 from engine.declarations.events import Event, LrHint, Resumed, SettingsApplied
 from engine.declarations.rules import lr_hint
+from engine.steering.lifecycle import Lifecycle, Received, while_paused
 from engine.store import RunStore
 
 from ._loop_events import IntegrationError, PausedAtStep

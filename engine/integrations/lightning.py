@@ -52,9 +52,10 @@ except ImportError as e:  # pragma: no cover - the extra is not installed
 
 import torch
 
+from engine.accumulation.grads import clip_params_by_host_norm_
 from engine.declarations.commands import Command, SetAccum, SetClip, SetLr
 from engine.declarations.events import ScalerSkip
-from engine.accumulation.grads import clip_params_by_host_norm_
+
 from ._exactness import WindowCheck, check_window, same
 from ._lightning_logger import HeadroomLogger
 from ._loop_rows import read_to_host

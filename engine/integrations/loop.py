@@ -39,13 +39,12 @@ import time
 import weakref
 from typing import Any, Callable, Literal, Mapping, Optional
 
-from engine.steering.lr import base_lrs, rescale
 from engine.declarations.commands import Command
-from engine.declarations.events import (CheckpointSaved, EpochEnd, Event, RunFailed, RunFinished, RunStarted,
-    StepMetrics)
-from engine.store import runlock
+from engine.declarations.events import CheckpointSaved, EpochEnd, Event, RunFailed, RunFinished, RunStarted, StepMetrics
 from engine.declarations.paths import default_run_dir
-from engine.store import DB_NAME, RunStore
+from engine.steering.lr import base_lrs, rescale
+from engine.store import DB_NAME, RunStore, runlock
+
 from ._loop_events import IntegrationError, LossWeighting, StepSkipped
 from ._loop_rows import StepRows
 from ._loop_steering import Steering

@@ -63,6 +63,7 @@ import torch
 
 from engine.declarations.commands import Command, SetClip, SetLr
 from engine.declarations.events import ScalerSkip
+
 from . import _hf_wrap
 from ._exactness import WindowCheck
 from ._hf_loss import exact_loss
@@ -487,6 +488,7 @@ class HeadroomCallback(TrainerCallback):
         if run is None or run.finished:
             return
         import os
+
         from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
         path = os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")
         self._write_rows()  # run.db never lags behind a checkpoint

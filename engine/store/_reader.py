@@ -13,6 +13,7 @@ import time
 from typing import Any, Iterable, Optional
 
 from engine.declarations.commands import Command
+
 from ._tables import DB_NAME, DISCARD_COLUMNS, METRIC_COLUMNS, SCALAR_COLUMNS, StoreError
 
 

@@ -41,13 +41,24 @@ from engine.declarations import limits
 from engine.declarations.commands import Command, command_from_json
 from engine.declarations.config import ConfigError
 from engine.declarations.events import EpochEnd, Event, StepMetrics
-from ._reader import RunReader, send_command
-from ._tables import (DB_NAME, DISCARD_COLUMNS, METRIC_COLUMNS, METRIC_TYPES, SCALAR_COLUMNS, SCHEMA,
-    SCHEMA_VERSION, STEP_FIELDS as _STEP_FIELDS, StoreError)
-from ._values import (bindable as _bindable, json_default as _json_default, plain_row as _plain_row,
-    row as _row)
-from ._writer import StoreWriter
 
+from ._reader import RunReader, send_command
+from ._tables import (
+    DB_NAME,
+    DISCARD_COLUMNS,
+    METRIC_COLUMNS,
+    METRIC_TYPES,
+    SCALAR_COLUMNS,
+    SCHEMA,
+    SCHEMA_VERSION,
+    StoreError,
+)
+from ._tables import STEP_FIELDS as _STEP_FIELDS
+from ._values import bindable as _bindable
+from ._values import json_default as _json_default
+from ._values import plain_row as _plain_row
+from ._values import row as _row
+from ._writer import StoreWriter
 
 __all__ = ["RunStore", "RunReader", "send_command", "StoreError", "StoreWriter", "DB_NAME", "SCHEMA",
            "SCHEMA_VERSION", "METRIC_COLUMNS", "METRIC_TYPES", "DISCARD_COLUMNS", "SCALAR_COLUMNS"]

@@ -21,6 +21,7 @@ import time
 from typing import Any, Callable, Optional
 
 from engine.declarations import limits
+
 from . import _losses
 from ._tables import StoreError, apply_ops, migrate
 

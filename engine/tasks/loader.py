@@ -11,8 +11,9 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from engine.tasks import builtin
 from engine.declarations.paths import BUILTIN_TASKS
+from engine.tasks import builtin
+
 from .task import Task, TaskError, check_task
 
 # Task files loaded in this process, by the private module name each was loaded under: a spawned

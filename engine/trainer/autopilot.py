@@ -141,8 +141,9 @@ def roll_back(parts: Any, progress: Any, settings: Any, trouble: Trouble,
     longer loads is passed over for the next older one (the state the run started from is
     always there). Returns the new progress, settings, event, and a note per file passed over."""
     from engine.checkpoints import files as ckpt
-    from . import run_state
     from engine.declarations.events import RolledBack
+
+    from . import run_state
     notes = []
     while True:
         target = autopilot.target(trouble)

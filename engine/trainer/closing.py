@@ -10,6 +10,7 @@ import logging
 
 from engine import distributed
 from engine.steering.inbox import CommandInbox
+
 from .setup import RunParts
 
 log = logging.getLogger("headroom.trainer")

@@ -9,6 +9,7 @@ from engine import distributed
 from engine.accumulation import sampling
 from engine.distributed.devices import to_device
 from engine.distributed.strategy import Local
+
 from .setup import RunParts
 
 

@@ -15,10 +15,11 @@ from typing import Optional
 
 import torch
 
-from engine.distributed import all_reduce_max
-from engine.declarations.events import MicroBatchFound
-from engine.memory.what_fits.forecast import MemoryModel
 from engine.accumulation.oom import free_memory, is_oom
+from engine.declarations.events import MicroBatchFound
+from engine.distributed import all_reduce_max
+from engine.memory.what_fits.forecast import MemoryModel
+
 from .progress import Progress
 from .setup import RunParts
 

@@ -13,15 +13,16 @@ from typing import Any, Callable, Optional
 import torch
 
 from engine.checkpoints import files as ckpt
-from . import run_state
 from engine.declarations.commands import Command
 from engine.declarations.config import TrainConfig
 from engine.declarations.events import EpochEnd, Event, RunStarted, SettingsApplied, StoreProblem
-from engine.distributed.devices import device_name
-from .progress import Progress
 from engine.declarations.settings import LiveSettings
-from .setup import RunParts
+from engine.distributed.devices import device_name
 from engine.store import RunStore
+
+from . import run_state
+from .progress import Progress
+from .setup import RunParts
 
 
 def open_store(parts: RunParts, on_problem: Callable[[str], None]) -> RunStore:

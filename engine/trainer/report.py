@@ -10,12 +10,12 @@ from typing import Any, Optional
 import torch
 
 from engine.accumulation.grads import dtype_order
+from engine.accumulation.step import InFlight, WindowNumbers
+from engine.declarations.events import Event, NonFinite, ScalerSkip, StepMetrics
+from engine.declarations.settings import LiveSettings
+from engine.declarations.step_flags import step_flags
 from engine.memory.breakdown import MemoryBreakdown, activations
 from engine.memory.telemetry import MemorySample
-from engine.declarations.settings import LiveSettings
-from engine.declarations.events import Event, NonFinite, ScalerSkip, StepMetrics
-from engine.declarations.step_flags import step_flags
-from engine.accumulation.step import InFlight, WindowNumbers
 
 
 @dataclass(frozen=True)

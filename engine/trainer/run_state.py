@@ -8,11 +8,12 @@ from typing import Any, Collection, Optional
 
 import torch
 
-from engine.checkpoints import files as ckpt, sharded
-from engine.declarations.commands import Command
-from .progress import Progress
-from engine.declarations.commands import command_for
+from engine.checkpoints import files as ckpt
+from engine.checkpoints import sharded
+from engine.declarations.commands import Command, command_for
 from engine.declarations.settings import LIVE_SETTINGS, LiveSettings
+
+from .progress import Progress
 from .setup import RunParts
 
 

@@ -24,6 +24,7 @@ from engine.checkpoints import files as ckpt
 from engine.declarations.config import format_bytes
 from engine.declarations.outcome import CheckpointFailed
 from engine.declarations.settings import LiveSettings
+
 from . import run_state
 from .progress import Progress
 from .setup import RunParts

@@ -15,30 +15,32 @@ from typing import Any, Callable, ContextManager, Optional
 
 import torch
 
-from engine.checkpoints import files as ckpt, sharded
-from engine.store import runlock
 from engine import distributed
-from engine.accumulation.step import choose as choose_stepper
 from engine.accumulation.accumulate import WindowContext
-from engine.declarations.config import ConfigError, TrainConfig
-from engine.distributed.devices import default_optimizer, resolve_device, to_device
 from engine.accumulation.feeder import Feeder, auto_workers
+from engine.accumulation.oom import is_oom
+from engine.accumulation.policy import FixedWindows, TokenBudgetWindows, WindowPolicy
+from engine.accumulation.step import choose as choose_stepper
+from engine.checkpoints import files as ckpt
+from engine.checkpoints import sharded
+from engine.checkpoints.run_tree import Origin, fork_origin, resume_origin
+from engine.declarations.config import ConfigError, TrainConfig
+from engine.declarations.paths import default_run_dir
+from engine.declarations.rules import CommandRules
+from engine.declarations.schedule import LrSchedule
 from engine.distributed.choose import build as build_strategy
+from engine.distributed.devices import default_optimizer, resolve_device, to_device
 from engine.memory.activation_checkpointing import CheckpointSwitch, find_switch, why_no_switch
 from engine.memory.breakdown import WindowMemory
 from engine.memory.snapshot import SnapshotRecorder
-from .modes import TrainModes
-from engine.accumulation.oom import is_oom
-from engine.declarations.paths import default_run_dir
-from engine.checkpoints.run_tree import Origin, fork_origin, resume_origin
-from engine.store.runlock import RunLock
-from engine.steering.lr import LrControl
-from engine.declarations.rules import CommandRules
-from engine.declarations.schedule import LrSchedule
-from engine.tasks.task import Task, TaskError, check_last_samples, check_loss_output, default_collate
-from engine.tasks.loader import load_task
 from engine.memory.telemetry import MemoryProbe
-from engine.accumulation.policy import FixedWindows, TokenBudgetWindows, WindowPolicy
+from engine.steering.lr import LrControl
+from engine.store import runlock
+from engine.store.runlock import RunLock
+from engine.tasks.loader import load_task
+from engine.tasks.task import Task, TaskError, check_last_samples, check_loss_output, default_collate
+
+from .modes import TrainModes
 
 
 @dataclass

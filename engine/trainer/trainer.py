@@ -19,35 +19,52 @@ from typing import Callable, Optional, Sequence
 import torch
 
 from engine import distributed
-from . import closing, opening, run_state
 from engine.accumulation import sampling
 from engine.accumulation.accumulate import StopRequested, train_window
-from .autopilot import MAX_IN_A_ROW, Autopilot, roll_back
-from .saving import Checkpointer
-from engine.steering.boundaries import Boundaries
+from engine.accumulation.oom import free_memory, halved, is_oom, smaller_shape
+from engine.accumulation.step import InFlight, WindowNumbers
 from engine.declarations.commands import Command, Stop
 from engine.declarations.config import TrainConfig
-from engine.distributed.world import keep_effective_batch
-from .evaluate import validation_loss
-from engine.declarations.events import (CheckpointSaved, EpochEnd, Event, LrPlanned, MemorySnapshot,
-    OomRecovered, RunFailed, RunFinished, StoreProblem)
-from .finder import NothingFits, find_micro_batch
-from engine.steering.inbox import CommandInbox
-from engine.memory.what_fits.forecast import MemoryModel
-from engine.accumulation.oom import free_memory, halved, is_oom, smaller_shape
+from engine.declarations.events import (
+    CheckpointSaved,
+    EpochEnd,
+    Event,
+    LrPlanned,
+    MemorySnapshot,
+    OomRecovered,
+    RunFailed,
+    RunFinished,
+    StoreProblem,
+)
+from engine.declarations.outcome import (
+    CheckpointFailed,
+    NonFiniteStop,
+    OutOfMemoryStop,
+    RunResult,
+    StepNotRedoable,
+    TrainingError,
+)
 from engine.declarations.paths import resolve_task_spec
-from .progress import Progress
 from engine.declarations.settings import LiveSettings, scaled_to_reference
-from .setup import RunParts, build
-from .failure import failure_detail, failure_message, is_peer_failure
-from .report import Launched, skip_events, skip_kind, step_metrics
-from engine.accumulation.step import InFlight, WindowNumbers
+from engine.distributed.world import keep_effective_batch
+from engine.memory.what_fits.forecast import MemoryModel
+from engine.steering.boundaries import Boundaries
+from engine.steering.inbox import CommandInbox
 from engine.store import RunStore
 from engine.tasks.task import Task
+
+from . import closing, opening, run_state
+from .autopilot import MAX_IN_A_ROW, Autopilot, roll_back
+from .evaluate import validation_loss
+from .failure import failure_detail, failure_message, is_peer_failure
+from .finder import NothingFits, find_micro_batch
+from .progress import Progress
+from .report import Launched, skip_events, skip_kind, step_metrics
+from .saving import Checkpointer
+from .setup import RunParts, build
 from .views import TrainerViews
-from engine.declarations.outcome import (CheckpointFailed, NonFiniteStop, OutOfMemoryStop, RunResult,
-    StepNotRedoable, TrainingError)
 from .watchers import BatchNormWatcher, Watcher, run_watchers
+
 
 class Trainer(TrainerViews):
     """One run: built when the Trainer is made (setup.build: everything that can fail on bad

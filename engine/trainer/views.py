@@ -6,9 +6,10 @@ from typing import Optional
 
 import torch
 
+from engine.tasks.task import Task
+
 from .progress import Progress
 from .setup import RunParts
-from engine.tasks.task import Task
 
 
 class TrainerViews:

@@ -10,11 +10,18 @@ from typing import TYPE_CHECKING, Optional, Protocol
 
 import torch
 
-from engine.memory.what_fits import levers, sharding
-from engine.declarations.events import (BatchNormSmallBatch, ClipSaturation, Event, MemoryForecast,
-    MemoryLevers, StepMetrics, VramLow)
-from engine.memory.what_fits.forecast import MemoryModel
+from engine.declarations.events import (
+    BatchNormSmallBatch,
+    ClipSaturation,
+    Event,
+    MemoryForecast,
+    MemoryLevers,
+    StepMetrics,
+    VramLow,
+)
 from engine.declarations.settings import LiveSettings
+from engine.memory.what_fits import levers, sharding
+from engine.memory.what_fits.forecast import MemoryModel
 
 if TYPE_CHECKING:
     from .setup import RunParts

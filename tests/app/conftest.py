@@ -4,7 +4,6 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import pytest
-
 from app_helpers import ROOT  # noqa: E402,F401 - sets up sys.path and app.compat first
 
 

@@ -12,11 +12,10 @@ import subprocess
 import sys
 
 import pytest
+from app_helpers import ROOT
 
 from app.model.notes import Note
 from engine.store import RunReader
-
-from app_helpers import ROOT
 
 pytestmark = pytest.mark.slow
 TASK = os.path.join(os.path.dirname(__file__), "every_97th_task.py")

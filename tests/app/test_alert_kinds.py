@@ -52,6 +52,7 @@ def test_a_new_kind_in_neither_list_fails():
 
 def test_a_plain_loop_run_is_not_called_damaged(tmp_path):
     import torch
+
     from app.session.sources import FolderSource
     from engine.integrations.loop import headroom_run
 

@@ -2,12 +2,11 @@
 the app imports no torch until About opens, and names its desktop file."""
 from __future__ import annotations
 
-import pytest
-
 import os
 import subprocess
 import sys
 
+import pytest
 from app_helpers import ROOT
 
 

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import pytest
-
 from app_helpers import run_to_end, start
 from app_tasks import tiny_task
 

@@ -2,10 +2,9 @@
 inside the engine thread reaches the GUI as a dialog with the message (traceback in the log)."""
 from __future__ import annotations
 
-import pytest
-
 import os
 
+import pytest
 from app_helpers import run_button, run_to_end, start
 from app_tasks import broken_task, tiny_task
 

@@ -42,9 +42,8 @@ def test_find_micro_batch_unticked_sends_no_finder_flags(make_window):
 # -- "what fits" -----------------------------------------------------------------------------
 @pytest.mark.slow
 def test_memory_forecast_event_shows_what_fits(qtbot, make_window):
-    from engine.declarations.events import MemoryForecast, RunStarted
-
     from app.session.sources import LiveSource
+    from engine.declarations.events import MemoryForecast, RunStarted
     w = make_window()
     assert w.controls.fits.text() == "fits: shown during a GPU run"
     # the path the engine's EventBuffer drains into

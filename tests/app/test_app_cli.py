@@ -7,10 +7,9 @@ import subprocess
 import sys
 
 import pytest
-from PySide6.QtGui import QImage
-
 from app_helpers import ROOT
 from app_tasks import broken_task
+from PySide6.QtGui import QImage
 
 
 def _app(*args, env_extra=None, timeout=120):

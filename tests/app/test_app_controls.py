@@ -2,13 +2,12 @@
 from __future__ import annotations
 
 import pytest
+from app_helpers import run_button
 from PySide6.QtGui import QValidator
-
-from engine.declarations.events import StepMetrics
 
 from app.core.shortcuts import SHORTCUTS
 from app.ui.controls.validators import DeviceValidator, FloatValidator
-from app_helpers import run_button
+from engine.declarations.events import StepMetrics
 
 A, I, X = QValidator.State.Acceptable, QValidator.State.Intermediate, QValidator.State.Invalid
 

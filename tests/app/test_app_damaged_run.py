@@ -7,7 +7,6 @@ import subprocess
 import sys
 
 import pytest
-
 from app_helpers import ROOT
 
 pytestmark = pytest.mark.slow  # real runs, then damaged

@@ -9,7 +9,6 @@ import sys
 
 import numpy as np
 import pytest
-
 from app_folders import damaged_run
 from app_helpers import ROOT
 

@@ -5,18 +5,16 @@ or config with `warmup`, a run.db row of kind "resumed", a receipt with {"steps"
 from __future__ import annotations
 
 import pytest
-
 from PySide6.QtWidgets import QAbstractButton, QFormLayout
-
-from engine.declarations.commands import SetAccum
-from engine.declarations.events import CommandReceived, Paused
-from engine.declarations.config import RANGES
-from engine.declarations.settings import LAUNCH_GROUP, LIVE_SETTINGS, SETTINGS
 
 from app.model.notes import Note
 from app.model.pending import ChangeStatus, PendingChanges
 from app.model.state import RunState
 from app.session.session import RunSession
+from engine.declarations.commands import SetAccum
+from engine.declarations.config import RANGES
+from engine.declarations.events import CommandReceived, Paused
+from engine.declarations.settings import LAUNCH_GROUP, LIVE_SETTINGS, SETTINGS
 
 
 def form_label(widget) -> str:

@@ -8,13 +8,12 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from engine.declarations.events import StepMetrics
-from engine.store import RunStore, runlock
-
 from app_folders import LOCKER, tree
 from app_helpers import ROOT, start, wait_until
 from app_tasks import loading_mark, slow_task
+
+from engine.declarations.events import StepMetrics
+from engine.store import RunStore, runlock
 
 
 # -- no empty run left by a window closed while its task loads ------------------------------------

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import pytest
-
 from app_helpers import ROOT, run_to_end, start
 
 pytestmark = pytest.mark.slow  # a real run in the window

@@ -4,11 +4,10 @@ from __future__ import annotations
 import csv
 
 import pytest
+from app_helpers import run_to_end, start
 from PySide6.QtGui import QImage
 
 from engine.store import RunReader
-
-from app_helpers import run_to_end, start
 
 pytestmark = pytest.mark.slow  # a real run, then exported
 

@@ -5,11 +5,10 @@ Start is recorded as a change too."""
 from __future__ import annotations
 
 import pytest
-
-from engine.store import RunReader
+from app_helpers import run_to_end
 
 import testkit
-from app_helpers import run_to_end
+from engine.store import RunReader
 
 pytestmark = pytest.mark.slow  # engines and the app in subprocesses
 

@@ -9,14 +9,12 @@ import os
 import time
 
 import pytest
+from app_helpers import FAST, wait_until
 
+from app.ui.controls.run_fields import setting_tip
 from engine.declarations.events import RunStarted
 from engine.declarations.settings import LAUNCH_GROUP, SETTINGS
 from engine.store import RunStore
-
-from app.ui.controls.run_fields import setting_tip
-
-from app_helpers import FAST, wait_until
 
 
 def _dialog(w, gpus: int = 4):
@@ -91,10 +89,9 @@ def test_the_command_carries_the_choices_and_the_engine_reads_them_back(qtbot, m
 def test_every_declared_setting_reaches_the_launched_engine(tmp_path):
     """The launch writes every setting the form or the flags hold (a schedule, task arguments,
     step checkpoints...), not a fixed list: the engine reads the command back as the same config."""
+    from app.session.launch_command import NOT_LAUNCHED, torchrun_command
     from engine.cli import build_parser, config_from_args
     from engine.declarations.config import TrainConfig
-
-    from app.session.launch_command import NOT_LAUNCHED, torchrun_command
     cfg = TrainConfig(task="charlm", micro_batch=8, accum=3, lr=3e-4, clip=0.5, epochs=2, max_steps=7, seed=5,
                       lr_scaling="sqrt", precision="bf16", device="cuda", optimizer="sgd", nonfinite="stop",
                       token_budget=512, micro_tokens=128, find_micro_batch=True, effective_batch=96,
@@ -161,8 +158,9 @@ def test_an_fsdp_launch_from_the_dialog_is_titled_and_its_sharded_checkpoints_ar
     """Through the dialog on CPU: 2 gloo processes, --strategy fsdp, 2 steps with a step checkpoint
     every step (folders written by the real engine); the run history lists them and a fork from one
     trains in this window's engine, in one process."""
-    from app.model import lineage
     from app_helpers import run_to_end
+
+    from app.model import lineage
     w = make_window(base_config={"max_steps": 2, "checkpoint_every": 1})
     w.controls.set_values(FAST)
     d = _dialog(w, gpus=2)

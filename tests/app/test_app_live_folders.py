@@ -12,11 +12,10 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-
-from engine.store import runlock
-
 from app_folders import LOCKER, tree
 from app_helpers import FAST, ROOT, run_to_end, start, wait_until
+
+from engine.store import runlock
 
 pytestmark = pytest.mark.slow  # a writer in another process, real runs
 

@@ -2,11 +2,10 @@
 there exactly (events and run.db agree), and marked on every plot."""
 from __future__ import annotations
 
-
 import pytest
-from engine.store import RunReader
-
 from app_helpers import run_button, run_to_end, start, wait_until
+
+from engine.store import RunReader
 
 pytestmark = pytest.mark.slow  # real runs changed while they train
 

@@ -10,11 +10,10 @@ import sqlite3
 
 import numpy as np
 import pytest
+from app_helpers import ROOT
 
 from engine.declarations.events import StepMetrics
 from engine.store import RunReader, RunStore
-
-from app_helpers import ROOT
 
 
 def _bench():

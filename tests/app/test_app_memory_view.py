@@ -16,12 +16,11 @@ import time
 
 import numpy as np
 import pytest
+from app_helpers import run_to_end, start, wait_until
 
 from engine.declarations.commands import SetAccum, SetMicroBatch, SetPrecision
 from engine.declarations.events import MemoryLevers, MemorySnapshot, RunFinished, RunStarted, StepMetrics
 from engine.store import RunReader, RunStore
-
-from app_helpers import run_to_end, start, wait_until
 
 pytestmark = pytest.mark.slow  # real runs in the window
 

@@ -3,10 +3,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from app_helpers import run_to_end, start
 
 from engine.store import RunReader
-
-from app_helpers import run_to_end, start
 
 pytestmark = pytest.mark.slow  # real runs in the window
 

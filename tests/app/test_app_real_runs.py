@@ -15,14 +15,12 @@ import re
 
 import numpy as np
 import pytest
+from app_helpers import LONG_EPOCHS, run_to_end, start, wait_until
 
+from app.model.epoch_progress import MIN_PACED, WARMUP_STEPS
 from engine.declarations.commands import SetAccum
 from engine.declarations.config import RANGES
 from engine.store import RunReader
-
-from app.model.epoch_progress import MIN_PACED, WARMUP_STEPS
-
-from app_helpers import LONG_EPOCHS, run_to_end, start, wait_until
 from testkit import run_cli
 
 pytestmark = pytest.mark.slow  # real runs in the window

@@ -8,7 +8,6 @@ import sys
 import time
 
 import pytest
-
 from app_helpers import ROOT, run_button, wait_until
 
 pytestmark = pytest.mark.slow  # an engine in a subprocess, followed live

@@ -11,9 +11,8 @@ import sys
 
 import numpy as np
 import pytest
-from PySide6.QtCore import Qt
-
 from app_helpers import ROOT
+from PySide6.QtCore import Qt
 
 sys.path.insert(0, os.path.join(ROOT, "tests", "ctl"))
 import sshkit  # noqa: E402 - after the sys.path set-up above

@@ -15,10 +15,9 @@ import os
 
 import numpy as np
 import pytest
+from app_helpers import run_to_end, start, wait_until
 
 from engine.store import RunReader
-
-from app_helpers import run_to_end, start, wait_until
 from testkit import ROOT, run_engine
 
 # The task of tests/engine/test_run_tree.py: NaN windows on purpose (steps bad_from..bad_until-1).
@@ -185,11 +184,16 @@ def test_rollback_markers_and_discarded_steps_for_a_run_opened_and_live(qtbot, m
 def test_lineage_reads_checkpoints_settings_and_offsets_from_run_folders(tmp_path):
     """Qt-free: which checkpoint a step forks from, the settings a run had at a step (its config
     and the events that changed them), and where a fork's axes begin (its parents' counts)."""
-    from engine.declarations.events import (CheckpointSaved, EpochEnd, OomRecovered, RolledBack,
-        SettingsApplied, StepMetrics)
-    from engine.store import RunStore
-
     from app.model import lineage
+    from engine.declarations.events import (
+        CheckpointSaved,
+        EpochEnd,
+        OomRecovered,
+        RolledBack,
+        SettingsApplied,
+        StepMetrics,
+    )
+    from engine.store import RunStore
 
     run = tmp_path / "run"
     os.makedirs(run / "checkpoints")

@@ -2,12 +2,11 @@
 and in the CSV export."""
 from __future__ import annotations
 
-import pytest
-
 import csv
 import os
 
 import numpy as np
+import pytest
 from PySide6.QtWidgets import QApplication
 
 from engine.declarations.events import RunStarted, StepMetrics

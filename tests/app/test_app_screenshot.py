@@ -8,7 +8,6 @@ import sys
 import time
 
 import pytest
-
 from app_folders import damaged_run
 from app_helpers import ROOT
 from app_tasks import slow_task

@@ -11,9 +11,8 @@ import sys
 import time
 
 import pytest
-from PySide6.QtWidgets import QDialogButtonBox
-
 from app_helpers import FAST, ROOT
+from PySide6.QtWidgets import QDialogButtonBox
 
 sys.path.insert(0, os.path.join(ROOT, "tests", "ctl"))
 import sshkit  # noqa: E402 - after the sys.path set-up above

@@ -4,14 +4,22 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine.declarations.commands import Pause, Resume, SetAccum, Stop
-from engine.declarations.events import (CommandReceived, CommandRefused, Paused, Resumed, RunFailed,
-    RunFinished, RunStarted, SettingsApplied, StepMetrics)
-
 from app.model.state import RunState
+from app.session.rules import allowed
 from app.session.session import RunSession, receipt_cut
 from app.session.sources import FolderSource
-from app.session.rules import allowed
+from engine.declarations.commands import Pause, Resume, SetAccum, Stop
+from engine.declarations.events import (
+    CommandReceived,
+    CommandRefused,
+    Paused,
+    Resumed,
+    RunFailed,
+    RunFinished,
+    RunStarted,
+    SettingsApplied,
+    StepMetrics,
+)
 
 CONFIG = {"micro_batch": 64, "accum": 2, "lr": 1e-3, "clip": 1.0, "lr_scaling": "none", "epochs": 3}
 
@@ -202,8 +210,8 @@ def test_steps_drained_at_once_keep_the_time_the_engine_emitted_each():
 
     import numpy as np
 
-    from engine.declarations.events import EventBuffer
     from app.session.sources import LiveSource
+    from engine.declarations.events import EventBuffer
 
     buf = EventBuffer()
     emitted = []

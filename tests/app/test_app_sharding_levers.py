@@ -5,10 +5,10 @@ machine said to have 4 GPUs, the count passed in), written to a run folder by th
 and opened in the window; a one-GPU machine's table has no such rows."""
 from __future__ import annotations
 
-import pytest
-
 import os
 import time
+
+import pytest
 
 from engine.declarations.events import MemoryLevers, RunStarted
 from engine.memory.what_fits.forecast import MemoryModel

@@ -10,11 +10,10 @@ import time
 from pathlib import Path
 
 import pytest
-
-from engine.store import RunReader, runlock
+from app_helpers import ROOT
 
 import testkit
-from app_helpers import ROOT
+from engine.store import RunReader, runlock
 
 pytestmark = pytest.mark.slow  # the app in a subprocess, signalled
 

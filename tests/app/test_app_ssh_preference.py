@@ -4,7 +4,6 @@ is not set; when it is set, the variable wins and the dialog shows it, not edita
 from __future__ import annotations
 
 import pytest
-
 from app_helpers import ROOT  # noqa: F401 - sys.path and app.compat first
 
 

@@ -10,12 +10,11 @@ import time
 
 import pytest
 import torch
-
-from engine.store import RunReader
-
-import testkit
 from app_helpers import ROOT, run_button, run_to_end, start, wait_until
 from app_tasks import loading_mark, slow_task
+
+import testkit
+from engine.store import RunReader
 
 pytestmark = pytest.mark.slow  # real runs, signals and subprocesses
 

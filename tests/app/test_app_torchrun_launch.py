@@ -7,15 +7,13 @@ import os
 import sys
 
 import pytest
-
 from app_helpers import wait_until
 
 
 def test_torchrun_command_round_trips_through_the_engine_flags(tmp_path):
+    from app.session.launch_command import torchrun_command
     from engine.cli import build_parser, config_from_args
     from engine.declarations.config import TrainConfig
-
-    from app.session.launch_command import torchrun_command
     cfg = TrainConfig(task="charlm", micro_batch=8, accum=3, lr=3e-4, clip=0.5, epochs=2, max_steps=7,
                       precision="bf16", device="cuda", seed=5, lr_scaling="sqrt", find_micro_batch=True,
                       effective_batch=96, vram_limit=3 * 2**30, oom_recovery=False, optimizer="sgd")
@@ -84,8 +82,9 @@ def test_launch_torchrun_on_cpu_attaches_shows_metrics_and_stops(qtbot, make_win
 
 @pytest.mark.ddp
 def test_launch_stop_falls_back_to_sigterm(qtbot, make_window, tmp_path, monkeypatch):
-    import app.runner.launcher as launcher_mod
     from app_helpers import FAST
+
+    import app.runner.launcher as launcher_mod
     monkeypatch.setattr(launcher_mod, "LAUNCH_STOP_S", 0.0)  # SIGTERM at once after Stop
     w = make_window()
     w.controls.set_values({**FAST, "epochs": 50})

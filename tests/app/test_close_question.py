@@ -3,13 +3,11 @@ again" kept in the preferences and File > "Ask before closing during a run" to t
 on; Ctrl+Q asks the same; a window without the user's preferences (tests) never asks."""
 from __future__ import annotations
 
-import pytest
-
 import os
 
-from PySide6.QtWidgets import QMessageBox
-
+import pytest
 from app_helpers import run_to_end, start, wait_until
+from PySide6.QtWidgets import QMessageBox
 
 
 @pytest.mark.slow

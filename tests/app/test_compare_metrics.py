@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from app_helpers import open_comparing
 from recorded_runs import write_run
 from test_smoothing import tensorboard

@@ -3,7 +3,6 @@ off, and "Clear compare" (plots toolbar and Run history) takes them off at once.
 from __future__ import annotations
 
 import pytest
-
 from test_plot_outliers import diverged_run
 from test_window_layout import synthetic_run
 

@@ -9,7 +9,6 @@ import signal
 import sys
 
 import pytest
-
 from app_helpers import ROOT, wait_until
 from live_folder import LiveFolder
 

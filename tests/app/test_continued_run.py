@@ -15,13 +15,12 @@ import sys
 import time
 
 import pytest
+from app_helpers import ROOT, run_to_end, wait_until
 
 from app.core.runs import summarize
 from app.model.epoch_progress import fmt_duration
 from app.model.run_time import Mark, run_time
 from app.model.state import RunState
-
-from app_helpers import ROOT, run_to_end, wait_until
 
 pytestmark = pytest.mark.slow
 EARLIER, LONGER = 7200.0, 600.0  # the first segment: two hours before, ten minutes longer

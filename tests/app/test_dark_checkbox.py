@@ -4,10 +4,8 @@ not ticked."""
 from __future__ import annotations
 
 import pytest
-
 from PySide6.QtGui import QColor
 from PySide6.QtWidgets import QStyle, QStyleOptionButton
-
 from test_plot_colours import contrast
 
 

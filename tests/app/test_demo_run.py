@@ -2,16 +2,15 @@
 (its defaults raise no alert), and Stop ends it cleanly with a checkpoint."""
 from __future__ import annotations
 
-import pytest
-
 import math
 import re
 import shlex
 
-from engine.declarations.config import TrainConfig
-
+import pytest
 from app_helpers import ROOT, run_to_end, wait_until
+
 from app.main import parse_args
+from engine.declarations.config import TrainConfig
 
 MLP_SAMPLES = 4096  # engine/tasks/builtin/mlp.py
 # Measured on a laptop CPU (the issue's report): 5 epochs of micro-batch 16 in about 2 s,

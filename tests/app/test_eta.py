@@ -4,13 +4,12 @@ ETA); a run stopped mid-epoch says so beside the epoch's share."""
 from __future__ import annotations
 
 import pytest
+from app_helpers import LONG_EPOCHS, run_to_end, start, wait_until
 
 from app.model.epoch_progress import seconds_per_window
 from app.model.notes import Note
 from app.model.runmodel import RunModel
 from app.model.state import RunState
-
-from app_helpers import LONG_EPOCHS, run_to_end, start, wait_until
 
 
 def rows(first: int, last: int, t0: float, every: float) -> list[dict]:

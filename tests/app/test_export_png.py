@@ -3,12 +3,11 @@ them; the message that says where it went has its own place in the status bar.""
 from __future__ import annotations
 
 import pytest
-
 from PySide6.QtGui import QColor, QImage
 from PySide6.QtWidgets import QFileDialog
+from test_window_layout import synthetic_run
 
 from app.ui.export import EXPORT_SIZE, HEADER_PX, plot_title
-from test_window_layout import synthetic_run
 
 
 @pytest.mark.slow

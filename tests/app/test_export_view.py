@@ -11,9 +11,9 @@ import pytest
 from PySide6.QtGui import QColor, QImage
 from PySide6.QtSvg import QSvgRenderer
 from PySide6.QtWidgets import QFileDialog
+from test_window_layout import settle, synthetic_run
 
 from app.ui import export
-from test_window_layout import settle, synthetic_run
 
 
 def plot_geometries(w) -> list:

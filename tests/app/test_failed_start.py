@@ -3,7 +3,6 @@ its name, and the form as the user filled it."""
 from __future__ import annotations
 
 import pytest
-
 from app_helpers import run_to_end, start
 from app_tasks import broken_task
 from test_window_layout import synthetic_run

@@ -3,7 +3,6 @@ a tooltip at the field, and a learning rate of 0 is said to train nothing."""
 from __future__ import annotations
 
 import pytest
-
 from PySide6.QtWidgets import QToolTip
 
 

@@ -4,13 +4,12 @@
 from __future__ import annotations
 
 import pytest
+from app_helpers import run_to_end, start
+from test_app_run_tree import DIVERGING, ROLLBACK_ARGS
 
 from engine.declarations.config import TrainConfig
 from engine.declarations.events import RunStarted, StepMetrics
 from engine.store import RunStore
-
-from app_helpers import run_to_end, start
-from test_app_run_tree import DIVERGING, ROLLBACK_ARGS
 
 
 def finished_run(path, config: dict) -> str:

@@ -3,9 +3,7 @@ news during a run, not for a run folder's past alerts."""
 from __future__ import annotations
 
 import pytest
-
 from PySide6.QtWidgets import QTabBar
-
 from test_plot_outliers import diverged_run
 
 

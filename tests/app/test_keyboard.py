@@ -5,6 +5,8 @@ Ctrl+E is a line edit's "end of line"); after Ctrl+Return (Apply) the focus leav
 from __future__ import annotations
 
 import pytest
+from app_helpers import wait_until
+from live_folder import LiveFolder
 from PySide6.QtCore import QEvent, QObject
 from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtTest import QTest
@@ -12,8 +14,6 @@ from PySide6.QtWidgets import QApplication, QFileDialog
 
 from app.core.shortcuts import SHORTCUTS
 from engine.declarations.commands import setting_change
-from app_helpers import wait_until
-from live_folder import LiveFolder
 
 
 class LikeX11(QObject):

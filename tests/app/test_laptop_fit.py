@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 from PySide6.QtWidgets import QScrollArea
+from test_window_layout import settle, synthetic_run
 
 from app.model.state import RunState
 from app.ui.elided import ElidedLabel
 from app.ui.shell.statusbar import PRIORITY
-from test_window_layout import settle, synthetic_run
 
 
 def toolbar_buttons(w) -> dict[str, object]:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import re
 
 import pytest
-
 from recorded_runs import write_run
 from test_window_layout import settle
 

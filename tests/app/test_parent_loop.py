@@ -3,16 +3,14 @@ damaged record, not a reason for the app to spin for ever before showing anythin
 history is a forest whatever the records say."""
 from __future__ import annotations
 
-import pytest
-
 import os
 
-from engine.declarations.events import StepMetrics
-from engine.store import RunStore
-
-from app.model import lineage
+import pytest
 
 import testkit
+from app.model import lineage
+from engine.declarations.events import StepMetrics
+from engine.store import RunStore
 
 
 def _run(path, parent) -> str:

@@ -3,7 +3,6 @@ in the dark theme the per-step loss stands out from the background."""
 from __future__ import annotations
 
 import pytest
-
 from PySide6.QtGui import QColor
 
 

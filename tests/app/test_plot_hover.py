@@ -4,11 +4,10 @@ compared run's, and what a marker says there; it goes when the mouse leaves."""
 from __future__ import annotations
 
 import pytest
+from app_helpers import open_comparing
 from PySide6.QtCore import QEvent, QPoint, QPointF
 from PySide6.QtTest import QTest
 from PySide6.QtWidgets import QApplication
-
-from app_helpers import open_comparing
 from recorded_runs import write_run
 from test_window_layout import settle
 

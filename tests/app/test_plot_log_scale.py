@@ -11,12 +11,12 @@ from typing import Any
 
 import numpy as np
 import pytest
-
-from app.ui.plots.fitting import LABEL_PX
-from app.ui.plots.log_ticks import log_label, log_tick_levels
 from app_helpers import open_comparing
 from recorded_runs import plot_run
 from test_window_layout import overlapping_labels, settle
+
+from app.ui.plots.fitting import LABEL_PX
+from app.ui.plots.log_ticks import log_label, log_tick_levels
 
 
 @pytest.fixture(scope="module")

@@ -2,9 +2,9 @@
 "Ignore outliers" (on by itself after non-finite steps) ranges y on the curve, not the spike."""
 from __future__ import annotations
 
-import pytest
-
 import math
+
+import pytest
 
 from engine.declarations.events import StepMetrics
 from engine.store import RunStore

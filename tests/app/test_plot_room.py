@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 from PySide6.QtCore import Qt
-
-from app.ui.plots.fold import LOSS_SHARE, place_rows
 from recorded_runs import gpu_run, plot_run
 from test_window_layout import settle
+
+from app.ui.plots.fold import LOSS_SHARE, place_rows
 
 
 @pytest.fixture(scope="module")

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-from app.model.metrics import INLIER_EMA
-from app.model.outliers import fences, inliers
-
 from app_helpers import open_comparing
 from recorded_runs import write_run
 from test_smoothing import tensorboard
+
+from app.model.metrics import INLIER_EMA
+from app.model.outliers import fences, inliers
 
 
 @pytest.fixture(scope="module")

@@ -7,14 +7,12 @@ log scale but the loss's."""
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from PySide6.QtGui import QColor, QImage
-
 from app_helpers import open_comparing
+from PySide6.QtGui import QColor, QImage
 from recorded_runs import plot_run
 from test_window_layout import settle
 

@@ -4,14 +4,12 @@ the app's tour ("Five minutes with the demo"), and every bold name anywhere that
 buttons, labels, lists or tabs. (It said "Open run..." where the menu says "Open run folder...".)"""
 from __future__ import annotations
 
-import pytest
-
 import re
 
+import pytest
+from app_helpers import ROOT
 from PySide6.QtGui import QAction
 from PySide6.QtWidgets import QAbstractButton, QComboBox, QDockWidget, QGroupBox, QLabel, QTabBar
-
-from app_helpers import ROOT
 from test_window_layout import synthetic_run
 
 BOLD = re.compile(r"\*\*([^*]+?)\*\*")

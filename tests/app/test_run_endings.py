@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from app_helpers import LONG_EPOCHS, run_to_end, start, wait_until
 from test_app_run_tree import DIVERGING
 

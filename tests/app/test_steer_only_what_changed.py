@@ -15,7 +15,6 @@ import sys
 from typing import Any
 
 import pytest
-
 from app_helpers import ROOT, wait_until
 
 sys.path.insert(0, os.path.join(ROOT, "tests", "ctl"))

@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from app_helpers import ROOT
+
 from app.core import syslibs
 
 LIBC = ("libc.so", "libm.so", "libstdc++.so", "libgcc_s.so", "ld-linux", "libpthread.so", "libdl.so", "librt.so")

@@ -4,11 +4,11 @@ error names the task file's line, in the window's dialog and in the engine's `er
 from __future__ import annotations
 
 import pytest
-from PySide6.QtWidgets import QApplication
-
 from app_helpers import run_to_end, start
 from app_tasks import tiny_task
+from PySide6.QtWidgets import QApplication
 from test_window_layout import synthetic_run
+
 from testkit import run_engine
 
 BAD_BUILD = """import torch

@@ -3,7 +3,6 @@ no setting; once the field has the focus (a click, Tab) the wheel steps it."""
 from __future__ import annotations
 
 import pytest
-
 from PySide6.QtCore import QPoint, QPointF, Qt
 from PySide6.QtGui import QWheelEvent
 from PySide6.QtWidgets import QApplication, QScrollArea

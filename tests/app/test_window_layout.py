@@ -6,10 +6,10 @@ import time
 from typing import Any
 
 import pytest
+from app_helpers import wait_until
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QImage, QPainter
 
-from app_helpers import wait_until
 from app.model.metrics import MetricsBuffer
 from app.ui.shell.layout import MIN_PLOT_HEIGHT, plot_share
 

@@ -3,7 +3,6 @@ live run keeps ahead of it read as steps still to come that never would."""
 from __future__ import annotations
 
 import pytest
-
 from test_marker_labels import run_with_a_late_change
 
 

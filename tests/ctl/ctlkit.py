@@ -13,7 +13,6 @@ from typing import Any, Callable, Iterator, Optional
 
 from engine.ctl.protocol import rows_of
 from engine.store import RunReader, StoreError, runlock
-
 from testkit import ROOT, run_cli, subprocess_env, wait_until
 
 PY = sys.executable

@@ -15,7 +15,6 @@ import pytest
 from engine import Pause, Resume, SetAccum, SetLr, Stop, Unpause
 from engine.ctl import client
 from engine.declarations.commands import Command, SetCheckpointing, SetPrecision
-
 from testkit import ROOT, subprocess_env
 
 

@@ -10,8 +10,8 @@ import subprocess
 import sys
 
 import pytest
-
 from ctlkit import records, written_run
+
 from testkit import ROOT
 
 pytestmark = pytest.mark.slow

@@ -12,10 +12,9 @@ import signal
 import subprocess
 
 import pytest
+from ctlkit import Stream, ctl, db_events, db_rows, followed_live_run, one_error_line, records, replay, written_run
 
 from engine.ctl.output import render
-
-from ctlkit import Stream, ctl, followed_live_run, db_events, db_rows, one_error_line, records, replay, written_run
 from testkit import ROOT, wait_until
 
 pytestmark = pytest.mark.slow

@@ -14,10 +14,20 @@ import signal
 import sys
 
 import pytest
-
 import sshkit
-from ctlkit import (Stream, ctl, followed_live_run, db_events, db_rows, hold_lock, one_error_line, records, replay,
-                    written_run)
+from ctlkit import (
+    Stream,
+    ctl,
+    db_events,
+    db_rows,
+    followed_live_run,
+    hold_lock,
+    one_error_line,
+    records,
+    replay,
+    written_run,
+)
+
 from testkit import wait_until
 
 sshd = sshkit.sshd  # the shared server fixture (tests/ctl/sshkit.py)

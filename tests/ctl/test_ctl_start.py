@@ -12,9 +12,9 @@ import subprocess
 import time
 
 import pytest
-
 import sshkit
 from ctlkit import ctl, db_rows, one_error_line, records, replay
+
 from engine.store import RunReader
 from testkit import wait_until
 

@@ -10,9 +10,8 @@ import torch
 
 from engine.declarations.config import TrainConfig
 from engine.trainer.trainer import Trainer
-from tests.ddp import varlen_task
-
 from testkit import ROOT
+from tests.ddp import varlen_task
 
 
 def torchrun(n: int = 2) -> list[str]:

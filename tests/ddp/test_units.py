@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from engine.accumulation.step import pack, tightest, unpack
+from engine.checkpoints.sharded import by_name
 from engine.declarations.config import ConfigError, TrainConfig
 from engine.distributed.fsdp import find_blocks
 from engine.distributed.world import shape_for
 from engine.export import by_index
-from engine.checkpoints.sharded import by_name
-from engine.accumulation.step import pack, tightest, unpack
 
 
 @pytest.mark.parametrize("micro, accum, old, new, want", [

@@ -15,11 +15,19 @@ from __future__ import annotations
 
 import pytest
 import torch
+from engine_helpers import (
+    Recorder,
+    RecordingSGD,
+    flat,
+    make_seqs,
+    make_task,
+    rel_err,
+    run_trainer,
+    token_collate,
+    token_loss_sum,
+)
 
 from engine.accumulation import sampling
-
-from engine_helpers import (Recorder, RecordingSGD, flat, make_seqs, make_task, rel_err, run_trainer, token_collate,
-                       token_loss_sum)
 
 LR = 0.5
 EPOCHS = 2

@@ -9,11 +9,10 @@ import sys
 
 import pytest
 import torch
+from engine_helpers import ROOT, adamw, assert_same_tree, make_task, run_trainer
 
 from engine.checkpoints import files as ckpt
 from engine.declarations.commands import Stop
-
-from engine_helpers import ROOT, adamw, assert_same_tree, make_task, run_trainer
 
 N, MICRO, ACCUM = 24, 2, 3  # 4 steps per epoch
 

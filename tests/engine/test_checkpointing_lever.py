@@ -4,13 +4,12 @@ from __future__ import annotations
 import copy
 import importlib.util
 
+import engine_helpers  # noqa: F401 - for its set-up: testkit's sys.path before the engine imports
 import pytest
 import torch
 import torch.nn as nn
 
-import engine_helpers  # noqa: F401 - for its set-up: testkit's sys.path before the engine imports
-from engine.memory.activation_checkpointing import (checkpoint_modules, count_blocks, find_switch,
-    why_no_switch)
+from engine.memory.activation_checkpointing import checkpoint_modules, count_blocks, find_switch, why_no_switch
 from engine.tasks.task import Task
 
 
@@ -222,6 +221,7 @@ def hf_state(m) -> bool:
 @pytest.mark.skipif(not HAS_TRANSFORMERS, reason="transformers is not installed in this venv (optional extra)")
 def test_tiny_gpt2_from_config_is_found_and_toggled():
     import warnings
+
     from transformers import GPT2Config, GPT2LMHeadModel
     torch.manual_seed(0)
     cfg = GPT2Config(vocab_size=64, n_positions=16, n_embd=16, n_layer=2, n_head=2, use_cache=False,

@@ -11,10 +11,9 @@ import textwrap
 
 import pytest
 import torch
+from engine_helpers import ROOT
 
 from engine.store import RunReader
-
-from engine_helpers import ROOT
 
 TASK_FILES = {
     "good.py": """

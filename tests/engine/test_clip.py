@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from engine_helpers import RecordingSGD, flat, make_task, params_of, rel_err, run_trainer, token_collate, token_loss_sum
 
 from engine.accumulation import sampling
 from engine.store import RunReader
-
-from engine_helpers import (RecordingSGD, flat, make_task, params_of, rel_err, run_trainer, token_collate,
-                            token_loss_sum)
 
 N, MICRO, ACCUM = 12, 3, 4  # one window of 12 samples = one step per epoch
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from engine.steering.lifecycle import PAUSE_POLL_S, Lifecycle, Received, while_paused
 from engine.declarations.commands import Pause, SetAccum, SetLr, Stop, Unpause
 from engine.declarations.events import CommandReceived, CommandRefused, Event, Paused, Resumed
+from engine.steering.lifecycle import PAUSE_POLL_S, Lifecycle, Received, while_paused
 from engine.store import RunReader, RunStore, send_command
 from testkit import ROOT
 

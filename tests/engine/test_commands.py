@@ -11,14 +11,23 @@ import time
 
 import pytest
 import torch
+from engine_helpers import RecordingSGD, make_task, run_trainer
 
 from engine.checkpoints import files as ckpt
-from engine.declarations.commands import (COMMANDS, Pause, SetAccum, SetClip, SetLr, SetLrScaling, SetMicroBatch,
-    Stop, Unpause, command_from_json)
+from engine.declarations.commands import (
+    COMMANDS,
+    Pause,
+    SetAccum,
+    SetClip,
+    SetLr,
+    SetLrScaling,
+    SetMicroBatch,
+    Stop,
+    Unpause,
+    command_from_json,
+)
 from engine.declarations.config import ConfigError
 from engine.store import RunReader, send_command
-
-from engine_helpers import RecordingSGD, make_task, run_trainer
 
 N, MICRO, ACCUM, LR = 24, 2, 3, 0.1  # epoch 1: 4 steps of 6 samples
 NEW_ACCUM, NEW_LR, NEW_CLIP = 2, 0.05, 0.2  # epoch 2: 6 steps of 4 samples

@@ -13,13 +13,26 @@ import math
 import pytest
 
 from engine.cli import build_parser, config_from_args
-from engine.declarations.commands import (COMMANDS, OLD_FIELDS, SETTING_COMMANDS, SetAccum, SetCheckpointing, SetClip,
-    SetLr, SetLrScaling, SetMicroBatch, Unpause, command_for, command_from_json, payload_value, setting_change,
-    setting_of)
+from engine.declarations.commands import (
+    COMMANDS,
+    OLD_FIELDS,
+    SETTING_COMMANDS,
+    SetAccum,
+    SetCheckpointing,
+    SetClip,
+    SetLr,
+    SetLrScaling,
+    SetMicroBatch,
+    Unpause,
+    command_for,
+    command_from_json,
+    payload_value,
+    setting_change,
+    setting_of,
+)
 from engine.declarations.config import CHOICES, RANGES, ConfigError, TrainConfig
 from engine.declarations.events import SettingsApplied, StepMetrics, Unpaused
-from engine.declarations.settings import (GROUPS, LIVE_SETTINGS, SETTINGS, LiveSettings, scale_lr,
-    scaled_to_reference)
+from engine.declarations.settings import GROUPS, LIVE_SETTINGS, SETTINGS, LiveSettings, scale_lr, scaled_to_reference
 from engine.store import METRIC_COLUMNS
 
 

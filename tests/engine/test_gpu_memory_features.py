@@ -9,12 +9,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from engine.accumulation.oom import is_oom
 from engine.declarations.config import TrainConfig
 from engine.declarations.events import MicroBatchFound, OomRecovered, ScalerSkip, StepMetrics
-from engine.trainer.finder import MemoryModel, search
-from engine.accumulation.oom import is_oom
-from engine.tasks.task import Task
 from engine.memory.telemetry import NO_GPU, MemoryProbe, nvml_status
+from engine.tasks.task import Task
+from engine.trainer.finder import MemoryModel, search
 from engine.trainer.trainer import Trainer
 
 OOM = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")

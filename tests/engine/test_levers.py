@@ -11,15 +11,23 @@ import json
 import subprocess
 import sys
 
+import engine_helpers  # noqa: F401 - for its set-up: testkit's sys.path before the engine imports
 import pytest
 
-import engine_helpers  # noqa: F401 - for its set-up: testkit's sys.path before the engine imports
-from engine.declarations.commands import SetAccum, SetMicroBatch
-from engine.memory.what_fits.levers import (CheckpointModel, Current, Persistent, accum_for, build_table, cast_bytes,
-    commands_for, lines_for)
-from engine.declarations.commands import COMMANDS as MEM_COMMANDS, SetCheckpointing, SetPrecision
-from engine.memory.what_fits.forecast import MemoryModel
+from engine.declarations.commands import COMMANDS as MEM_COMMANDS
+from engine.declarations.commands import SetAccum, SetCheckpointing, SetMicroBatch, SetPrecision
 from engine.declarations.config import ConfigError
+from engine.memory.what_fits.forecast import MemoryModel
+from engine.memory.what_fits.levers import (
+    CheckpointModel,
+    Current,
+    Persistent,
+    accum_for,
+    build_table,
+    cast_bytes,
+    commands_for,
+    lines_for,
+)
 
 PERSIST = Persistent(params=400, grads=400, optimizer=800, param_dtypes={"float32": 400})
 CKPT = CheckpointModel(layers=4, inside=0.5, boundary=1 / 16)

@@ -12,9 +12,9 @@ import torch
 sys.path.insert(0, os.path.dirname(__file__))
 from engine_helpers import RecordingSGD, make_task, run_trainer  # noqa: E402 - after the sys.path set-up above
 
-from engine.steering.lr import LrControl, rescale
 from engine.declarations.commands import SetLr
 from engine.declarations.schedule import LrSchedule
+from engine.steering.lr import LrControl, rescale
 
 S = torch.optim.lr_scheduler
 

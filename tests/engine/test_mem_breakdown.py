@@ -5,11 +5,11 @@ elements x bytes per element), not from the tensors being counted.
 """
 from __future__ import annotations
 
+import engine_helpers  # noqa: F401 - for its set-up: testkit's sys.path before the engine imports
 import pytest
 import torch
 import torch.nn as nn
 
-import engine_helpers  # noqa: F401 - for its set-up: testkit's sys.path before the engine imports
 from engine.memory.breakdown import MemoryBreakdown, activations, count
 
 # A 3 -> 5 -> 2 network: layer a = 3*5 weights + 5 biases = 20 elements, layer b = 5*2 + 2 = 12.

@@ -5,13 +5,13 @@ import inspect
 import os
 import pickle
 
+import engine_helpers  # noqa: F401 - for its set-up: testkit's sys.path before the engine imports
 import pytest
 import torch
 import torch.nn as nn
 
-import engine_helpers  # noqa: F401 - for its set-up: testkit's sys.path before the engine imports
-from engine.memory.snapshot import SnapshotRecorder
 from engine.accumulation.oom import is_oom
+from engine.memory.snapshot import SnapshotRecorder
 
 FAKE_SNAPSHOT = {"segments": [{"address": 0, "total_size": 2 << 20, "blocks": []}],
                  "device_traces": [[{"action": "oom", "size": 1 << 30, "frames": []}]]}

@@ -14,9 +14,9 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(__file__))
 from engine_helpers import make_task, run_trainer  # noqa: E402 - after the sys.path set-up above
 
-from engine.memory.activation_checkpointing import checkpoint_modules
 from engine.declarations.commands import SetCheckpointing, SetPrecision
 from engine.declarations.config import ConfigError, TrainConfig
+from engine.memory.activation_checkpointing import checkpoint_modules
 from engine.memory.breakdown import count
 from engine.store import RunReader
 from engine.tasks.task import Task

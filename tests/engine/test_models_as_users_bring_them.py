@@ -16,12 +16,10 @@ import torch.nn.functional as F
 
 from engine.declarations.config import TrainConfig
 from engine.distributed.devices import to_device
-from engine.trainer.modes import TrainModes
 from engine.tasks.task import Task
+from engine.trainer.modes import TrainModes
 from engine.trainer.trainer import Trainer
-
 from testkit import run_engine
-
 
 
 def classifier_task(model: nn.Module, n: int = 64, seed: int = 0) -> Task:

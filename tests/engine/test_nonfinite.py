@@ -4,15 +4,13 @@ names the parameters; the run goes on. With --nonfinite stop the run ends with a
 of the last good weights."""
 from __future__ import annotations
 
-
 import pytest
 import torch
 import torch.nn as nn
+from engine_helpers import TokenModel, adamw, assert_same_tree, make_task, run_trainer, snapshot, token_loss_sum
 
 from engine.checkpoints import files as ckpt
 from engine.store import RunReader
-
-from engine_helpers import TokenModel, adamw, assert_same_tree, make_task, run_trainer, snapshot, token_loss_sum
 
 N, MICRO, ACCUM = 24, 2, 3  # 4 steps per epoch, 3 micro-batches (loss calls) per step
 PARAMS = ("emb.weight", "hidden.weight", "hidden.bias", "head.weight", "head.bias")

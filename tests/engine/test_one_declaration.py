@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 import pytest
+
 from testkit import ROOT, subprocess_env
 
 pytestmark = pytest.mark.slow

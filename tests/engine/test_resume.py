@@ -8,12 +8,11 @@ import sqlite3
 
 import pytest
 import torch
+from engine_helpers import adamw, assert_same_tree, make_task, run_trainer
 
 from engine.checkpoints import files as ckpt
 from engine.declarations.commands import Stop
 from engine.store import RunReader
-
-from engine_helpers import adamw, assert_same_tree, make_task, run_trainer
 
 N, MICRO, ACCUM, EPOCHS = 30, 2, 3, 3  # 5 steps per epoch, 15 in all
 CFG = dict(micro_batch=MICRO, accum=ACCUM, lr=0.01, clip=1.0, epochs=EPOCHS)

@@ -10,10 +10,9 @@ import pytest
 
 from engine.checkpoints import files as ckpt
 from engine.declarations.config import TrainConfig
+from engine.store import RunReader
 from engine.trainer.autopilot import Autopilot, Trouble
 from engine.trainer.trainer import Trainer
-from engine.store import RunReader
-
 from testkit import ROOT
 
 TASK = os.path.join(ROOT, "tests", "faults", "ckpt_task.py")

@@ -12,7 +12,6 @@ import torch
 
 from engine.checkpoints import files as ckpt
 from engine.store import RunReader
-
 from testkit import run_engine
 
 pytestmark = pytest.mark.slow  # every test trains several runs in subprocesses
@@ -167,8 +166,8 @@ def test_a_fork_setting_a_value_back_to_the_parents_start_value_is_a_change(tmp_
     does); a fork of a later checkpoint given --accum 2 trains at 2, and records it."""
     from engine.declarations.commands import SetAccum
     from engine.declarations.config import TrainConfig
-    from engine.trainer.trainer import Trainer
     from engine.tasks.loader import load_task
+    from engine.trainer.trainer import Trainer
     parent = tmp_path / "parent"
 
     def sink(e):

@@ -105,6 +105,7 @@ def test_a_task_brings_its_own_scheduler_stepped_once_per_optimizer_step(tmp_pat
 
 def test_a_task_scheduler_with_an_engine_schedule_is_bad_input(tmp_path):
     import torch
+
     from engine.declarations.config import ConfigError
     task = make_task(24)
     task.scheduler = lambda opt: torch.optim.lr_scheduler.StepLR(opt, step_size=3)

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import json
 
-
 import engine_helpers  # noqa: F401 - for its set-up: testkit's sys.path before the engine imports
+
 from engine.declarations.events import MemoryLevers, StepMetrics
 from engine.declarations.settings import LiveSettings
 from engine.memory.what_fits.forecast import MemoryModel

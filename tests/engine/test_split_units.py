@@ -13,13 +13,13 @@ import torch
 sys.path.insert(0, os.path.dirname(__file__))
 from engine_helpers import make_task, run_trainer  # noqa: E402 - after the sys.path set-up above
 
-from engine.declarations.rules import CommandRules
+from engine.accumulation.policy import FixedWindows, TokenBudgetWindows
+from engine.accumulation.step import pack, unpack
 from engine.declarations.commands import Pause, SetAccum, SetClip, SetLr, SetLrScaling, SetMicroBatch, command_for
 from engine.declarations.events import CommandRefused, LrHint, SettingsApplied
-from engine.trainer.progress import Progress
+from engine.declarations.rules import CommandRules
 from engine.declarations.settings import LIVE_SETTINGS, LiveSettings
-from engine.accumulation.step import pack, unpack
-from engine.accumulation.policy import FixedWindows, TokenBudgetWindows
+from engine.trainer.progress import Progress
 
 S = LiveSettings(micro_batch=4, accum=2, lr=0.01, clip=1.0, lr_scaling="none")
 

@@ -10,13 +10,12 @@ import time
 
 import pytest
 import torch
+from engine_helpers import Recorder, RecordingSGD, flat, make_task, rel_err, run_trainer
+from test_accumulation import LR, reference
 
 from engine.accumulation import sampling
 from engine.declarations.commands import SetAccum, SetLr, SetMicroBatch, command_from_json
 from engine.declarations.config import ConfigError
-
-from engine_helpers import Recorder, RecordingSGD, flat, make_task, rel_err, run_trainer
-from test_accumulation import LR, reference
 
 N = 48
 

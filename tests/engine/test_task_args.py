@@ -10,9 +10,7 @@ import pytest
 from engine.declarations.config import ConfigError, TrainConfig, parse_task_arg
 from engine.store import RunReader
 from engine.tasks.loader import load_task
-
 from testkit import run_engine
-
 
 TASK = textwrap.dedent("""
     import json, os, torch

@@ -2,12 +2,11 @@
 windows and micro-batches cut that order into consecutive runs."""
 from __future__ import annotations
 
+from engine_helpers import Recorder, make_task, run_trainer
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.accumulation import sampling
-
-from engine_helpers import Recorder, make_task, run_trainer
 
 N = 30
 

@@ -13,7 +13,6 @@ import pytest
 
 from engine.cli import main
 from engine.store import RunReader
-
 from testkit import run_engine
 
 DATA = textwrap.dedent("""

@@ -21,7 +21,6 @@ from hypothesis import strategies as st
 from engine.checkpoints import files as ckpt
 from engine.cli import main
 from engine.store import RunReader
-
 from testkit import ROOT
 
 TASK = os.path.join(ROOT, "tests", "faults", "ckpt_task.py")

@@ -17,7 +17,6 @@ import pytest
 from engine.checkpoints import files as ckpt
 from engine.cli import main
 from engine.store import RunReader
-
 from testkit import ROOT, run_engine, subprocess_env
 
 pytestmark = pytest.mark.slow  # engine runs in subprocesses

@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from engine.store import RunReader
-from tests.faults.bad_tasks import CASES
 from testkit import ROOT, run_engine
+from tests.faults.bad_tasks import CASES
 
 TASK = os.path.join(ROOT, "tests", "faults", "fault_task.py")
 

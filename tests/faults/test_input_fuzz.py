@@ -13,8 +13,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.declarations import limits
 from engine.cli import build_parser, config_from_args, main
+from engine.declarations import limits
 from engine.declarations.commands import COMMANDS, SetAccum, SetLr, command_from_json
 from engine.declarations.config import ConfigError, TrainConfig
 from engine.store import RunReader, RunStore

@@ -13,8 +13,8 @@ import time
 import pytest
 
 from engine.checkpoints import files as ckpt
-from engine.store import runlock
 from engine.declarations.config import ConfigError
+from engine.store import runlock
 from testkit import ROOT
 
 HOLDER = """

@@ -17,7 +17,6 @@ from engine.checkpoints import files as ckpt
 from engine.declarations.commands import SetAccum, Stop
 from engine.declarations.events import CheckpointSaved, EpochEnd, StepMetrics
 from engine.store import METRIC_COLUMNS, RunReader, RunStore, send_command
-
 from testkit import ROOT, subprocess_env
 
 TASK = os.path.join(ROOT, "tests", "faults", "fault_task.py")
@@ -488,6 +487,7 @@ def test_checkpoint_candidates_newest_first_and_load_newest_skips_damaged_ones(t
 
 def test_load_newest_never_steps_over_a_checkpoint_with_pickled_code(tmp_path):
     import pickle
+
     import torch
     folder = tmp_path / "checkpoints"
     folder.mkdir()

@@ -16,7 +16,6 @@ import pytest
 
 from engine.declarations.events import StepMetrics
 from engine.store import RunReader, RunStore
-
 from testkit import ROOT, run_engine, subprocess_env
 
 HERE = os.path.join(ROOT, "tests", "faults")

@@ -8,10 +8,8 @@ import sys
 
 import pytest
 
-from engine.store import runlock
 from engine.declarations.commands import SetAccum
-from engine.store import RunReader, send_command
-
+from engine.store import RunReader, runlock, send_command
 from testkit import ROOT, run_engine
 
 TASK = os.path.join(ROOT, "tests", "faults", "fault_task.py")

@@ -13,10 +13,10 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("WANDB_DISABLED", "true")
 
-from testkit import ROOT  # noqa: E402,F401 - re-exported: the integration tests import it from here
-
 import torch  # noqa: E402 - after the environment set-up above
 import torch.nn.functional as F  # noqa: E402 - after the environment set-up above
+
+from testkit import ROOT  # noqa: E402,F401 - re-exported: the integration tests import it from here
 
 VOCAB = 24
 

@@ -40,9 +40,10 @@ def _loop_run(path: str) -> str:
 
 
 def _hf_run(tmp_path) -> str:
-    from transformers import Trainer, TrainingArguments
-    from engine.integrations.transformers import HeadroomCallback
     from integ_helpers import TokenModel, pad_collate, token_data
+    from transformers import Trainer, TrainingArguments
+
+    from engine.integrations.transformers import HeadroomCallback
     cb = HeadroomCallback(run_dir=str(tmp_path / "hf"))
     args = TrainingArguments(output_dir=str(tmp_path / "hf-out"), per_device_train_batch_size=4,
                              gradient_accumulation_steps=2, max_steps=4, report_to="none", use_cpu=True,
@@ -57,6 +58,7 @@ def _lightning_run(tmp_path) -> str:
     import lightning.pytorch as L
     import torch
     from torch.utils.data import DataLoader, TensorDataset
+
     from engine.integrations.lightning import HeadroomCallback
 
     class Tiny(L.LightningModule):

@@ -10,8 +10,8 @@ import subprocess
 import sys
 
 import pytest
-
 from integ_helpers import ROOT
+
 from engine.store import RunReader
 from testkit import run_cli, subprocess_env
 

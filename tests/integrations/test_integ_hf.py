@@ -9,9 +9,9 @@ import pytest
 pytest.importorskip("transformers", reason="the 'hf' extra is not installed (pip install -e '.[hf]')")
 pytest.importorskip("accelerate", reason="the 'hf' extra is not installed (pip install -e '.[hf]')")
 
+from integ_helpers import ExactTokenModel, TokenModel, pad_collate, token_data, windows  # noqa: E402 - after the importorskip of an optional extra above
 from transformers import Trainer, TrainerCallback, TrainingArguments  # noqa: E402 - after the importorskip of an optional extra above
 
-from integ_helpers import ExactTokenModel, TokenModel, pad_collate, token_data, windows  # noqa: E402 - after the importorskip of an optional extra above
 from engine.declarations.commands import Pause, Resume, SetAccum, SetClip, SetLr, Stop  # noqa: E402 - after the importorskip of an optional extra above
 from engine.integrations.loop import IntegrationError  # noqa: E402 - after the importorskip of an optional extra above
 from engine.integrations.transformers import HeadroomCallback  # noqa: E402 - after the importorskip of an optional extra above

@@ -14,9 +14,9 @@ pytest.importorskip("transformers", reason="the 'hf' extra is not installed (pip
 pytest.importorskip("accelerate", reason="the 'hf' extra is not installed (pip install -e '.[hf]')")
 
 import torch  # noqa: E402 - after the importorskip of an optional extra above
+from integ_helpers import full_batch_grad, rel_diff, text_collate, text_data, tiny_bert, tiny_gpt2  # noqa: E402 - after the importorskip of an optional extra above
 from transformers import Trainer, TrainerCallback, TrainingArguments  # noqa: E402 - after the importorskip of an optional extra above
 
-from integ_helpers import full_batch_grad, rel_diff, text_collate, text_data, tiny_bert, tiny_gpt2  # noqa: E402 - after the importorskip of an optional extra above
 from engine.integrations.transformers import HeadroomCallback, exact_loss  # noqa: E402 - after the importorskip of an optional extra above
 from engine.store import RunReader  # noqa: E402 - after the importorskip of an optional extra above
 

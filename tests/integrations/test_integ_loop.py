@@ -11,8 +11,8 @@ import time
 
 import pytest
 import torch
-
 from integ_helpers import ROOT
+
 from engine.declarations.commands import Pause, Resume, SetAccum, SetClip, SetLr, Stop
 from engine.integrations.loop import HeadroomRun, IntegrationError, headroom_run, set_lr
 from engine.store import RunReader, send_command

@@ -40,8 +40,9 @@ def test_store_keeps_finite_numbers_and_an_older_run_db_gains_the_table(tmp_path
 
 def test_trainer_on_log_keeps_compute_metrics_and_step_evaluations(tmp_path):
     pytest.importorskip("transformers", reason="the 'hf' extra is not installed")
-    from transformers import Trainer, TrainingArguments
     from integ_helpers import TokenModel, pad_collate, token_data
+    from transformers import Trainer, TrainingArguments
+
     from engine.integrations.transformers import HeadroomCallback
 
     def accuracy(p):
@@ -75,6 +76,7 @@ def lightning_runs(tmp_path_factory):
     import lightning.pytorch as L
     import torch.nn.functional as F
     from torch.utils.data import DataLoader, TensorDataset
+
     from engine.integrations.lightning import HeadroomCallback, HeadroomLogger
 
     class Classifier(L.LightningModule):

@@ -8,12 +8,12 @@ import math
 import re
 
 import pytest
-from testkit import ROOT
 
 from engine.declarations.step_flags import step_flags
 from engine.integrations._step_record import StepRecord, loop_step
 from engine.integrations.loop import HeadroomRun, IntegrationError, headroom_run
 from engine.store import RunReader
+from testkit import ROOT
 
 
 @pytest.mark.parametrize("loss, norm, clip, skipped, clipped, nonfinite", [

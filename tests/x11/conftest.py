@@ -19,9 +19,9 @@ import pytest
 from testkit import ROOT, subprocess_env, wait_until
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
-from app.core import compat  # noqa: E402,F401 - before any widget is painted (see app/core/compat.py)
-
 from x11_window import isolation, show_active  # noqa: E402 - after the environment set-up above
+
+from app.core import compat  # noqa: E402,F401 - before any widget is painted (see app/core/compat.py)
 
 # The run, training for as long as a module's tests look at it (then stopped).
 LIVE_ARGS = ("--task", "mlp", "--epochs", "400", "--micro-batch", "4", "--accum", "16", "--device", "cpu",

@@ -14,9 +14,7 @@ import pytest
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QAction
 from PySide6.QtWidgets import QAbstractButton, QToolBar, QToolButton
-
-from x11_window import (colours, lasting_window, pixels, rect_in, settle, shown_whole, text_cut, wait_quietly,
-                        wait_until)
+from x11_window import colours, lasting_window, pixels, rect_in, settle, shown_whole, text_cut, wait_quietly, wait_until
 
 pytestmark = [pytest.mark.x11, pytest.mark.slow]
 

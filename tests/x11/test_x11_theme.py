@@ -14,9 +14,9 @@ from typing import Any
 import numpy as np
 import pytest
 from PySide6.QtCore import Qt
+from x11_window import near, pixels, settle, wait_quietly, wait_until
 
 from app.ui.theme import palette
-from x11_window import near, pixels, settle, wait_quietly, wait_until
 
 pytestmark = [pytest.mark.x11, pytest.mark.slow]
 

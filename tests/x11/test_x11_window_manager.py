@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QApplication, QLineEdit
-
 from x11_window import on_x11
 
 pytestmark = pytest.mark.x11

@@ -8,13 +8,22 @@ import shlex
 from typing import Any, Callable, Optional
 
 from PySide6.QtGui import QFontDatabase
-from PySide6.QtWidgets import (QCheckBox, QComboBox, QDialog, QDialogButtonBox, QFormLayout, QPlainTextEdit,
-                               QSpinBox, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QComboBox,
+    QDialog,
+    QDialogButtonBox,
+    QFormLayout,
+    QPlainTextEdit,
+    QSpinBox,
+    QVBoxLayout,
+    QWidget,
+)
 
+from app.session.launch_command import MIN_GPUS
 from engine.declarations.config import ConfigError
 from engine.declarations.settings import BY_NAME
 
-from app.session.launch_command import MIN_GPUS
 from .run_fields import setting_row
 
 # (processes, the choices) -> (the command the launch runs, its run folder); raises ConfigError or

@@ -12,11 +12,11 @@ from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QAction
 from PySide6.QtWidgets import QCheckBox, QComboBox, QGroupBox, QHBoxLayout, QLabel, QPushButton, QWidget
 
+from app.model.pending import SettingChange
+from app.ui.actions import ActionButton
 from engine.declarations.commands import APPLY_AT
 from engine.declarations.settings import BY_NAME, LIVE_SETTINGS, Setting
 
-from app.model.pending import SettingChange
-from app.ui.actions import ActionButton
 from .limited import LimitedLine, LimitedSpin
 from .readouts import FITS_IDLE, FITS_TOOLTIP
 from .run_fields import form_layout, setting_row, setting_tip

@@ -16,9 +16,6 @@ from typing import Any, Optional
 from PySide6.QtCore import Signal
 from PySide6.QtWidgets import QLabel, QSizePolicy, QVBoxLayout, QWidget
 
-from engine.declarations.config import upgrade_keys
-from engine.declarations.settings import BY_NAME as SETTINGS_BY_NAME
-
 from app.core.shortcuts import SHORTCUTS
 from app.model.fields import fmt_value
 from app.model.pending import ChangeStatus, PendingChanges
@@ -26,6 +23,9 @@ from app.model.runmodel import RunModel
 from app.model.state import RunState
 from app.model.stored import whole
 from app.ui.actions import RunActions
+from engine.declarations.config import upgrade_keys
+from engine.declarations.settings import BY_NAME as SETTINGS_BY_NAME
+
 from .live_fields import APPLY_AT_TEXT, LiveFields
 from .readouts import FITS_IDLE, finder_text, fits_at_start, fits_text, fits_tooltip
 from .run_fields import RunFields

@@ -9,11 +9,11 @@ from typing import Any, Optional
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QAbstractButton, QComboBox, QFormLayout, QGroupBox, QLabel, QLineEdit, QWidget
 
+from app.core import assets
 from engine.declarations.config import PRECISIONS, ConfigError
 from engine.declarations.paths import BUILTIN_TASKS
 from engine.declarations.settings import BY_NAME, Setting
 
-from app.core import assets
 from . import task_args
 from .limited import LimitedLine, LimitedSpin
 from .validators import DeviceValidator

@@ -7,12 +7,12 @@ from typing import Any, Callable, Optional
 
 from PySide6.QtWidgets import QWidget
 
+from app.core.preferences import Preferences
+from app.runner.session_driver import SessionDriver
+from app.session.configs import launch_config, launch_dir
+from app.session.launch_command import MIN_GPUS, torchrun_command
 from engine.declarations.config import ConfigError
 
-from app.core.preferences import Preferences
-from app.session.configs import launch_config, launch_dir
-from app.runner.session_driver import SessionDriver
-from app.session.launch_command import MIN_GPUS, torchrun_command
 from .gpu_dialog import GpuLaunchDialog
 from .panel import ControlsPanel
 

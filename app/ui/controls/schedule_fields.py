@@ -10,8 +10,7 @@ from PySide6.QtWidgets import QComboBox, QGroupBox, QWidget
 
 from engine.declarations.config import LR_SCHEDULES, TrainConfig, upgrade_keys
 
-from .limited import LimitedLine
-from .limited import number_text
+from .limited import LimitedLine, number_text
 from .run_fields import Folding, form_layout, setting_row
 
 DEFAULTS = TrainConfig()

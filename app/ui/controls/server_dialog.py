@@ -12,14 +12,14 @@ from typing import Any, Callable, Optional
 from PySide6.QtCore import QObject
 from PySide6.QtWidgets import QDialog, QDialogButtonBox, QFormLayout, QLineEdit, QWidget
 
-from engine.declarations.config import ConfigError
-from engine.declarations.paths import BUILTIN_TASKS
-
 from app.core.preferences import Preferences
 from app.session.configs import launch_config
 from app.session.server_start import ServerRun, command_line, server_flags, start
 from app.ui.shell.background import Background
 from app.ui.shell.remote_fields import RemoteFields
+from engine.declarations.config import ConfigError
+from engine.declarations.paths import BUILTIN_TASKS
+
 from .gpu_dialog import command_and_start
 
 log = logging.getLogger("headroom.server")

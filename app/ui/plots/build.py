@@ -23,6 +23,8 @@ import pyqtgraph as pg
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QLabel
 
+from app.ui.theme import Palette
+
 from .fold import PlotFold
 from .marks import PlotMarks
 from .mem_stack import MemoryStack
@@ -34,7 +36,6 @@ from .planned_lr import PlannedLr
 from .point_menu import PointMenu, PointViewBox
 from .rollbacks import RollbackMarks
 from .validation import ValidationDots
-from app.ui.theme import Palette
 
 IDLE_NOTE = "Press Start (F5) to train, or open a run folder (Ctrl+O)"
 

@@ -23,6 +23,7 @@ from PySide6.QtCore import QRectF, Qt
 from PySide6.QtWidgets import QGraphicsLinearLayout, QGraphicsWidget
 
 from app.ui.theme import Palette
+
 from .fitting import ShrinkingTitle
 from .parts import PlotSet
 

@@ -26,6 +26,7 @@ from app.model.metrics import MetricsBuffer
 from app.model.runmodel import RunModel
 from app.model.x_axis import BY_KEY, XColumns, columns, fmt_clock, nearest
 from app.ui.theme import Palette
+
 from .build import CanvasParts
 from .parts import PlotCanvas
 from .scalars import ScalarsPlot

@@ -15,6 +15,7 @@ from PySide6.QtCore import Qt
 from app.model.metrics import MetricsBuffer
 from app.model.runmodel import RunModel
 from app.ui.theme import Palette
+
 from .markers import Marked, MarkerSet, MarkerStyle, layout_for
 from .parts import PlotSet
 

@@ -20,9 +20,10 @@ from PySide6.QtCore import Qt
 
 from app.model.metrics import MetricsBuffer
 from app.model.runmodel import RunModel
-from .parts import GIB, PlotSet, Series, legend
-from app.ui.theme import Palette
 from app.model.x_axis import columns
+from app.ui.theme import Palette
+
+from .parts import GIB, PlotSet, Series, legend
 
 LAYERS = (("mem_params", "params"), ("mem_grads", "grads"), ("mem_optimizer", "optimizer"),
           ("mem_activations", "activations"))

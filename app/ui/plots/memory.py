@@ -10,8 +10,9 @@ from PySide6.QtCore import Qt
 
 from app.model.metrics import MetricsBuffer
 from app.model.runmodel import RunModel
-from .parts import GIB, PlotSet, Series, legend
 from app.ui.theme import Palette
+
+from .parts import GIB, PlotSet, Series, legend
 
 
 class MemoryPlot:

@@ -18,6 +18,7 @@ from PySide6.QtCore import Qt
 from app.model.metrics import INLIER_EMA, MetricsBuffer
 from app.model.x_axis import columns
 from app.ui.theme import Palette
+
 from .parts import PlotSet, Series
 
 FAINT_ALPHA = 70  # of 255: a compared run's raw values behind its smoothed curve

@@ -41,6 +41,9 @@ from PySide6.QtWidgets import QVBoxLayout, QWidget
 
 from app.model.metrics import INLIER_EMA, MetricsBuffer
 from app.model.runmodel import RunModel
+from app.model.x_axis import BY_KEY, DEFAULT_AXIS, axis_or_default, columns, nearest
+from app.ui.theme import palette
+
 from .build import IDLE_NOTE, CanvasParts, build_canvas
 from .fold import TPUT_EMPTY
 from .hover import PlotHover
@@ -48,14 +51,12 @@ from .log_scale import LogScales
 from .outliers_choice import OutliersChoice
 from .parts import PlotCanvas, Series
 from .point_menu import PointMenu
-from .rollbacks import RollbackMarks
 from .ranges import follow
 from .readback import curve_data
+from .rollbacks import RollbackMarks
 from .scalars import ScalarsPlot
 from .titles import set_titles
 from .toolbar import PlotToolbar
-from app.ui.theme import palette
-from app.model.x_axis import BY_KEY, DEFAULT_AXIS, axis_or_default, columns, nearest
 
 STARTING_NOTE = "Starting: loading torch and the task..."
 

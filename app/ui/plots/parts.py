@@ -14,10 +14,11 @@ from PySide6.QtWidgets import QGraphicsItem, QWidget
 
 from app.core import compat  # noqa: F401 - before any plotting (PySide6 6.12 + Python 3.11)
 from app.model.metrics import MetricsBuffer
+from app.model.x_axis import DEFAULT_AXIS, columns
+from app.ui.theme import Palette
+
 from .axis_items import XAxisItem
 from .fitting import FittingPlot, YAxisItem
-from app.ui.theme import Palette
-from app.model.x_axis import DEFAULT_AXIS, columns
 
 GIB = float(2 ** 30)
 MIN_DATA_PX = 28  # the least height a plot keeps for its curves

@@ -17,8 +17,8 @@ import pyqtgraph as pg
 from PySide6.QtCore import Qt
 
 from app.model.runmodel import RunModel
-from app.ui.theme import Palette
 from app.model.x_axis import columns
+from app.ui.theme import Palette
 
 
 @dataclass(frozen=True)

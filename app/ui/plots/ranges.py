@@ -12,7 +12,6 @@ from app.model.outliers import fences
 
 from .parts import PlotSet, Series, nice_ceiling
 
-
 ENDED_MARGIN = 0.015  # of the x span, past the last point of an ended run: its last marker stays inside
 
 

@@ -16,6 +16,7 @@ from PySide6.QtCore import Qt
 
 from app.model.runmodel import RunModel
 from app.ui.theme import Palette
+
 from .markers import Marked, MarkerSet, MarkerStyle, layout_for
 from .marks import RANK_CONTINUED, RANK_FORK, RANK_ROLLBACK, every_plot
 from .parts import PlotSet

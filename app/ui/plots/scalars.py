@@ -27,6 +27,7 @@ from app.model.metrics import MetricsBuffer
 from app.model.scalars import Scalars
 from app.model.x_axis import columns
 from app.ui.theme import Palette
+
 from .parts import adopt_menus
 
 READ_S = 0.5

@@ -7,11 +7,12 @@ import os
 from typing import Optional
 
 from app.model.runmodel import RunModel
+from app.ui.theme import Palette
+
 from .overlays import Overlays
 from .parts import PlotSet, legend
 from .planned_lr import PlannedLr
 from .rollbacks import RollbackMarks
-from app.ui.theme import Palette
 
 
 def set_titles(plots: PlotSet, pal: Palette, model: Optional[RunModel], planned: PlannedLr, overlays: Overlays,

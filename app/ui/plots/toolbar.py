@@ -6,8 +6,18 @@ from __future__ import annotations
 from typing import Optional
 
 from PySide6.QtCore import Qt, QTimer, Signal
-from PySide6.QtWidgets import (QCheckBox, QComboBox, QDoubleSpinBox, QHBoxLayout, QLabel, QPushButton, QSlider,
-                               QToolBar, QToolButton, QWidget)
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QComboBox,
+    QDoubleSpinBox,
+    QHBoxLayout,
+    QLabel,
+    QPushButton,
+    QSlider,
+    QToolBar,
+    QToolButton,
+    QWidget,
+)
 
 from app.core import assets
 from app.model.smoothing import DEFAULT_WEIGHT, MAX_WEIGHT, WEIGHT_DECIMALS, clamp_weight

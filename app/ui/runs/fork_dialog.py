@@ -7,16 +7,14 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from PySide6.QtCore import Signal
-from PySide6.QtWidgets import (QComboBox, QDialog, QDialogButtonBox, QFormLayout, QLabel, QLineEdit, QVBoxLayout,
-                               QWidget)
-
-from engine.declarations.config import ConfigError, LR_SCHEDULES, upgrade_keys
-from engine.declarations.settings import BY_NAME
+from PySide6.QtWidgets import QComboBox, QDialog, QDialogButtonBox, QFormLayout, QLabel, QLineEdit, QVBoxLayout, QWidget
 
 from app.model.fields import same
-from app.ui.controls import task_args
 from app.model.lineage import Checkpoint, changed_text
+from app.ui.controls import task_args
 from app.ui.controls.limited import LimitedLine, LimitedSpin
+from engine.declarations.config import LR_SCHEDULES, ConfigError, upgrade_keys
+from engine.declarations.settings import BY_NAME
 
 # The fields, in the order shown, with the labels of the settings' declaration
 # (engine/declarations/settings.py); a setting the form has no field for is named by its flag.

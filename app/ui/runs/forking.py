@@ -9,9 +9,9 @@ from typing import Any, Callable, Optional
 from PySide6.QtCore import QObject
 from PySide6.QtWidgets import QWidget
 
+from app.model import lineage
 from engine.declarations.config import TrainConfig, upgrade_keys
 
-from app.model import lineage
 from .fork_dialog import FIELDS, ForkDialog
 
 NO_CHECKPOINT = ("A run writes a checkpoint at every epoch's end and when it stops; with "

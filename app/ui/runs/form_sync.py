@@ -19,13 +19,12 @@ from typing import Any, Optional
 from PySide6.QtCore import QObject
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget
 
-from engine.declarations.config import TrainConfig
-
-from engine.declarations.settings import LIVE_NAMES
 from app.model.fields import same, words
 from app.model.pending import ChangeStatus
 from app.runner.session_driver import SessionDriver
 from app.ui.controls.panel import ControlsPanel
+from engine.declarations.config import TrainConfig
+from engine.declarations.settings import LIVE_NAMES
 
 NOT_FORM = ("run_dir", "resume", "fork", "max_steps", "seed")  # run flags the form has no field for
 

@@ -15,23 +15,23 @@ from typing import Any, Callable, Optional
 import numpy as np
 from PySide6.QtCore import QObject
 
+from app.core.preferences import Preferences
+from app.model import lineage
+from app.model.stored import measured
+from app.model.x_axis import columns
+from app.runner.session_driver import SessionDriver
+from app.session import remote_runs
+from app.session.remote_source import RemoteSource
+from app.session.sources import read_metrics
+from app.ui.shell.background import Background
+from app.ui.shell.remote_fields import host_of, remembered_python
 from engine.ctl.client import default_python, is_remote
 from engine.declarations.commands import Command
 from engine.store import RunReader, StoreError
 
-from app.core.preferences import Preferences
-from app.session import remote_runs
-from app.runner.session_driver import SessionDriver
-from app.session.remote_source import RemoteSource
-from app.session.sources import read_metrics
-from app.model import lineage
-from app.model.stored import measured
-from app.ui.shell.background import Background
-from app.ui.shell.remote_fields import host_of, remembered_python
 from .forking import ForkFlow
 from .history import HistoryPanel
 from .what_fits import LeversPanel, split_commands
-from app.model.x_axis import columns
 
 log = logging.getLogger("headroom.tree")
 

@@ -20,13 +20,21 @@ from typing import Any, Optional
 
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QBrush, QColor, QFont
-from PySide6.QtWidgets import (QAbstractItemView, QHBoxLayout, QHeaderView, QLabel, QPushButton, QTableWidget,
-                               QTableWidgetItem, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QHBoxLayout,
+    QHeaderView,
+    QLabel,
+    QPushButton,
+    QTableWidget,
+    QTableWidgetItem,
+    QVBoxLayout,
+    QWidget,
+)
 
+from engine.declarations.commands import Command, setting_of
 from engine.memory.what_fits import levers
 from engine.memory.what_fits.sharding import ShardingRow
-from engine.declarations.commands import Command, setting_of
-
 
 IDLE = "What fits shows here during a run on a GPU: the engine builds it from the peaks it measures."
 CELL_ROLE = Qt.ItemDataRole.UserRole

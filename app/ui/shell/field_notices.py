@@ -19,9 +19,8 @@ from PySide6.QtCore import QEvent, QObject, QPoint
 from PySide6.QtGui import QKeyEvent
 from PySide6.QtWidgets import QAbstractSpinBox, QFormLayout, QLabel, QLineEdit, QToolTip, QWidget
 
-from engine.declarations.config import RANGES
-
 from app.model.fields import words
+from engine.declarations.config import RANGES
 
 LR_ZERO = "Learning rate 0: the weights will not change (the run trains nothing)"
 

@@ -9,9 +9,8 @@ import os
 
 from PySide6.QtWidgets import QFormLayout, QLineEdit
 
-from engine.ctl import client
-
 from app.core.preferences import Preferences
+from engine.ctl import client
 
 # The last remote run opened, each host's python, and the ssh command (preference keys).
 REMOTE_LAST, REMOTE_PYTHONS, SSH_COMMAND = "remote_last", "remote_python", "ssh_command"

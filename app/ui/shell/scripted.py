@@ -19,12 +19,10 @@ import argparse
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from engine.declarations.commands import APPLY_AT, command_for
-from engine.declarations.config import ConfigError
-from engine.declarations.config import RANGES
-from engine.declarations.settings import BY_NAME, LIVE_NAMES
-
 from app.model.x_axis import X_AXES
+from engine.declarations.commands import APPLY_AT, command_for
+from engine.declarations.config import RANGES, ConfigError
+from engine.declarations.settings import BY_NAME, LIVE_NAMES
 
 
 @dataclass(frozen=True)

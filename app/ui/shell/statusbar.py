@@ -14,11 +14,11 @@ from typing import Callable, Optional
 from PySide6.QtCore import QTimer
 from PySide6.QtWidgets import QLabel, QProgressBar, QStatusBar, QWidget
 
+from app.model.epoch_progress import EpochProgress, ProgressTracker, fmt_duration, fmt_eta
 from app.model.runmodel import RunModel
-from app.ui.elided import ElidedLabel
 from app.model.state import RunState
 from app.model.stored import whole
-from app.model.epoch_progress import EpochProgress, ProgressTracker, fmt_duration, fmt_eta
+from app.ui.elided import ElidedLabel
 
 __all__ = ["ElidedLabel", "LiveLabel", "StatusBar", "fmt_duration", "state_text", "PRIORITY"]
 

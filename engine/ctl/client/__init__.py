@@ -21,8 +21,23 @@ from ..protocol import EXIT_BAD_INPUT, EXIT_NOT_LIVE, EXIT_REFUSED, EXIT_REMOTE,
 from ..remote import PYTHON_ENV, SSH_ENV, RemoteRun, default_python, is_remote, parse_target, set_ssh_fallback
 from .following import Following
 from .operations import DETACH, START_WAIT_S, runs, start, start_on, status
-from .records import (AnyRecord, CaughtUp, CommandAnswer, End, Event, Heartbeat, Info, Other, Record, Rewind, Rows,
-                      RunListing, Started, Status, typed)
+from .records import (
+                      AnyRecord,
+                      CaughtUp,
+                      CommandAnswer,
+                      End,
+                      Event,
+                      Heartbeat,
+                      Info,
+                      Other,
+                      Record,
+                      Rewind,
+                      Rows,
+                      RunListing,
+                      Started,
+                      Status,
+                      typed,
+)
 from .steering import ACTIONS, SteerRequest, request_for, steer
 from .targets import Target
 

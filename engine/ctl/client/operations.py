@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import Iterator, Optional
 
-from .. import local, start as starting
+from .. import local
+from .. import start as starting
 from ..protocol import EXIT_REMOTE, CtlError
 from ..remote import RemoteRun
 from .records import AnyRecord, Started, typed

@@ -69,11 +69,12 @@ import math
 from dataclasses import dataclass, field
 from typing import Mapping, Optional, Sequence
 
-from engine.declarations.commands import SetAccum, SetMicroBatch, SettingCommand
+from engine.declarations.commands import SetAccum, SetCheckpointing, SetMicroBatch, SetPrecision, SettingCommand
 from engine.declarations.config import PRECISIONS
-from engine.declarations.commands import SetCheckpointing, SetPrecision
-from .forecast import MemoryModel
+
 from . import sharding
+from .forecast import MemoryModel
+
 AUTOCAST_DTYPE = {"bf16": "bfloat16", "fp16": "float16"}
 AUTOCAST_BYTES = 2
 # Bytes per element by dtype name (engine.memory.breakdown.dtype_name spells them so).

@@ -10,6 +10,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from engine.tasks.task import Task
+
 from .synthetic_digits import DigitsDataset
 
 

@@ -5,6 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.tasks.task import Task
+
 from .synthetic_digits import DigitsDataset
 
 
