@@ -223,9 +223,6 @@ class MainWindow(QMainWindow):
         self.session.model = model
 
     # -- layout and preferences ------------------------------------------------------------
-    def default_layout(self) -> None:
-        self.dock_layout.default()
-
     def use_default_layout(self) -> None:
         """Lay the docks out the default way once the plots are in, whatever was saved."""
         self.dock_layout.forget_saved()
@@ -242,8 +239,7 @@ class MainWindow(QMainWindow):
         apply_stylesheet(theme)
         if self._plots is not None:
             self._plots.set_theme(theme)
-        if self.theme_action.isChecked() != (theme == "dark"):
-            self.theme_action.setChecked(theme == "dark")
+        self.theme_action.setChecked(theme == "dark")  # Qt signals toggled only on a change
 
     # -- running -------------------------------------------------------------------------
     @property

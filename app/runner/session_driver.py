@@ -50,11 +50,8 @@ def live_writer(path: str) -> Optional[dict[str, Any]]:
     info: Optional[dict[str, Any]] = None
     if os.path.isfile(os.path.join(path, "run.db")):
         try:
-            reader = RunReader(path)
-            try:
+            with RunReader(path) as reader:
                 info = reader.info()
-            finally:
-                reader.close()
         except StoreError:
             info = None
     return writer_of(path, info)

@@ -24,7 +24,7 @@ from typing import Any, Callable, ContextManager, Iterable, Optional
 import torch
 
 from engine import distributed
-from engine.declarations.outcome import StepNotRedoable
+from engine.declarations.outcome import StepNotRedoable, first_line
 from engine.distributed.strategy import Local
 from engine.tasks.task import check_loss_output
 
@@ -185,7 +185,7 @@ def _out_of_memory(w: WindowContext, e: BaseException, collectives: bool, k: int
     if not collectives:
         w.strategy.forget_window()
         return
-    detail = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
+    detail = first_line(e, 160)
     which = f"micro-batch {k + 1} of {n_micro}" if n_micro else "the window's start"
     smaller = max(1, micro_batch // 2)
     advice = (f"try --micro-batch {smaller} (continue with --resume)" if smaller < micro_batch
@@ -204,7 +204,7 @@ def _step(w: WindowContext, totals: torch.Tensor, agree: Optional[torch.Tensor],
     except BaseException as e:
         if not (w.ctx.enabled and is_oom(e)):
             raise
-        detail = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+        detail = first_line(e, 200)
         raise StepNotRedoable(
             f"out of memory on rank {w.ctx.rank} in the optimizer step, after the gradients were summed over "
             f"all {w.ctx.world} ranks: under torchrun that window cannot be redone by one rank alone, so the run "

@@ -24,6 +24,7 @@ import torch
 # What a run folder holds, by name (torch-free, shared with the app): re-exported from here.
 from engine.declarations.checkpoint_names import CKPT_DIR, LAST, candidates, name_of  # noqa: F401 - re-exported: the engine reads the names from here
 from engine.declarations.config import ConfigError
+from engine.declarations.outcome import first_line
 
 from . import contents
 
@@ -163,8 +164,7 @@ def _load_file(path: str, map_location: Any = "cpu", mmap: bool = False) -> dict
         raise CheckpointRefused(f"checkpoint {path} refused: {what}; Headroom loads weights only and never "
                               "runs code from a checkpoint") from None
     except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise CheckpointError(f"checkpoint {path} is damaged or truncated: {first}") from None
+        raise CheckpointError(f"checkpoint {path} is damaged or truncated: {first_line(e)}") from None
     if not isinstance(obj, dict) or "step" not in obj:
         raise CheckpointError(f"checkpoint {path} is not a Headroom checkpoint")
     why = contents.problem(obj)

@@ -5,6 +5,12 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 
+def first_line(e: BaseException, limit: Optional[int] = None) -> str:
+    """An error's first line for a one-line message (its class name when it says nothing)."""
+    text = str(e).strip()
+    return text.splitlines()[0][:limit] if text else type(e).__name__
+
+
 class TrainingError(RuntimeError):
     """The run failed after it started; the message is for the user."""
 

@@ -214,6 +214,12 @@ class RunReader:
                 self.problems.append(note)
         return rows
 
+    def __enter__(self) -> RunReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def close(self) -> None:
         self._db.close()
         if self._salvage_path is not None:

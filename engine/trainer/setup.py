@@ -25,6 +25,7 @@ from engine.checkpoints import files as ckpt
 from engine.checkpoints import sharded
 from engine.checkpoints.run_tree import Origin, fork_origin, resume_origin
 from engine.declarations.config import ConfigError, TrainConfig
+from engine.declarations.outcome import first_line
 from engine.declarations.paths import default_run_dir
 from engine.declarations.rules import CommandRules
 from engine.declarations.schedule import LrSchedule
@@ -337,8 +338,7 @@ def _load_state(origin: Origin, model: torch.nn.Module, optimizer: torch.optim.O
         if scheduler is not None and state.get("scheduler"):
             scheduler.load_state_dict(state["scheduler"])
     except (RuntimeError, ValueError, KeyError, TypeError, sharded.CheckpointException) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ConfigError(f"checkpoint {origin.path} does not fit the task: {first[:200]}") from None
+        raise ConfigError(f"checkpoint {origin.path} does not fit the task: {first_line(e, 200)}") from None
 
 
 def check_fits_data(origin: Origin, samples: int, cfg: TrainConfig) -> None:

@@ -47,11 +47,8 @@ def validation(path: str) -> tuple[np.ndarray, np.ndarray]:
     """A run folder's validation loss per epoch: (steps, values); none where it has none or
     cannot be read (the overlay draws its steps all the same)."""
     try:
-        reader = RunReader(path)
-        try:
+        with RunReader(path) as reader:
             rows = reader.epochs()
-        finally:
-            reader.close()
     except StoreError:
         return np.empty(0), np.empty(0)
     pts = [(measured(r.get("step")), measured(r.get("val_loss"))) for r in rows]
