@@ -7,6 +7,11 @@ PY := $(VENV)/bin/python
 # On a CUDA workstation: make TORCH_SPEC="torch --index-url https://download.pytorch.org/whl/cu126" run
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
+# Python writes its bytecode caches (__pycache__/, git-ignored) whatever the shell says: with
+# PYTHONDONTWRITEBYTECODE set (some containers and CI images set it) every process recompiles every
+# module of app/, engine/ and tests/ and pytest rewrites every test file's asserts again, at each
+# of the suite's hundreds of engine and app starts (26 s to collect the tests instead of 17).
+unexport PYTHONDONTWRITEBYTECODE
 # The tested versions of every dependency but torch (a range in pyproject.toml: a CUDA workstation
 # brings its own) and the CUDA wheels a CUDA torch pulls. `make lock` re-resolves them.
 CONSTRAINTS := constraints.txt
