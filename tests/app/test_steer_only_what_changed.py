@@ -15,7 +15,7 @@ import sys
 from typing import Any
 
 import pytest
-from app_helpers import ROOT, wait_until
+from app_helpers import ROOT, discard, wait_until
 
 sys.path.insert(0, os.path.join(ROOT, "tests", "ctl"))
 from ctlkit import LiveRun, ctl  # noqa: E402 - after the sys.path set-up above
@@ -41,6 +41,11 @@ def form(w: Any) -> dict[str, Any]:
 
 
 def apply_and_wait(qtbot: Any, w: Any, name: str, n_before: int, run_dir: str) -> list[list[Any]]:
+    """Apply the form's edits at the next step and return the settings_applied change they made.
+    At the next step, not the epoch's end: micro-batch 4 makes an epoch 1,024 micro-batches, and
+    waiting for two epoch ends took 90 of the test's 130 s on a loaded machine. When a change
+    lands is not what is checked here; what it sends is."""
+    w.controls.set_apply_when("step")
     w.apply_changes()
     wait_until(qtbot, lambda: w.controls.status_text(name).startswith("applied"), 60, f"{name} applied")
     rows = applied_rows(run_dir)
@@ -73,7 +78,7 @@ def test_one_edit_sends_one_change_on_a_run_another_client_steered(qtbot, make_w
         w.controls.clip.setText("3")
         assert w.controls.edits() == {"clip": 3.0}
         assert apply_and_wait(qtbot, w, "clip", len(before), run_dir) == [["clip", 1.0, 3.0]]
-        w.close()
+        discard(w)
 
         # Opened again after the window quit: the window's own change and the other client's show.
         w2 = make_window()
