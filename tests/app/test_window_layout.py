@@ -6,7 +6,7 @@ import time
 from typing import Any
 
 import pytest
-from app_helpers import wait_until
+from app_helpers import discard, wait_until
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QImage, QPainter
 
@@ -38,7 +38,7 @@ def test_second_launch_restores_plots_that_fill_the_window(qtbot, make_window, s
     w1.resize(*size)
     settle(qtbot, w1)
     assert plot_height_share(w1) >= MIN_PLOT_HEIGHT
-    w1.close()
+    discard(w1)
     w2 = make_window(restore_settings=True)  # a second launch: everything as saved
     settle(qtbot, w2)
     assert w2.dock_layout.restored  # the user's layout, not the default one
@@ -57,7 +57,7 @@ def test_a_dock_resized_by_the_user_comes_back_at_its_size(qtbot, make_window):
     settle(qtbot, w1)
     alerts_h, controls_w = w1.alerts_dock.height(), w1.controls_dock.width()
     assert alerts_h > 150 and abs(controls_w - 250) < 10
-    w1.close()
+    discard(w1)
     w2 = make_window(restore_settings=True)
     settle(qtbot, w2)
     assert w2.size().toTuple() == (780, 740)
@@ -73,7 +73,7 @@ def test_a_saved_layout_that_hides_the_plots_is_not_restored(qtbot, make_window)
     w1.resizeDocks([w1.alerts_dock], [560], Qt.Orientation.Vertical)  # the Alerts dock fills the window
     settle(qtbot, w1)
     assert plot_height_share(w1) < MIN_PLOT_HEIGHT
-    w1.close()
+    discard(w1)
     w2 = make_window(restore_settings=True)
     settle(qtbot, w2)
     assert not w2.dock_layout.restored
@@ -158,7 +158,7 @@ def test_a_scripted_screenshot_shows_the_window_laid_out(qtbot, make_window, tmp
     w1 = make_window(restore_settings=True)  # a saved layout: the screenshot is of a second launch
     w1.resize(780, 740)
     settle(qtbot, w1)
-    w1.close()
+    discard(w1)
     run = synthetic_run(tmp_path / "run")
     # As `python -m app --open RUN --screenshot out.png --quit-when-done` does, with no event
     # processed between the window showing and the screenshot.
