@@ -3,19 +3,19 @@ trained, the status bar's elapsed time counts every segment (viewed, and while t
 continues it), and a segment whose process died ends at its last row. Before, a run continued
 with --resume showed its last segment: its start, its duration, an elapsed time from 0.
 
-One real run serves the module: 10 steps, then --resume to step 20 (two engines, two segments).
+One real run serves the module: 10 steps, then --resume to step 20 (two engine runs, two segments,
+in this process).
 Its first segment is then moved to two hours earlier and made ten minutes long (its events' and
 rows' times), as a run trained for ten minutes and continued after lunch."""
 from __future__ import annotations
 
 import os
 import sqlite3
-import subprocess
-import sys
 import time
 
 import pytest
-from app_helpers import ROOT, run_to_end, wait_until
+from app_engine import trained as engine_run
+from app_helpers import run_to_end, wait_until
 
 from app.core.runs import summarize
 from app.model.epoch_progress import fmt_duration
@@ -24,11 +24,6 @@ from app.model.state import RunState
 
 pytestmark = pytest.mark.slow
 EARLIER, LONGER = 7200.0, 600.0  # the first segment: two hours before, ten minutes longer
-
-
-def engine(*args: str) -> None:
-    r = subprocess.run([sys.executable, "-m", "engine", *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-2000:]
 
 
 def segment_times(run_dir: str) -> list[tuple[str, float]]:
@@ -42,10 +37,12 @@ def segment_times(run_dir: str) -> list[tuple[str, float]]:
 
 @pytest.fixture(scope="module")
 def continued(tmp_path_factory) -> str:
-    run_dir = str(tmp_path_factory.mktemp("continued") / "run")
-    engine("--task", "mlp", "--micro-batch", "16", "--epochs", "2", "--max-steps", "10", "--device", "cpu",
-           "--run-dir", run_dir)
-    engine("--resume", run_dir, "--max-steps", "20", "--device", "cpu")
+    """The module's run (see the docstring above), both segments trained in this process (app_engine)."""
+    base = tmp_path_factory.mktemp("continued")
+    run_dir = str(base / "run")
+    engine_run(base, "--task", "mlp", "--micro-batch", "16", "--epochs", "2", "--max-steps", "10", "--device", "cpu",
+               "--run-dir", run_dir)
+    engine_run(base, "--resume", run_dir, "--max-steps", "20", "--device", "cpu")
     db = sqlite3.connect(os.path.join(run_dir, "run.db"))
     with db:
         (second,) = db.execute("SELECT min(id) FROM events WHERE kind = 'run_started' AND id > "
