@@ -12,6 +12,7 @@ import textwrap
 import pytest
 import torch
 from engine_helpers import ROOT
+from engine_in_process import engine
 
 from engine.store import RunReader
 
@@ -126,12 +127,15 @@ def tasks_dir(tmp_path_factory):
     return d
 
 
-# Cases that load torch cost ~2 s of CPU each as a process: the ones the issue names run as
-# real processes, the rest through engine.cli.main in this process (same code path after argv).
-IN_PROCESS = {"build_task_not_callable", "import_raises", "import_exits", "build_task_raises",
-              "build_task_wrong_type", "unknown_module", "unknown_attr", "micro_batch_larger_than_data",
-              "token_budget_without_sample_length", "run_dir_is_a_file", "run_dir_name_too_long",
-              "run_dir_holds_a_run", "vram_limit_on_cpu", "cuda_without_gpu"}
+# A case refused by the flags' parser costs ~0.3 s of CPU as a process; one that gets as far as
+# loading torch (every task and run-folder case) ~6 s. The parser's cases and one that loads
+# torch (unknown_task: its import prints nothing either) run as real processes; the other torch
+# cases through engine.cli.main in this process (the same code after argv).
+IN_PROCESS = {"missing_task_file", "syntax_error_file", "no_build_task", "build_task_not_callable",
+              "import_raises", "import_exits", "build_task_raises", "build_task_wrong_type", "unknown_module",
+              "unknown_attr", "micro_batch_larger_than_data", "token_budget_without_sample_length",
+              "run_dir_under_a_file", "run_dir_is_a_file", "run_dir_name_too_long", "run_dir_holds_a_run",
+              "vram_limit_on_cpu", "cuda_without_gpu"}
 
 
 def prepare_case(root, name, tasks_dir):
@@ -232,12 +236,13 @@ def test_cli_resume_continues_the_run(tmp_path, tasks_dir):
     from engine.declarations.config import TrainConfig
     from engine.tasks.loader import load_task
     from engine.trainer.trainer import Trainer
-    # The first part in this process, as the CLI would configure it; the continuation as a process.
+    # The first part as the CLI would configure it; the continuation through the CLI's main (both in
+    # this process: test_json_run_happy_path runs the real command line).
     cfg = TrainConfig(task=str(tasks_dir / "good.py"), micro_batch=4, accum=2, epochs=2, device="cpu")
     first = Trainer(cfg.with_(run_dir=str(tmp_path / "part"), max_steps=5), task=load_task(cfg.task)).run()
     assert first.reason == "max_steps" and first.steps == 5
     rows_before = RunReader(str(tmp_path / "part")).metrics()
-    second = run_cli(["--resume", str(tmp_path / "part"), "--json"], tmp_path)
+    second = engine("--resume", tmp_path / "part", "--json", cwd=tmp_path)
     assert second.returncode == 0, second.stderr
     events = [json.loads(line) for line in second.stdout.splitlines()]
     assert events[0]["kind"] == "run_started" and events[0]["resumed"] is True
