@@ -18,17 +18,15 @@ for _p in (_HERE, os.path.dirname(_HERE)):  # tests/ (testkit) and the repositor
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
+from testkit import isolated_env  # noqa: E402 - after tests/ is put on sys.path above
+
 
 @pytest.fixture(autouse=True)
 def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Settings, runs folder, log, data dir and the Hugging Face cache under tmp_path. A run that
     forgot --run-dir lands in tmp_path/runs; subprocesses inherit all of it."""
-    monkeypatch.setenv("HEADROOM_SETTINGS", str(tmp_path / "settings.ini"))
-    monkeypatch.setenv("HEADROOM_RUNS", str(tmp_path / "runs"))
-    monkeypatch.setenv("HEADROOM_LOG", str(tmp_path / "headroom.log"))
-    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    for key, value in isolated_env(tmp_path).items():
+        monkeypatch.setenv(key, value)
     return tmp_path
 
 

@@ -20,6 +20,15 @@ ROOT = Path(__file__).resolve().parents[1]
 FAULT_PREFIX = "HEADROOM_FAULT_"
 
 
+def isolated_env(folder: Path) -> dict[str, str]:
+    """Settings, runs folder, log, data dir and the Hugging Face cache under `folder`, offline:
+    what conftest's `isolated` sets for every test (under its tmp_path), and what a module
+    fixture's run, made before any test's `isolated` applies, passes as its env."""
+    return {"HEADROOM_SETTINGS": str(folder / "settings.ini"), "HEADROOM_RUNS": str(folder / "runs"),
+            "HEADROOM_LOG": str(folder / "headroom.log"), "XDG_DATA_HOME": str(folder / "data"),
+            "HF_HOME": str(folder / "hf"), "HF_HUB_OFFLINE": "1"}
+
+
 def subprocess_env(env: Optional[Mapping[str, str]] = None) -> dict[str, str]:
     """os.environ without fault-injection switches, the repository first on PYTHONPATH, plus `env`."""
     e = {k: v for k, v in os.environ.items() if not k.startswith(FAULT_PREFIX)}
