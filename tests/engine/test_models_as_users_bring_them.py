@@ -13,13 +13,13 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from engine_in_process import engine
 
 from engine.declarations.config import TrainConfig
 from engine.distributed.devices import to_device
 from engine.tasks.task import Task
 from engine.trainer.modes import TrainModes
 from engine.trainer.trainer import Trainer
-from testkit import run_engine
 
 
 def classifier_task(model: nn.Module, n: int = 64, seed: int = 0) -> Task:
@@ -213,7 +213,10 @@ HELPERS = textwrap.dedent("""
 
 
 def cli(*args, cwd):
-    return run_engine(*args, cwd=cwd, timeout=120)
+    """The command line through engine.cli.main in this process, run in `cwd`. Between two runs the
+    task's folder leaves sys.path and its modules sys.modules (engine_in_process), so a resume
+    from another folder imports the task's neighbours afresh, as the new process it stands for."""
+    return engine(*args, cwd=cwd)
 
 
 @pytest.mark.slow
