@@ -3,16 +3,14 @@ updated in place as more come (issue 28: a task non-finite every 97th micro-batc
 19 s). The row still zooms the plots (double-click: the latest step; its menu: the first), and the
 Alerts tab comes forward, and the dock title's count changes, once for a kind, not per repeat.
 
-One real engine run serves the module: every 13th micro-batch of tests/app/every_97th_task.py is
+One real engine run (in this process) serves the module: every 13th micro-batch of tests/app/every_97th_task.py is
 NaN, with --nonfinite skip (64 steps of 4 micro-batches, 19 of them non-finite: steps 4 to 62)."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import pytest
-from app_helpers import ROOT
+from app_engine import trained
 
 from app.model.notes import Note
 from engine.store import RunReader
@@ -23,11 +21,11 @@ TASK = os.path.join(os.path.dirname(__file__), "every_97th_task.py")
 
 @pytest.fixture(scope="module")
 def nonfinite_run(tmp_path_factory) -> str:
-    run_dir = str(tmp_path_factory.mktemp("alerts") / "every-13th")
-    r = subprocess.run([sys.executable, "-m", "engine", "--task", TASK, "--task-arg", "every=13", "--micro-batch", "8",
-                        "--epochs", "1", "--nonfinite", "skip", "--device", "cpu", "--run-dir", run_dir],
-                       cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-2000:]
+    """The module's run, trained in this process (app_engine: no engine process to start)."""
+    base = tmp_path_factory.mktemp("alerts")
+    run_dir = str(base / "every-13th")
+    trained(base, "--task", TASK, "--task-arg", "every=13", "--micro-batch", "8", "--epochs", "1", "--nonfinite", "skip",
+            "--device", "cpu", "--run-dir", run_dir)
     return run_dir
 
 

@@ -3,21 +3,19 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
-import sys
 
 import pytest
-from app_helpers import ROOT
+from app_engine import trained
 
 pytestmark = pytest.mark.slow  # real runs, then damaged
 
 
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory):
-    run_dir = tmp_path_factory.mktemp("runs") / "done"
-    r = subprocess.run([sys.executable, "-m", "engine", "--task", "mlp", "--epochs", "1", "--device", "cpu",
-                        "--run-dir", str(run_dir)], cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr
+    """One finished run the module's tests copy and damage, trained in this process (app_engine)."""
+    base = tmp_path_factory.mktemp("runs")
+    run_dir = base / "done"
+    trained(base, "--task", "mlp", "--epochs", "1", "--device", "cpu", "--run-dir", run_dir)
     return run_dir
 
 
