@@ -5,19 +5,21 @@ Start is recorded as a change too."""
 from __future__ import annotations
 
 import pytest
+from app_engine import engine, isolated_env
 from app_helpers import run_to_end
 
 import testkit
 from engine.store import RunReader
 
-pytestmark = pytest.mark.slow  # engines and the app in subprocesses
+pytestmark = pytest.mark.slow  # the app in a subprocess; the engine's runs in this process (app_engine)
 
 
 @pytest.fixture(scope="module")
 def parent(tmp_path_factory) -> str:
-    path = tmp_path_factory.mktemp("fork") / "parent"
-    r = testkit.run_engine("--task", "mlp", "--epochs", "1", "--micro-batch", "64", "--accum", "3", "--lr", "0.002",
-                           "--max-steps", "4", "--device", "cpu", "--run-dir", str(path))
+    base = tmp_path_factory.mktemp("fork")
+    path = base / "parent"
+    r = engine("--task", "mlp", "--epochs", "1", "--micro-batch", "64", "--accum", "3", "--lr", "0.002",
+               "--max-steps", "4", "--device", "cpu", "--run-dir", str(path), env=isolated_env(base))
     assert r.returncode == 0, r.stderr
     return str(path)
 
@@ -34,7 +36,7 @@ def test_the_apps_fork_flag_trains_the_engines_fork(parent, tmp_path):
     r = testkit.run_app("--fork", f"{parent}@last", "--max-steps", "6", "--autostart", "--quit-when-done",
                         "--run-dir", app_child, timeout=240)
     assert r.returncode == 0, r.stderr
-    r = testkit.run_engine("--fork", f"{parent}@last", "--max-steps", "6", "--run-dir", engine_child)
+    r = engine("--fork", f"{parent}@last", "--max-steps", "6", "--run-dir", engine_child)
     assert r.returncode == 0, r.stderr
     (a_info, a_row), (e_info, e_row) = _child(app_child), _child(engine_child)
     assert a_info["parent"]["changed"] == e_info["parent"]["changed"] == {"max_steps": 6}
