@@ -5,8 +5,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+from app_engine import isolated_env
 from app_helpers import ROOT
 from app_tasks import broken_task
 from PySide6.QtGui import QImage
@@ -44,11 +46,21 @@ def test_a_task_file_that_fails_to_load_exits_2_when_scripted(tmp_path):
     assert len(err) == 1 and err[0].startswith("error: task file") and "syntax error" in err[0], r.stderr
 
 
-@pytest.mark.slow
-def test_screenshot_writes_a_png_of_the_window(tmp_path):
-    shot = tmp_path / "shot.png"
+@pytest.fixture(scope="module")
+def screenshot_run(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path, Path]:
+    """`python -m app --autostart --quit-when-done --screenshot`: its result, the PNG and the run
+    folder it trained, which test_open_a_run_folder_and_screenshot_it opens (no engine run of its own)."""
+    base = tmp_path_factory.mktemp("screenshot")
+    shot, run_dir = base / "shot.png", base / "run"
     r = _app("--task", "mlp", "--epochs", "1", "--max-steps", "6", "--micro-batch", "64", "--device", "cpu",
-             "--autostart", "--quit-when-done", "--screenshot", str(shot), "--run-dir", str(tmp_path / "run"))
+             "--autostart", "--quit-when-done", "--screenshot", str(shot), "--run-dir", str(run_dir),
+             env_extra=isolated_env(base))
+    return r, shot, run_dir
+
+
+@pytest.mark.slow
+def test_screenshot_writes_a_png_of_the_window(screenshot_run):
+    r, shot, _run_dir = screenshot_run
     assert r.returncode == 0, r.stderr
     assert "Traceback" not in r.stderr and "Fatal" not in r.stderr, r.stderr
     img = QImage(str(shot))
@@ -66,11 +78,8 @@ def test_window_shows_before_torch_loads():
 
 
 @pytest.mark.slow
-def test_open_a_run_folder_and_screenshot_it(tmp_path):
-    run_dir = tmp_path / "run"
-    r = subprocess.run([sys.executable, "-m", "engine", "--task", "mlp", "--max-steps", "5", "--micro-batch", "64",
-                        "--device", "cpu", "--run-dir", str(run_dir)], cwd=ROOT, capture_output=True, text=True,
-                       timeout=120)
+def test_open_a_run_folder_and_screenshot_it(tmp_path, screenshot_run):
+    r, _shot, run_dir = screenshot_run  # a finished run folder: the one the app trained above
     assert r.returncode == 0, r.stderr
     shot = tmp_path / "opened.png"
     r = _app("--open", str(run_dir), "--screenshot", str(shot), "--quit-when-done")
