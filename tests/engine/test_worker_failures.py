@@ -92,10 +92,20 @@ def test_a_worker_that_raises_is_named_by_its_cause_and_the_line_that_raised(tmp
     assert "Traceback" not in err
 
 
+@pytest.fixture()
+def quick_liveness_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The DataLoader looks whether its workers are alive each time a batch has not come for
+    MP_STATUS_CHECK_INTERVAL (5 s, bound as _try_get_data's default): a worker that exits is seen
+    there when nothing else saw it first (the engine holds torch's SIGCHLD error for the next
+    batch), so each such run waited ~5 s. Every half second instead: the same check, sooner."""
+    from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
+    monkeypatch.setattr(_MultiProcessingDataLoaderIter._try_get_data, "__defaults__", (0.5,))
+
+
 @pytest.mark.parametrize("fault, how", [("os_exit", "(exit code 1)"), ("sigkill", "(killed by signal SIGKILL)"),
                                         ("exit", "(exit code 3)")])
 @pytest.mark.slow
-def test_a_worker_that_exits_is_named_as_one_that_exited(tmp_path, capsys, fault, how):
+def test_a_worker_that_exits_is_named_as_one_that_exited(tmp_path, capsys, fault, how, quick_liveness_check):
     path, _ = task_file(tmp_path)
     for attempt in range(2):  # what the exit surfaces as varies from run to run: the report may not
         run_dir = tmp_path / f"run{attempt}"
