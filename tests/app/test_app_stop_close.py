@@ -9,7 +9,6 @@ import sys
 import time
 
 import pytest
-import torch
 from app_helpers import ROOT, run_button, run_to_end, start, wait_until
 from app_tasks import loading_mark, slow_task
 
@@ -20,6 +19,7 @@ pytestmark = pytest.mark.slow  # real runs, signals and subprocesses
 
 
 def _checkpoint_step(run_dir) -> int:
+    import torch  # here, not at the top: collecting this file imported torch (3.9 s on CI)
     state = torch.load(os.path.join(run_dir, "checkpoints", "last.pt"), weights_only=True)
     return int(state["step"])
 
@@ -97,6 +97,9 @@ def test_closing_while_the_task_loads_hides_then_closes_when_the_thread_ends(qtb
     """The engine thread cannot leave build_task early: the window hides after 2 s, never
     terminates the thread, and closes (quitting the app) once the thread has stopped."""
     w = make_window()
+    # The plots built first: built by the event loop while the test waits for the mark, they took
+    # most of build_task's 4 s on a loaded machine, and the close came after it had returned.
+    assert w.plots is not None
     start(w, task=slow_task(tmp_path, 4.0), run_dir=str(tmp_path / "run"))
     wait_until(qtbot, loading_mark(tmp_path).exists, 60, "the engine thread to be in build_task")
     t0 = time.perf_counter()
@@ -113,7 +116,9 @@ def test_closing_while_the_task_loads_hides_then_closes_when_the_thread_ends(qtb
 
 def test_ctrl_c_while_the_task_loads_exits_cleanly(tmp_path):
     env = {**os.environ, "QT_QPA_PLATFORM": "offscreen"}
-    proc = subprocess.Popen([sys.executable, "-m", "app", "--task", slow_task(tmp_path, 5.0), "--autostart",
+    # build_task sleeps 3 s: the Ctrl+C comes within a few poll intervals of its start, and the
+    # first Ctrl+C waits for it to return (a second would end the app at once).
+    proc = subprocess.Popen([sys.executable, "-m", "app", "--task", slow_task(tmp_path, 3.0), "--autostart",
                              "--run-dir", str(tmp_path / "run")], cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     log = tmp_path / "headroom.log"  # HEADROOM_LOG (the isolated fixture), inherited by the app
