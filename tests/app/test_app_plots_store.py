@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from app_helpers import run_to_end, start
+from app_helpers import discard, run_to_end, start
 
 from engine.store import RunReader
 
@@ -42,13 +42,6 @@ def test_plots_hold_what_run_db_holds(qtbot, make_window, tmp_path):
     assert any(r["clipped"] for r in rows)
     _check_plots_match(w, rows, epochs)
 
-    # The same folder opened in another window shows the same.
-    w2 = make_window()
-    assert w2.open_run(str(run_dir))
-    _check_plots_match(w2, rows, epochs)
-    assert w2.model.state == "finished" and w2.ui_state() == "viewing"
-    assert w2.plots.gpu_mode() == "cpu"
-
     # Overlay: run 1's smoothed loss on the loss plot of a window showing run 2.
     run2 = tmp_path / "run2"
     start(w, epochs=1, lr=3e-3, run_dir=str(run2))
@@ -63,9 +56,20 @@ def test_plots_hold_what_run_db_holds(qtbot, make_window, tmp_path):
     w.set_overlay(str(run_dir), False)
     assert not w.plots.overlays
 
+    # The same folder opened in another window shows the same (the first one deleted: see discard).
+    discard(w)
+    w2 = make_window()
+    assert w2.open_run(str(run_dir))
+    _check_plots_match(w2, rows, epochs)
+    assert w2.model.state == "finished" and w2.ui_state() == "viewing"
+    assert w2.plots.gpu_mode() == "cpu"
+
 
 def test_a_long_run_is_drawn_from_a_few_thousand_points(qtbot, make_window):
-    """Peak decimation keeps every extreme: the drawn curve spans the data's min and max."""
+    """Peak decimation keeps every extreme: the drawn curve spans the data's min and max. The
+    steps go in as one array per column, as a run folder's read hands them over (300,000 rows as
+    dicts took 10 s to ingest on a loaded machine, and how they go in is not what is checked)."""
+    from app.model.metrics import StepColumns
     from app.model.runmodel import RunModel
     w = make_window()
     n = 300_000
@@ -73,10 +77,10 @@ def test_a_long_run_is_drawn_from_a_few_thousand_points(qtbot, make_window):
     loss = np.abs(rng.standard_normal(n)).cumsum() / np.arange(1, n + 1)
     loss[123_45] = 50.0  # one spike
     model = RunModel()
-    rows = [{"step": i + 1, "epoch": 1, "loss": float(loss[i]), "grad_norm": 1.0, "lr": 1e-3, "accum": 1,
-             "clip": 0.0, "micro_batch": 1, "samples": 1, "tokens": 1, "clipped": 0, "nonfinite": 0,
-             "throughput": 1.0, "step_time": 0.01, "time": 0.0} for i in range(0, n, 1)]
-    model.ingest(rows, dict.get)
+    same = {"epoch": 1, "grad_norm": 1.0, "lr": 1e-3, "accum": 1, "clip": 0.0, "micro_batch": 1, "samples": 1,
+            "tokens": 1, "clipped": 0, "nonfinite": 0, "throughput": 1.0, "step_time": 0.01, "time": 0.0}
+    columns = {"step": np.arange(1, n + 1, dtype=float), "loss": loss, **{k: np.full(n, float(v)) for k, v in same.items()}}
+    model.ingest([StepColumns(columns)])
     w.model = model
     w.plots.set_model(model)
     x, y = w.plots.curve_data("loss")
@@ -91,6 +95,7 @@ def test_resumed_run_continues_the_plots(qtbot, make_window, tmp_path):
     w = make_window()
     start(w, epochs=1, max_steps=6, run_dir=str(run_dir))
     assert run_to_end(qtbot, w)["reason"] == "max_steps"
+    discard(w)
     w2 = make_window(base_config={"resume": str(run_dir), "max_steps": 14, "epochs": 1})
     assert w2.start_run(), w2.last_error
     assert list(w2.plots.curve_data("loss")[0]) == [1, 2, 3, 4, 5, 6]  # history, before the engine starts
