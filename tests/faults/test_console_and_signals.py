@@ -1,5 +1,6 @@
 """The console failing never ends training, an error is always one line, and a second Ctrl-C or
-SIGTERM ends a run at once even while task code blocks (issue 12). Real processes and signals."""
+SIGTERM ends a run at once even while task code blocks (issue 12). Real processes and signals;
+the one-line errors, which need neither, from the command line run in this process (inproc.engine)."""
 from __future__ import annotations
 
 import json
@@ -15,6 +16,7 @@ import pytest
 
 from engine.store import RunReader
 from testkit import ROOT, subprocess_env
+from tests.faults.inproc import ONE_THREAD, engine
 
 TASK = os.path.join(ROOT, "tests", "faults", "fault_task.py")
 BLOCKING = os.path.join(ROOT, "tests", "faults", "blocking_task.py")
@@ -22,7 +24,7 @@ RUN = ["--micro-batch", "8", "--accum", "2", "--epochs", "1"]  # 16 steps
 
 
 def env(**extra):
-    return subprocess_env(extra)
+    return subprocess_env({**ONE_THREAD, **extra})
 
 
 def steps_in(run_dir) -> list[int]:
@@ -62,12 +64,10 @@ def test_bad_input_with_stderr_closed_still_exits_2_and_writes_nothing(tmp_path)
 
 
 # -- one error line ------------------------------------------------------------------------------
-@pytest.mark.slow
 def test_an_error_with_many_lines_is_one_capped_line(tmp_path):
     task = tmp_path / "task.py"
     task.write_text("def build_task(seed):\n    raise RuntimeError('no data\\n  in line two\\n\\n' + 'x' * 5000)\n")
-    r = subprocess.run([sys.executable, "-m", "engine", "--task", str(task), "--run-dir", str(tmp_path / "run")],
-                       cwd=ROOT, env=env(), capture_output=True, text=True, timeout=120)
+    r = engine("--task", str(task), "--run-dir", str(tmp_path / "run"))
     assert r.returncode == 2
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and "no data in line two" in lines[0], r.stderr
@@ -75,12 +75,10 @@ def test_an_error_with_many_lines_is_one_capped_line(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # trains (in this process)
 def test_a_run_failing_with_a_many_line_message_prints_one_error_line(tmp_path):
     run_dir = tmp_path / "run"
-    r = subprocess.run([sys.executable, "-m", "engine", "--task", BLOCKING, *RUN, "--run-dir", str(run_dir)],
-                       cwd=ROOT, env=env(HEADROOM_FAULT_RAISE_AFTER="5"), capture_output=True, text=True,
-                       timeout=180)
+    r = engine("--task", BLOCKING, *RUN, "--run-dir", str(run_dir), env={"HEADROOM_FAULT_RAISE_AFTER": "5"})
     assert r.returncode == 1
     errors = error_lines(r.stderr)
     assert len(errors) == 1 and "the loss failed at line one at line two" in errors[0] and len(errors[0]) <= 420

@@ -2,7 +2,8 @@
 loses no epoch; a rollback is made durable before training goes on (a crash and --resume go on
 from the rollback, with its lr); a full disk (ENOSPC) or the file-size limit (EFBIG) during a
 checkpoint says so, with the checkpoint kept and the space the next one needs. Real engine
-processes, crashed with os._exit (crash_at.py) or capped with RLIMIT_FSIZE (fsize.py)."""
+processes where the process is the point, crashed with os._exit (crash_at.py) or capped with
+RLIMIT_FSIZE (fsize.py); the runs before and after them in this process (inproc.engine)."""
 from __future__ import annotations
 
 import contextlib
@@ -15,11 +16,9 @@ import sys
 import pytest
 
 from engine.checkpoints import files as ckpt
-from engine.cli import main
 from engine.store import RunReader
-from testkit import ROOT, run_engine, subprocess_env
-
-pytestmark = pytest.mark.slow  # engine runs in subprocesses
+from testkit import ROOT, subprocess_env
+from tests.faults.inproc import ONE_THREAD, engine
 
 HERE = os.path.join(ROOT, "tests", "faults")
 TASK = os.path.join(HERE, "ckpt_task.py")
@@ -27,7 +26,7 @@ TASK = os.path.join(HERE, "ckpt_task.py")
 
 def crash_at(kind: str, **config) -> int:
     r = subprocess.run([sys.executable, os.path.join(HERE, "crash_at.py"), kind, json.dumps(config)],
-                       env=subprocess_env(), cwd=ROOT, capture_output=True, text=True, timeout=180)
+                       env=subprocess_env(ONE_THREAD), cwd=ROOT, capture_output=True, text=True, timeout=180)
     assert r.returncode == 9, r.stderr  # it crashed where asked
     return r.returncode
 
@@ -42,21 +41,24 @@ def epochs(run_dir) -> list[tuple]:
     return [(e["epoch"], e["step"], e["train_loss"], e["val_loss"]) for e in RunReader(str(run_dir)).epochs()]
 
 
+@pytest.mark.slow  # the crash: a process of its own
 def test_a_crash_between_the_epoch_checkpoint_and_its_row_loses_no_epoch(tmp_path):
     common = dict(task=TASK, device="cpu", micro_batch=8, accum=1, task_args={"n": 64})
     reference = tmp_path / "reference"
-    assert main(["--task", TASK, "--device", "cpu", "--micro-batch", "8", "--accum", "1", "--task-arg", "n=64",
-                 "--epochs", "2", "--run-dir", str(reference)]) == 0
+    r = engine("--task", TASK, "--device", "cpu", "--micro-batch", "8", "--accum", "1", "--task-arg", "n=64",
+               "--epochs", "2", "--run-dir", str(reference))
+    assert r.returncode == 0, r.stderr
     run_dir = tmp_path / "run"
     crash_at("checkpoint", epochs=2, run_dir=str(run_dir), **common)  # epoch 1's checkpoint is on disk
     assert epochs(run_dir) == []  # ... and its row is not: the crash came between the two
-    r = run_engine("--resume", run_dir)
+    r = engine("--resume", run_dir)
     assert r.returncode == 0, r.stderr
     assert epochs(run_dir) == epochs(reference)  # epoch 1's train and val loss, from its checkpoint
     notes = [e["message"] for e in RunReader(str(run_dir)).events(kinds={"store_problem"})]
     assert any("epoch 1's row was not in run.db" in n for n in notes), notes
 
 
+@pytest.mark.slow  # the crash: a process of its own
 def test_a_crash_after_a_rollback_resumes_from_the_rollback_with_its_lr(tmp_path):
     run_dir = tmp_path / "run"
     # NaN at steps 9 and 12: step-10.pt is saved in between (after the trouble began); the
@@ -65,7 +67,7 @@ def test_a_crash_after_a_rollback_resumes_from_the_rollback_with_its_lr(tmp_path
              task_args={"bad": [9, 12]}, nonfinite="rollback", lr=0.002, run_dir=str(run_dir))
     state = ckpt.load(ckpt.last_path(str(run_dir)))
     assert state["step"] == 5 and state["settings"]["lr"] == pytest.approx(0.001)  # not step 10's, lr 0.002
-    r = run_engine("--resume", run_dir, "--max-steps", "9")
+    r = engine("--resume", run_dir, "--max-steps", "9")
     assert r.returncode == 0, r.stderr
     reader = RunReader(str(run_dir))
     after = [m for m in reader.metrics() if m["step"] > 5]
@@ -78,15 +80,16 @@ def mlp(*args) -> tuple:
     return ("--task", "mlp", "--device", "cpu", "--micro-batch", "64", "--accum", "1", *args)
 
 
+@pytest.mark.slow  # the rlimit: a process of its own
 def test_the_file_size_limit_during_a_checkpoint_says_so_and_what_was_kept(tmp_path):
     run_dir = tmp_path / "run"
-    r = run_engine(*mlp("--max-steps", "2", "--run-dir", run_dir))
+    r = engine(*mlp("--max-steps", "2", "--run-dir", run_dir))
     assert r.returncode == 0, r.stderr
     size = os.path.getsize(ckpt.last_path(str(run_dir)))
     limit = size // 2  # run.db fits, a checkpoint does not
     r = subprocess.run([sys.executable, os.path.join(HERE, "fsize.py"), str(limit),
                         "--resume", str(run_dir), "--max-steps", "4"],
-                       env=subprocess_env(), cwd=ROOT, capture_output=True, text=True, timeout=180)
+                       env=subprocess_env(ONE_THREAD), cwd=ROOT, capture_output=True, text=True, timeout=180)
     line = one_error_line(r.stderr)
     assert r.returncode == 1, r.stderr
     assert line.startswith("error: file too large: could not write checkpoint last.pt at step 4"), line
@@ -114,10 +117,11 @@ def small_disk(path, size: str):
         subprocess.run(["umount", "-l", str(path)], capture_output=True)
 
 
+@pytest.mark.slow  # trains (in this process)
 def test_a_full_disk_during_a_checkpoint_says_so_and_what_was_kept(tmp_path):
     with small_disk(tmp_path / "disk", "2200k") as disk:  # run.db and one mlp checkpoint (1.2 MiB)
         run_dir = disk / "run"
-        r = run_engine(*mlp("--micro-batch", "256", "--epochs", "2", "--run-dir", run_dir))
+        r = engine(*mlp("--micro-batch", "256", "--epochs", "2", "--run-dir", run_dir))
         line = one_error_line(r.stderr)
         assert r.returncode == 1, r.stderr
         assert line.startswith("error: disk full: could not write checkpoint last.pt at step 16"), line
@@ -127,13 +131,14 @@ def test_a_full_disk_during_a_checkpoint_says_so_and_what_was_kept(tmp_path):
         assert ckpt.load(str(run_dir / "checkpoints" / "epoch-1.pt"))["step"] == 16
 
 
+@pytest.mark.slow  # trains (in this process)
 def test_rotation_fits_a_disk_that_holds_what_was_asked(tmp_path):
     """--keep-checkpoints 2: two step files and last.pt at rest, one more while one is written
     (4 mlp checkpoints, 4.8 MiB); the old order needed 5 and failed at the first rotation."""
     with small_disk(tmp_path / "disk", "5600k") as disk:
         run_dir = disk / "run"
-        r = run_engine(*mlp("--max-steps", "6", "--checkpoint-every", "1", "--keep-checkpoints", "2",
-                            "--run-dir", run_dir))
+        r = engine(*mlp("--max-steps", "6", "--checkpoint-every", "1", "--keep-checkpoints", "2",
+                        "--run-dir", run_dir))
         assert r.returncode == 0, r.stderr
         assert sorted(os.listdir(run_dir / "checkpoints")) == ["last.pt", "step-4.pt", "step-5.pt"]
         assert ckpt.load(ckpt.last_path(str(run_dir)))["step"] == 6  # the stop at --max-steps

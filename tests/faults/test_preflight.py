@@ -1,12 +1,14 @@
 """Bad task files are bad input, always (issue 12): what step 0 needs is checked before the run
-folder exists; task code that exits or raises KeyboardInterrupt mid-run ends with one line."""
+folder exists; task code that exits or raises KeyboardInterrupt mid-run ends with one line.
+The engine's command line runs in this process (engine.cli.main; what is checked is its exit
+code and stderr, not the process)."""
 from __future__ import annotations
 
 import textwrap
 
 import pytest
 
-from testkit import run_engine
+from tests.faults.inproc import engine
 
 HEAD = """
 import sys, torch
@@ -89,11 +91,10 @@ def build_task(seed):
 def cli(tmp_path, body, *extra):
     f = tmp_path / "task.py"
     f.write_text(HEAD + textwrap.dedent(body))
-    return run_engine("--task", f, "--device", "cpu", "--micro-batch", "4", "--accum", "2", "--epochs", "1",
-                      "--run-dir", tmp_path / "run", *extra, timeout=120)
+    return engine("--task", f, "--device", "cpu", "--micro-batch", "4", "--accum", "2", "--epochs", "1",
+                  "--run-dir", tmp_path / "run", *extra)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("case", list(CASES))
 def test_bad_task_is_one_line_exit_2_and_nothing_written(tmp_path, case):
     body, words = CASES[case]
@@ -117,7 +118,7 @@ def build_task(seed):
 """
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # trains (in this process)
 @pytest.mark.parametrize("what,code,words", [
     ("sys.exit(3)", 1, "sys.exit(3)"),
     ("raise KeyboardInterrupt()", 130, "interrupted"),

@@ -1,6 +1,7 @@
-"""Resume never destroys (issue 12), end to end through `python -m engine`: a missing last.pt
-resumes from the newest epoch checkpoint with every row kept; a checkpoint that does not fit
-the task is bad input with the run untouched."""
+"""Resume never destroys (issue 12), end to end through the engine's command line (engine.cli.main,
+in this process: the process is not what is tested): a missing last.pt resumes from the newest
+epoch checkpoint with every row kept; a checkpoint that does not fit the task is bad input with
+the run untouched."""
 from __future__ import annotations
 
 import os
@@ -9,14 +10,15 @@ import textwrap
 
 import pytest
 
-from testkit import ROOT, run_engine
+from testkit import ROOT
+from tests.faults.inproc import engine
 
-pytestmark = pytest.mark.slow  # engine runs in subprocesses
+pytestmark = pytest.mark.slow  # each test trains (in this process)
 
 TASK = os.path.join(ROOT, "tests", "faults", "fault_task.py")
 
 
-cli = run_engine
+cli = engine
 
 
 def rows(run_dir, table="metrics"):

@@ -1,15 +1,19 @@
 """What is on disk is what happened (issue 12): run.db takes rows on time, a busy or slow run.db
 never ends a run, no string makes SQLite refuse a row, nothing is deleted on resume, and the
-schema follows StepMetrics. Real SQLite, real processes."""
+schema follows StepMetrics. Real SQLite, real processes where the process is the point (SIGKILL,
+rlimits, another program holding run.db); the engine's runs otherwise in this process (inproc.engine)."""
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import signal
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
+from typing import Optional
 
 import pytest
 
@@ -18,6 +22,7 @@ from engine.declarations.commands import SetAccum, Stop
 from engine.declarations.events import CheckpointSaved, EpochEnd, StepMetrics
 from engine.store import METRIC_COLUMNS, RunReader, RunStore, send_command
 from testkit import ROOT, subprocess_env
+from tests.faults.inproc import ONE_THREAD, engine
 
 TASK = os.path.join(ROOT, "tests", "faults", "fault_task.py")
 
@@ -37,19 +42,22 @@ def on_disk(run_dir) -> list[int]:
         db.close()
 
 
-def hold_write_lock(path, seconds: float) -> subprocess.Popen:
-    """Another program with an open write transaction on run.db (a backup tool, sqlite3 at a prompt)."""
-    code = (f"import sqlite3, time\ndb = sqlite3.connect({str(path)!r}, isolation_level=None, timeout=10)\n"
+def hold_write_lock(path, seconds: Optional[float]) -> subprocess.Popen:
+    """Another program with an open write transaction on run.db (a backup tool, sqlite3 at a prompt),
+    for `seconds`, or (None) until a line is written to its stdin."""
+    wait = "sys.stdin.readline()" if seconds is None else f"time.sleep({seconds})"
+    code = (f"import sqlite3, sys, time\ndb = sqlite3.connect({str(path)!r}, isolation_level=None, timeout=10)\n"
             "db.execute('BEGIN IMMEDIATE')\n"
             "db.execute(\"INSERT INTO run VALUES ('other program', '1')\")\n"
-            f"print('held', flush=True)\ntime.sleep({seconds})\ndb.execute('ROLLBACK')\nprint('released', flush=True)\n")
-    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+            f"print('held', flush=True)\n{wait}\ndb.execute('ROLLBACK')\nprint('released', flush=True)\n")
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                         stdin=subprocess.PIPE if seconds is None else None)
     assert p.stdout.readline().strip() == "held"
     return p
 
 
 def cli_env(**extra):
-    return subprocess_env(extra)
+    return subprocess_env({**ONE_THREAD, **extra})
 
 
 # -- (a) on time ------------------------------------------------------------------------------
@@ -202,47 +210,90 @@ def test_commands_polling_on_a_busy_run_db_never_waits_or_raises(tmp_path):
     store.close()
 
 
+# The longest the store waits for run.db's write lock in one call while a run trains (the
+# flusher's busy_timeout per try, commit()'s default bound), and the longest period of its own
+# clock (a WAL checkpoint every CHECKPOINT_EVERY). The old store waited 30 s on the lock, then
+# failed the run; this one has no such wait, so another program holds the lock past all of these
+# with a margin, and past the end of training: close() must wait for it too.
+LOCK_PATIENCE = max(RunStore.FLUSHER_BUSY_MS / 1000, inspect.signature(RunStore.commit).parameters["timeout"].default)
+LOCK_HELD = RunStore.CHECKPOINT_EVERY + 2 * LOCK_PATIENCE  # at least; 14 s with today's constants
+
+
+class LockHolder:
+    """Another program takes run.db's write lock at the run's step 2 and lets go once it has held
+    it LOCK_HELD seconds and the run has said run_finished (then 2 * LOCK_PATIENCE more: the
+    run's close() waits for it), or after `give_up` seconds: a run that waited on the lock would
+    never finish while it is held. Sees the run's events (inproc.engine's watch)."""
+
+    def __init__(self, run_dir, give_up: float = 180.0) -> None:
+        self.db, self.give_up = run_dir / "run.db", give_up
+        self.proc: Optional[subprocess.Popen] = None
+        self.held_from = self.released_at = 0.0
+        self.step_times: list[float] = []
+        self._finished_at: list[float] = []
+        self._finished = threading.Event()
+        self._releaser = threading.Thread(target=self._release_when_done, daemon=True)
+
+    def __call__(self, event) -> None:
+        if event.kind == "step":
+            self.step_times.append(time.monotonic())
+            if event.step == 2 and self.proc is None:
+                self.proc = hold_write_lock(self.db, None)
+                self.held_from = time.monotonic()
+                self._releaser.start()
+        elif event.kind == "run_finished":
+            self._finished_at.append(time.monotonic())
+            self._finished.set()
+
+    def _release_when_done(self) -> None:
+        self._finished.wait(timeout=self.give_up)
+        finished_at = self._finished_at[0] if self._finished_at else time.monotonic()
+        until = max(self.held_from + LOCK_HELD, finished_at + 2 * LOCK_PATIENCE)
+        time.sleep(max(0.0, until - time.monotonic()))
+        self.released_at = time.monotonic()
+        assert self.proc is not None and self.proc.stdin is not None
+        self.proc.stdin.write("release\n")
+        self.proc.stdin.flush()
+
+    def run_ended(self) -> None:
+        """The engine returned (a run that failed says no run_finished): no more waiting for one."""
+        self._finished.set()
+
+    def stop(self) -> None:
+        """The holder gone, whatever happened."""
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait()
+
+
 @pytest.mark.slow
-def test_another_program_holding_the_write_lock_for_35_s_never_ends_a_run(tmp_path):
-    """The old store waited 30 s on the lock, then failed the run."""
+def test_another_program_holding_the_write_lock_longer_than_the_store_waits_never_ends_a_run(tmp_path):
+    """The engine in this process; the program holding the lock is a process of its own."""
     run_dir = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "engine", "--task", TASK, "--micro-batch", "8", "--accum", "2",
-                             "--epochs", "3", "--run-dir", str(run_dir), "--json"], cwd=ROOT,
-                            env=cli_env(HEADROOM_FAULT_SLOW="0.4"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
-    holder = None
-    times: list[float] = []
+    holder = LockHolder(run_dir)
     try:
-        for line in proc.stdout:
-            event = json.loads(line)
-            if event["kind"] == "step":
-                times.append(time.monotonic())
-                if event["step"] == 2 and holder is None:
-                    holder = hold_write_lock(run_dir / "run.db", 35)
-                    held_from = time.monotonic()
-        out, err = proc.communicate(timeout=120)
+        r = engine("--task", TASK, "--micro-batch", "8", "--accum", "2", "--epochs", "3", "--run-dir", str(run_dir),
+                   "--json", env={"HEADROOM_FAULT_SLOW": "0.1"}, watch=holder)
+        holder.run_ended()
+        assert holder.proc is not None and holder.proc.stdout.readline().strip() == "released"
     finally:
-        if proc.poll() is None:
-            proc.kill()
-        if holder is not None:
-            holder.kill()
-    assert proc.returncode == 0, err
-    assert "Traceback" not in err
-    during = [t for t in times if held_from < t < held_from + 35]
+        holder.stop()
+    assert r.returncode == 0, r.stderr
+    assert "Traceback" not in r.stderr
+    assert holder.released_at - holder.held_from >= LOCK_HELD
+    during = [t for t in holder.step_times if holder.held_from < t < holder.released_at]
     assert len(during) > 20  # training went on under the lock ...
-    assert max(b - a for a, b in zip(during, during[1:])) < 4  # ... without waiting on it
+    assert max(b - a for a, b in zip(during, during[1:])) < 2 * LOCK_PATIENCE  # ... without waiting on it
     steps = [r["step"] for r in RunReader(str(run_dir)).metrics()]
     assert steps == list(range(1, 16 * 3 + 1))  # and every row landed
     assert RunReader(str(run_dir)).events(kinds={"run_finished"})
 
 
 # -- (c) strings SQLite would refuse ---------------------------------------------------------
-@pytest.mark.slow
+@pytest.mark.slow  # trains (in this process)
 def test_a_run_folder_whose_name_is_not_utf8_runs_and_is_recorded(tmp_path):
-    run_dir = os.fsdecode(os.fsencode(str(tmp_path)) + b"/run-\xff\xfe")  # surrogates in a str
-    r = subprocess.run([sys.executable, "-m", "engine", "--task", TASK, "--micro-batch", "8", "--accum", "2",
-                        "--epochs", "1", "--run-dir", run_dir], cwd=ROOT, env=cli_env(), capture_output=True,
-                       text=True, timeout=180)
+    run_dir = os.fsdecode(os.fsencode(str(tmp_path)) + b"/run-\xff\xfe")  # surrogates in a str, as argv gives it
+    r = engine("--task", TASK, "--micro-batch", "8", "--accum", "2", "--epochs", "1", "--run-dir", run_dir)
     assert r.returncode == 0, r.stderr
     reader = RunReader(run_dir)
     assert [m["step"] for m in reader.metrics()] == list(range(1, 17))
@@ -371,8 +422,7 @@ def test_resume_after_sigkill_moves_the_rows_past_the_checkpoint_aside(tmp_path)
     before = {m["step"]: m for m in RunReader(str(run_dir)).metrics()}
     past = sorted(s for s in before if s > 16)
     assert past  # rows the resume will supersede
-    r = subprocess.run([sys.executable, "-m", "engine", "--resume", str(run_dir)], cwd=ROOT, env=cli_env(),
-                       capture_output=True, text=True, timeout=180)
+    r = engine("--resume", str(run_dir))  # the SIGKILL needed a process; the resume does not
     assert r.returncode == 0, r.stderr
     reader = RunReader(str(run_dir))
     assert [m["step"] for m in reader.metrics()] == list(range(1, 33))

@@ -1,8 +1,8 @@
 """The store says when it loses something (issue 23): run.db deleted while the engine trains is
 written back at the end with every row; rows run.db cannot take for good are counted at the end,
 the exit code is not 0, and the run's status does not stay "running" where it can be saved.
-Real engine processes (a task that deletes run.db, RLIMIT_FSIZE for a WAL that cannot grow) and
-the real RunStore."""
+The real engine (a task that deletes run.db, in this process; RLIMIT_FSIZE for a WAL that cannot
+grow, in a process of its own) and the real RunStore."""
 from __future__ import annotations
 
 import json
@@ -16,7 +16,8 @@ import pytest
 
 from engine.declarations.events import StepMetrics
 from engine.store import RunReader, RunStore
-from testkit import ROOT, run_engine, subprocess_env
+from testkit import ROOT, subprocess_env
+from tests.faults.inproc import ONE_THREAD, engine
 
 HERE = os.path.join(ROOT, "tests", "faults")
 TASK = os.path.join(HERE, "ckpt_task.py")
@@ -76,10 +77,10 @@ def test_a_run_db_deleted_with_its_folder_is_counted_as_lost(tmp_path):
     assert not run_dir.exists()  # never made again behind the user's back
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # trains (in this process)
 def test_the_engine_writes_back_a_run_db_deleted_while_it_trains(tmp_path):
     run_dir = tmp_path / "run"
-    r = run_engine(*RUN, "--task-arg", "delete_at=10", "--task-arg", f"folder={run_dir}", "--run-dir", run_dir)
+    r = engine(*RUN, "--task-arg", "delete_at=10", "--task-arg", f"folder={run_dir}", "--run-dir", run_dir)
     assert r.returncode == 0, r.stderr
     assert "run.db was deleted while the run wrote it: written back at the end of the run" in r.stderr, r.stderr
     reader = RunReader(str(run_dir))
@@ -96,12 +97,12 @@ def schema_bytes(tmp_path) -> int:
     return os.path.getsize(folder / "run.db")
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # the rlimit: a process of its own
 def test_rows_run_db_cannot_take_for_good_are_counted_and_the_exit_code_says_so(tmp_path):
     run_dir = tmp_path / "run"
     limit = schema_bytes(tmp_path) + 3000  # run.db's WAL can hardly grow: the rows stay in memory
     r = subprocess.run([sys.executable, os.path.join(HERE, "fsize.py"), str(limit), *RUN, "--run-dir", str(run_dir)],
-                       env=subprocess_env(), cwd=ROOT, capture_output=True, text=True, timeout=300)
+                       env=subprocess_env(ONE_THREAD), cwd=ROOT, capture_output=True, text=True, timeout=300)
     line = one_error_line(r.stderr)
     assert r.returncode == 1, r.stderr  # before: "run completed", exit 0
     assert line.startswith("error: run completed: 64 steps, but run.db did not take everything: "), line

@@ -1,28 +1,41 @@
-"""Issue 12 end to end, through `python -m engine`: what needs the trainer to call the run lock,
+"""Issue 12 end to end, through the engine's command line (engine.cli.main, in this process; the
+run lock's other holder is a real second process): what needs the trainer to call the run lock,
 the orphan sweep and the command expiry."""
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from engine.declarations.commands import SetAccum
 from engine.store import RunReader, runlock, send_command
-from testkit import ROOT, run_engine
+from testkit import ROOT
+from tests.faults.inproc import copy_run, engine, isolation
 
 TASK = os.path.join(ROOT, "tests", "faults", "fault_task.py")
 
 
-cli = run_engine
+cli = engine
 
 
-def finished_run(tmp_path):
-    run_dir = tmp_path / "run"
-    r = cli("--task", TASK, "--epochs", "1", "--micro-batch", "8", "--accum", "2", "--run-dir", str(run_dir))
+@pytest.fixture(scope="module")
+def finished_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One finished 1-epoch run for the module, made once; each test resumes a copy of it."""
+    home = tmp_path_factory.mktemp("finished")
+    run_dir = home / "run"
+    r = cli("--task", TASK, "--epochs", "1", "--micro-batch", "8", "--accum", "2", "--run-dir", str(run_dir),
+            env=isolation(home))
     assert r.returncode == 0, r.stderr
     return run_dir
+
+
+@pytest.fixture
+def finished_run(finished_template: Path, tmp_path: Path) -> Path:
+    """This test's own copy of the finished run."""
+    return copy_run(finished_template, tmp_path / "run")
 
 
 def tree(folder):
@@ -31,9 +44,9 @@ def tree(folder):
             for b, _, fs in os.walk(folder) for f in fs if not f.endswith(("-wal", "-shm"))}
 
 
-@pytest.mark.slow
-def test_resume_of_a_run_another_process_writes_is_refused_naming_it(tmp_path):
-    run_dir = finished_run(tmp_path)
+@pytest.mark.slow  # the other writer: a process of its own
+def test_resume_of_a_run_another_process_writes_is_refused_naming_it(finished_run):
+    run_dir = finished_run
     holder = subprocess.Popen([sys.executable, "-c", f"import sys, time\nsys.path.insert(0, {str(ROOT)!r})\n"
                                "from engine.store import runlock\nlock = runlock.acquire(sys.argv[1])\n"
                                "print('locked', flush=True)\ntime.sleep(60)\n", str(run_dir)],
@@ -51,9 +64,9 @@ def test_resume_of_a_run_another_process_writes_is_refused_naming_it(tmp_path):
         holder.wait()
 
 
-@pytest.mark.slow
-def test_a_resumed_run_removes_a_killed_writers_temporary_files_and_holds_the_lock_while_it_runs(tmp_path):
-    run_dir = finished_run(tmp_path)
+@pytest.mark.slow  # trains (in this process)
+def test_a_resumed_run_removes_a_killed_writers_temporary_files_and_holds_the_lock_while_it_runs(finished_run):
+    run_dir = finished_run
     orphan = run_dir / "checkpoints" / ".tmp-killed.pt"
     orphan.write_bytes(b"half a checkpoint")
     r = cli("--resume", str(run_dir), "--epochs", "2")
@@ -63,9 +76,9 @@ def test_a_resumed_run_removes_a_killed_writers_temporary_files_and_holds_the_lo
     assert os.path.exists(run_dir / runlock.LOCK_NAME)
 
 
-@pytest.mark.slow
-def test_a_command_sent_to_a_dead_run_expires_when_it_is_resumed(tmp_path):
-    run_dir = finished_run(tmp_path)
+@pytest.mark.slow  # trains (in this process)
+def test_a_command_sent_to_a_dead_run_expires_when_it_is_resumed(finished_run):
+    run_dir = finished_run
     send_command(str(run_dir), SetAccum(3))
     r = cli("--resume", str(run_dir), "--epochs", "2")
     assert r.returncode == 0, r.stderr
