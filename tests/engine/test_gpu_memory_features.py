@@ -2,12 +2,12 @@
 paths, on CPU with out-of-memory errors injected from the task's loss."""
 from __future__ import annotations
 
-import subprocess
-import sys
+from typing import Iterator
 
 import pytest
 import torch
 import torch.nn.functional as F
+from engine_helpers import frozen_heap
 
 from engine.accumulation.oom import is_oom
 from engine.declarations.config import TrainConfig
@@ -16,8 +16,17 @@ from engine.memory.telemetry import NO_GPU, MemoryProbe, nvml_status
 from engine.tasks.task import Task
 from engine.trainer.finder import MemoryModel, search
 from engine.trainer.trainer import Trainer
+from engine_in_process import engine
 
 OOM = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+
+@pytest.fixture(autouse=True)
+def heap_out_of_the_collectors_reach() -> Iterator[None]:
+    """Every out-of-memory error here costs a full gc.collect() (free_memory): of the run's own
+    objects only, as in an engine process of its own (engine_helpers.frozen_heap)."""
+    with frozen_heap():
+        yield
 
 
 def tiny_task(seed: int = 0, n: int = 96, oom_above: int | None = None, oom_calls: set[int] | None = None,
@@ -224,8 +233,7 @@ def test_nvml_without_driver_reports_instead_of_failing():
 
 @pytest.mark.slow
 def test_vram_limit_refused_on_cpu(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "engine", "--device", "cpu", "--vram-limit", "24GiB",
-                        "--run-dir", str(tmp_path / "v")], capture_output=True, text=True, timeout=120)
+    r = engine("--device", "cpu", "--vram-limit", "24GiB", "--run-dir", tmp_path / "v")  # engine.cli.main
     assert r.returncode == 2
     assert r.stderr.strip().splitlines() == [r.stderr.strip()] and r.stderr.startswith("error: ")
     assert "CUDA" in r.stderr

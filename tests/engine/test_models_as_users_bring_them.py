@@ -13,13 +13,13 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from engine_in_process import engine
 
 from engine.declarations.config import TrainConfig
 from engine.distributed.devices import to_device
 from engine.tasks.task import Task
 from engine.trainer.modes import TrainModes
 from engine.trainer.trainer import Trainer
+from engine_in_process import engine
 
 
 def classifier_task(model: nn.Module, n: int = 64, seed: int = 0) -> Task:
