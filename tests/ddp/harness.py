@@ -1,17 +1,31 @@
-"""Launching the engine under torchrun on CPU (gloo) for the tests, and the one-process reference."""
+"""Launching the engine under torchrun on CPU (gloo) for the tests, and the one-process reference.
+
+Cheap to import: the first test phase collects tests/ddp on every xdist worker (the `ddp` marker
+deselects these tests only after collection), so torch and the engine load inside the functions
+that need them, not here.
+
+One torchrun launch costs each rank seconds of imports before it trains for a fraction of that:
+`torchrun_scenarios` trains several independent runs in one launch (tests/ddp/worker.py), and a
+test module shares such a launch between the tests that only read its results.
+"""
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Mapping, NamedTuple, Optional
 
-import torch
-
-from engine.declarations.config import TrainConfig
-from engine.trainer.trainer import Trainer
 from testkit import ROOT
-from tests.ddp import varlen_task
+
+if TYPE_CHECKING:
+    import torch
+
+    Weights = dict[str, torch.Tensor]
 
 
 def torchrun(n: int = 2) -> list[str]:
@@ -24,35 +38,124 @@ TORCHRUN = torchrun(2)
 def env(**extra: str) -> dict[str, str]:
     e = {k: v for k, v in os.environ.items() if not k.startswith("HEADROOM_TEST_")}
     e.update(extra)
-    e["PYTHONPATH"] = ROOT
+    e["PYTHONPATH"] = str(ROOT)
     e["OMP_NUM_THREADS"] = "1"
     return e
 
 
-def torchrun_worker(out, timeout=180, extra_env=None, nproc=2, **opts):
-    """tests/ddp/worker.py on `nproc` ranks: each rank's log and its whole weights at the end."""
-    args = torchrun(nproc) + [os.path.join(ROOT, "tests", "ddp", "worker.py"), str(out)]
-    args += [f"{k}={v}" for k, v in opts.items()]
-    # A hung rank dumps its threads' stacks and exits 30 s before the timeout: the failure says where.
-    dump = {"HEADROOM_TEST_HANG_DUMP": str(max(10, timeout - 30))}
-    r = subprocess.run(args, cwd=ROOT, env=env(**dump, **(extra_env or {})), capture_output=True, text=True,
-                       timeout=timeout)
-    assert r.returncode == 0, r.stderr[-6000:]
-    logs = [json.load(open(out / f"log-{rank}.json")) for rank in range(nproc)]
-    weights = [torch.load(out / f"weights-{rank}.pt", weights_only=True) for rank in range(nproc)]
-    return logs, weights
+@dataclass(frozen=True)
+class Scenario:
+    """One run of tests/ddp/worker.py: its options (see the worker's docstring) and the
+    HEADROOM_TEST_* switches of tests/ddp/varlen_task.py it runs under."""
+    opts: Mapping[str, Any] = field(default_factory=dict)
+    env: Mapping[str, str] = field(default_factory=dict)
 
 
-def single_process(run_dir, micro=8, accum=1, epochs=1, samples=64, momentum=False, clip=0.0, **extra):
-    """The reference: one process, no torchrun, on the same data."""
+def scenario(env: Optional[Mapping[str, str]] = None, **opts: Any) -> Scenario:
+    return Scenario(opts, env or {})
+
+
+class Ran(NamedTuple):
+    """What every rank of one scenario saw: its steps (worker.py's log), its whole weights at the
+    end, and the names in its run's checkpoints folder when it ended."""
+    logs: list[list[dict[str, Any]]]
+    weights: list[Weights]
+    checkpoints: list[str]
+    out: Path
+
+
+class Launch:
+    """The scenarios of one torchrun launch, by name. A scenario's results exist only if it passed
+    the worker's own checks; each is handed out only if the whole job also exited cleanly (the
+    gloo teardown at the interpreter's exit is part of what every test checks)."""
+
+    def __init__(self, outs: dict[str, Path], nproc: int, returncode: int, output: str) -> None:
+        self.outs, self.nproc, self.returncode, self.output = outs, nproc, returncode, output
+
+    def __getitem__(self, name: str) -> Ran:
+        import torch
+        out = self.outs[name]
+        logs = [out / f"log-{rank}.json" for rank in range(self.nproc)]
+        assert all(p.exists() for p in logs), f"scenario {name!r} did not finish:\n{self.output[-6000:]}"
+        assert self.returncode == 0, f"scenario {name!r} finished, the job did not:\n{self.output[-6000:]}"
+        saved = [json.loads(p.read_text()) for p in logs]
+        weights = [torch.load(out / f"weights-{rank}.pt", weights_only=True) for rank in range(self.nproc)]
+        return Ran([s["steps"] for s in saved], weights, saved[0]["checkpoints"], out)
+
+
+def worker_args(base: Path, scenarios: Mapping[str, Scenario]) -> tuple[list[str], dict[str, Path]]:
+    """tests/ddp/worker.py's arguments (after torchrun's own) for training `scenarios` in turn,
+    each in base/<name> (its run folder base/<name>/run unless its `run` option says otherwise),
+    and those folders by name."""
+    outs = {name: base / name for name in scenarios}
+    for out in outs.values():
+        out.mkdir(parents=True, exist_ok=True)
+    spec = base / "scenarios.json"
+    spec.write_text(json.dumps([dict(out=str(outs[name]), opts=dict(s.opts), env=dict(s.env))
+                                for name, s in scenarios.items()]))
+    return [os.path.join(ROOT, "tests", "ddp", "worker.py"), str(spec)], outs
+
+
+def worker_launch(base: Path, scenarios: Mapping[str, Scenario], nproc: int = 2) -> tuple[list[str], dict[str, Path]]:
+    """torchrun's command line for worker_args(base, scenarios) on `nproc` ranks, and the folders."""
+    args, outs = worker_args(base, scenarios)
+    return torchrun(nproc) + args, outs
+
+
+class Running:
+    """worker_launch(base, scenarios, nproc) started: a test may act on its runs (send a command
+    through run.db) while they train, then `finish()` waits for the job. Leaving the `with`
+    block kills whatever of the job still runs (its own process group)."""
+
+    def __init__(self, base: Path, scenarios: Mapping[str, Scenario], nproc: int = 2,
+                 timeout: Optional[float] = None) -> None:
+        args, self.outs = worker_launch(base, scenarios, nproc)
+        self.nproc = nproc
+        self.deadline = time.monotonic() + (timeout or 150 + 30 * len(scenarios))
+        # A hung rank dumps its threads' stacks and exits 30 s before the timeout: the failure says where.
+        dump = {"HEADROOM_TEST_HANG_DUMP": str(max(10.0, self.deadline - time.monotonic() - 30))}
+        self.output = base / "output.txt"  # a file, not a pipe nobody reads while the job runs
+        with open(self.output, "w") as f:
+            self.proc = subprocess.Popen(args, cwd=ROOT, env=env(**dump), stdout=f, stderr=subprocess.STDOUT,
+                                         start_new_session=True)
+
+    def finish(self) -> Launch:
+        self.proc.wait(timeout=max(1.0, self.deadline - time.monotonic()))
+        return Launch(self.outs, self.nproc, self.proc.returncode, self.output.read_text(errors="replace"))
+
+    def __enter__(self) -> Running:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+
+def torchrun_scenarios(base: Path, scenarios: Mapping[str, Scenario], nproc: int = 2,
+                       timeout: Optional[float] = None) -> Launch:
+    """worker_launch(base, scenarios, nproc), run to its end."""
+    with Running(base, scenarios, nproc, timeout) as running:
+        return running.finish()
+
+
+def single_process(run_dir: Path, micro: int = 8, accum: int = 1, epochs: int = 1, samples: int = 64,
+                   momentum: bool = False, clip: float = 0.0, task: str = "varlen", **extra: Any) -> Weights:
+    """The reference: one process, no torchrun, on the same data (tests/ddp/varlen_task.py or,
+    task="config", config_task.py)."""
+    from engine.declarations.config import TrainConfig
+    from engine.trainer.trainer import Trainer
+    from tests.ddp import config_task, varlen_task
+
     old = {k: os.environ.get(k) for k in ("HEADROOM_TEST_SAMPLES", "HEADROOM_TEST_MOMENTUM")}
     os.environ["HEADROOM_TEST_SAMPLES"] = str(samples)
     if momentum:
         os.environ["HEADROOM_TEST_MOMENTUM"] = "1"
     try:
-        cfg = TrainConfig(task="varlen", micro_batch=micro, accum=accum, epochs=epochs, lr=0.05, clip=clip,
+        cfg = TrainConfig(task=task, micro_batch=micro, accum=accum, epochs=epochs, lr=0.05, clip=clip,
                           device="cpu", seed=3, run_dir=str(run_dir), **extra)
-        t = Trainer(cfg, task=varlen_task.build_task(cfg.seed))
+        build = {"varlen": varlen_task, "config": config_task}[task].build_task
+        t = Trainer(cfg, task=build(cfg.seed))
         t.run()
     finally:
         for k, v in old.items():
@@ -63,6 +166,6 @@ def single_process(run_dir, micro=8, accum=1, epochs=1, samples=64, momentum=Fal
     return {k: v.detach() for k, v in t.model.state_dict().items()}
 
 
-def max_diff(a, b):
+def max_diff(a: Weights, b: Weights) -> float:
     assert set(a) == set(b)
     return max(float((a[k] - b[k]).abs().max()) for k in a)

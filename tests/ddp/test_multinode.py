@@ -11,10 +11,9 @@ import sys
 import time
 
 import pytest
-import torch
 
 from engine.store import RunReader
-from tests.ddp.harness import ROOT, env, max_diff, single_process
+from tests.ddp.harness import ROOT, Launch, env, max_diff, scenario, single_process, worker_args
 
 
 def free_port() -> int:
@@ -52,7 +51,7 @@ def descendants(pid: int) -> list[int]:
 
 def test_two_nodes_train_as_one(tmp_path):
     port = free_port()
-    worker = [os.path.join(ROOT, "tests", "ddp", "worker.py"), str(tmp_path), "strategy=fsdp"]
+    worker, outs = worker_args(tmp_path, {"run": scenario(strategy="fsdp")})
     nodes = [node(port, worker, {}) for _ in range(2)]
     try:
         errs = [p.communicate(timeout=240)[1] for p in nodes]
@@ -61,10 +60,10 @@ def test_two_nodes_train_as_one(tmp_path):
             if p.poll() is None:
                 os.killpg(p.pid, signal.SIGKILL)
     assert [p.returncode for p in nodes] == [0, 0], errs[0][-2000:] + errs[1][-2000:]
-    weights = [torch.load(tmp_path / f"weights-{r}.pt", weights_only=True) for r in (0, 1)]
+    weights = Launch(outs, 2, 0, errs[0] + errs[1])["run"].weights
     assert max_diff(weights[0], weights[1]) == 0.0
     assert max_diff(weights[0], single_process(tmp_path / "ref")) < 1e-6
-    info = RunReader(str(tmp_path / "run")).info()
+    info = RunReader(str(outs["run"] / "run")).info()
     assert info["world_size"] == 2 and info["strategy"] == "fsdp"
 
 

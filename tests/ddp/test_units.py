@@ -1,31 +1,33 @@
 """In-process pieces of the torchrun strategies: the shape that keeps the effective batch, the
-tightest rank's memory, optimizer state by name and by index, which blocks FSDP shards."""
+tightest rank's memory, optimizer state by name and by index, which blocks FSDP shards.
+
+The engine's modules load inside the tests: the first test phase collects this file on every
+xdist worker only to deselect it (`ddp`), and engine.checkpoints.sharded alone brings in
+torch.distributed.checkpoint (seconds)."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from engine.accumulation.step import pack, tightest, unpack
-from engine.checkpoints.sharded import by_name
 from engine.declarations.config import ConfigError, TrainConfig
-from engine.distributed.fsdp import find_blocks
-from engine.distributed.world import shape_for
-from engine.export import by_index
 
 
 @pytest.mark.parametrize("micro, accum, old, new, want", [
     (2, 2, 2, 1, (2, 4)), (2, 2, 2, 4, (2, 1)), (2, 1, 2, 4, (1, 1)), (4, 3, 1, 2, (3, 2)), (2, 2, 2, 2, (2, 2))])
 def test_shape_for_keeps_the_effective_batch(micro, accum, old, new, want):
+    from engine.distributed.world import shape_for
     m, a = shape_for(micro, accum, old, new)
     assert (m, a) == want and m * a * new == micro * accum * old
 
 
 def test_shape_for_refuses_a_batch_that_does_not_split():
+    from engine.distributed.world import shape_for
     with pytest.raises(ConfigError, match="does not split over 3 ranks"):
         shape_for(2, 2, 2, 3)
 
 
 def test_the_tightest_rank_is_the_one_with_the_least_headroom():
+    from engine.accumulation.step import pack, tightest, unpack
     slots = [10, 20, 30, 500, 1000] + [11, 21, 31, 900, 1000] + [0, 0, 0, 0, 0]
     assert tightest(slots) == (11, 21, 31, 900, 1000)
     agree = torch.tensor([0.0, -2.0, 0.0] + slots, dtype=torch.float64)
@@ -36,6 +38,8 @@ def test_the_tightest_rank_is_the_one_with_the_least_headroom():
 
 
 def test_optimizer_state_by_name_and_back_by_index():
+    from engine.checkpoints.sharded import by_name
+    from engine.export import by_index
     model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
     opt = torch.optim.SGD([{"params": [model[2].weight, model[0].weight]},
                            {"params": [model[0].bias, model[2].bias], "lr": 0.5}], lr=0.1, momentum=0.9)
@@ -68,6 +72,7 @@ class Tied(torch.nn.Module):
 
 
 def test_blocks_from_the_task_from_no_split_modules_and_top_level_children():
+    from engine.distributed.fsdp import find_blocks
     m = Tied()
     assert find_blocks(m) == [m.layers[0], m.layers[1]]  # Hugging Face's _no_split_modules names
     assert find_blocks(m, lambda model: [model.layers[1]]) == [m.layers[1]]  # the task's blocks

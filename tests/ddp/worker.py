@@ -1,12 +1,20 @@
-"""Run by the DDP tests under torchrun: trains tests/ddp/varlen_task.py with the engine and
-writes what each rank saw to OUT_DIR (weights, steps, how each micro-batch ran).
+"""Run by the DDP tests under torchrun: trains tests/ddp/varlen_task.py (or config_task.py) with
+the engine, once per scenario, and writes what each rank saw to each scenario's folder (weights,
+steps, how each micro-batch ran).
 
-usage: python -m torch.distributed.run --nproc-per-node 2 tests/ddp/worker.py OUT_DIR [key=value ...]
+usage: python -m torch.distributed.run --nproc-per-node 2 tests/ddp/worker.py SCENARIOS.json
 
-Options: strategy=ddp|fsdp, fsdp_reduce=last|every, micro=, accum=, epochs=, samples= (data
-set size), momentum=1 (SGD with momentum), clip=C, count_hook=1 (record how each micro-batch ran), run=, fork=, resume=1, max_steps=,
-checkpoint_every=, nonfinite=, nan_by_call=1, and the negative controls local_count=1,
-no_share=1, no_buffer_sync=1, no_sum_hook=1, local_norm=1 (fsdp).
+SCENARIOS.json is a list of {"out": folder, "opts": {key: value}, "env": {HEADROOM_TEST_*: value}}
+(tests/ddp/harness.py writes it). The scenarios run one after another in the same ranks, each
+a whole run with its own process group (started by the engine, torn down at its end): a
+torchrun launch costs each rank its torch and engine imports (seconds), a scenario's training
+a fraction of that. Each scenario's patches and switches are undone before the next one.
+
+Options: task=varlen|config, strategy=ddp|fsdp, fsdp_reduce=last|every, micro=, accum=, epochs=,
+samples= (data set size), momentum=1 (SGD with momentum), clip=C, count_hook=1 (record how each
+micro-batch ran), run= (the run folder, under the scenario's folder unless absolute), fork=,
+resume=1, max_steps=, checkpoint_every=, nonfinite=, nan_by_call=1, and the negative controls
+local_count=1, no_share=1, no_buffer_sync=1, no_sum_hook=1, local_norm=1 (fsdp).
 """
 from __future__ import annotations
 
@@ -17,17 +25,23 @@ import os
 import signal
 import sys
 import time
+from contextlib import ExitStack
+from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 import torch  # noqa: E402 - after the sys.path set-up above
 import torch.distributed as dist  # noqa: E402 - after the sys.path set-up above
+from torch.distributed import distributed_c10d  # noqa: E402 - after the sys.path set-up above
 from torch.nn.parallel import DistributedDataParallel  # noqa: E402 - after the sys.path set-up above
 
 from engine import distributed  # noqa: E402 - after the sys.path set-up above
 from engine.declarations.config import TrainConfig  # noqa: E402 - after the sys.path set-up above
 from engine.trainer.trainer import Trainer  # noqa: E402 - after the sys.path set-up above
-from tests.ddp import varlen_task  # noqa: E402 - after the sys.path set-up above
+from tests.ddp import config_task, varlen_task  # noqa: E402 - after the sys.path set-up above
+
+TASKS = {"varlen": ("tests/ddp/varlen_task.py", varlen_task), "config": ("tests/ddp/config_task.py", config_task)}
+_MISSING = object()
 
 
 def full_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -37,14 +51,62 @@ def full_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
             for k, v in model.state_dict().items()}
 
 
+def patch(undo: ExitStack, owner: Any, name: str, value: Any) -> None:
+    """owner.name = value for this scenario only: the next scenario in this process sees the
+    original again (an attribute the owner only inherited is deleted, not copied onto it)."""
+    old = vars(owner).get(name, _MISSING) if isinstance(owner, type) else getattr(owner, name)
+    setattr(owner, name, value)
+    undo.callback(lambda: delattr(owner, name) if old is _MISSING else setattr(owner, name, old))
+
+
+def set_env(undo: ExitStack, values: dict[str, str]) -> None:
+    """This scenario's HEADROOM_TEST_* switches (the tasks read them when built), and no other
+    scenario's."""
+    def switches() -> dict[str, str]:
+        return {k: v for k, v in os.environ.items() if k.startswith("HEADROOM_TEST_") and k != "HEADROOM_TEST_HANG_DUMP"}
+
+    def replace(new: dict[str, str]) -> None:
+        for k in switches():
+            del os.environ[k]
+        os.environ.update(new)
+    undo.callback(replace, switches())
+    replace(values)
+
+
+def fresh_group_names(index: int) -> None:
+    """Scenario `index`'s process group under its own keys in torchrun's store, and no cached
+    DTensor plan holding the last scenario's device mesh. Destroying the default group resets
+    torch's group counter, so a second group would read the first one's keys (the peers' old,
+    closed addresses: "Connection refused"); and the sharding caches key on meshes by value, so
+    an equal mesh of this scenario would get results naming the last one's destroyed group."""
+    from torch.distributed.tensor import _redistribute
+    from torch.distributed.tensor.debug import _clear_sharding_prop_cache
+    distributed_c10d._world.group_count = 1000 * index
+    _clear_sharding_prop_cache()
+    _redistribute._gen_transform_infos.cache_clear()
+
+
 def main() -> None:
-    out = sys.argv[1]
-    opts = dict(a.split("=", 1) for a in sys.argv[2:])
-    rank = int(os.environ["RANK"])
+    scenarios = json.load(open(sys.argv[1]))
     hang = os.environ.get("HEADROOM_TEST_HANG_DUMP")
     if hang:  # a rank stuck this long prints every thread's stack and exits, before the harness's timeout
         faulthandler.dump_traceback_later(float(hang), exit=True)  # (its watchdog thread is counted below)
+    for index, scenario in enumerate(scenarios):
+        fresh_group_names(index)
+        with ExitStack() as undo:
+            run_scenario(undo, scenario["out"], {k: str(v) for k, v in scenario["opts"].items()}, scenario["env"])
+        gc.collect()  # this scenario's trainer and model go now, not during the next one
+
+
+def run_scenario(undo: ExitStack, out: str, opts: dict[str, str], env: dict[str, str]) -> None:
+    rank = int(os.environ["RANK"])
     threads_before = os_threads()  # before the process group: gloo's threads must be gone again after the run
+    switches = dict(env)
+    if "samples" in opts:
+        switches["HEADROOM_TEST_SAMPLES"] = opts["samples"]
+    if opts.get("momentum") == "1":
+        switches["HEADROOM_TEST_MOMENTUM"] = "1"
+    set_env(undo, switches)
     micro_log: list[dict] = []  # per micro-batch this step: inside DDP's forward, gradient sync on
     ddp = {"depth": 0, "sync": None, "wrappers": 0}
     if opts.get("count_hook") == "1":
@@ -72,22 +134,22 @@ def main() -> None:
                                       dtensor=type(self.head.weight).__name__))
             return user_forward(self, x)
 
-        DistributedDataParallel.__init__ = init
-        DistributedDataParallel.forward = forward
-        varlen_task.TinyLM.forward = model_forward
+        patch(undo, DistributedDataParallel, "__init__", init)
+        patch(undo, DistributedDataParallel, "forward", forward)
+        patch(undo, varlen_task.TinyLM, "forward", model_forward)
     if opts.get("no_buffer_sync") == "1":
         # Negative control: no buffers from rank 0 after each window.
         import engine.distributed.strategy as ST
-        ST.Replicated.after_window = lambda self: None
+        patch(undo, ST.Replicated, "after_window", lambda self: None)
     if opts.get("no_sum_hook") == "1":
         # Negative control: DDP's default hook, which averages the buckets over the ranks.
-        DistributedDataParallel.register_comm_hook = lambda self, state, hook: None
+        patch(undo, DistributedDataParallel, "register_comm_hook", lambda self, state, hook: None)
     if opts.get("no_share") == "1":
         # Negative control: each rank keeps the model it built (no rank 0 values at the start).
-        distributed.share_rank0_model = lambda model, ctx, device: None
+        patch(undo, distributed, "share_rank0_model", lambda model, ctx, device: None)
     if opts.get("local_count") == "1":
         # Negative control: normalise by each rank's own count, not the all-reduced one.
-        distributed.all_reduce_sum = lambda t, ctx: t
+        patch(undo, distributed, "all_reduce_sum", lambda t, ctx: t)
     extra: dict = {}
     for key in ("checkpoint_every", "max_steps"):
         if key in opts:
@@ -100,20 +162,18 @@ def main() -> None:
     run_dir = os.path.join(out, opts.get("run", "run"))
     if opts.get("resume") == "1":
         extra["resume"] = run_dir
-    if "samples" in opts:
-        os.environ["HEADROOM_TEST_SAMPLES"] = opts["samples"]
-    if opts.get("momentum") == "1":
-        os.environ["HEADROOM_TEST_MOMENTUM"] = "1"
     if opts.get("local_norm") == "1":
         # Negative control: fsdp's norm of this rank's shards alone, not over all ranks.
         import engine.distributed.fsdp as FS
-        FS.Fsdp.global_norms = lambda self, per_param: per_param
-    cfg = TrainConfig(task="tests/ddp/varlen_task.py", micro_batch=int(opts.get("micro", 2)),
+        patch(undo, FS.Fsdp, "global_norms", lambda self, per_param: per_param)
+    task_file, task_module = TASKS[opts.get("task", "varlen")]
+    cfg = TrainConfig(task=task_file, micro_batch=int(opts.get("micro", 2)),
                       accum=int(opts.get("accum", 2)), epochs=int(opts.get("epochs", 1)), lr=0.05,
                       clip=float(opts.get("clip", 0.0)),
                       run_dir=run_dir, device="cpu", seed=3, **extra)
-    trainer = Trainer(cfg, task=varlen_task.build_task(cfg.seed))
-    signal.signal(signal.SIGTERM, lambda *_: trainer.request_stop())
+    varlen_task._window[0] = 0
+    trainer = Trainer(cfg, task=task_module.build_task(cfg.seed))
+    undo.callback(signal.signal, signal.SIGTERM, signal.signal(signal.SIGTERM, lambda *_: trainer.request_stop()))
     log = []
     original_step = trainer.step_window
     calls = {"n": 0}
@@ -149,11 +209,8 @@ def main() -> None:
         wrappers_at_shutdown.extend(o for o in gc.get_objects() if isinstance(o, DistributedDataParallel))
         original_shutdown(ctx, clean)
 
-    distributed.shutdown = shutdown
+    patch(undo, distributed, "shutdown", shutdown)
     trainer.run()
-    torch.save(weights, os.path.join(out, f"weights-{rank}.pt"))
-    with open(os.path.join(out, f"log-{rank}.json"), "w") as f:
-        json.dump(log, f)
     assert not dist.is_initialized()
     assert not wrappers_at_shutdown, "a DDP wrapper still lived when the process group was torn down"
     # The run released the process group for real (the DDP wrapper holds it): no gloo thread
@@ -163,6 +220,12 @@ def main() -> None:
     if opts.get("strategy") != "fsdp":
         left = threads_left(threads_before)
         assert left <= threads_before, f"{left} OS threads after the run, {threads_before} before"
+    checkpoints = os.path.join(run_dir, "checkpoints")
+    # Written last: a scenario whose files exist passed every check above (the harness relies on it).
+    torch.save(weights, os.path.join(out, f"weights-{rank}.pt"))
+    with open(os.path.join(out, f"log-{rank}.json"), "w") as f:
+        json.dump(dict(steps=log, checkpoints=sorted(os.listdir(checkpoints)) if os.path.isdir(checkpoints) else []),
+                  f)
 
 
 def os_threads() -> int:
