@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import pytest
-from app_helpers import run_button
+from app_helpers import discard, run_button
 from PySide6.QtGui import QValidator
 
 from app.core.shortcuts import SHORTCUTS
@@ -75,7 +75,7 @@ def test_settings_and_layout_are_kept(qtbot, make_window):
     w.set_theme("dark")
     w.log_action.setChecked(True)
     w.history_dock.raise_()
-    w.close()
+    discard(w)
     w2 = make_window(restore_settings=True)
     v, _ = w2.controls.values()
     assert (v["micro_batch"], v["accum"], v["lr"], v["clip"], v["epochs"], v["precision"], v["lr_scaling"]) == \

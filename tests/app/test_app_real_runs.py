@@ -15,7 +15,7 @@ import re
 
 import numpy as np
 import pytest
-from app_helpers import LONG_EPOCHS, run_to_end, start, wait_until
+from app_helpers import LONG_EPOCHS, discard, run_to_end, start, wait_until
 
 from app.model.epoch_progress import MIN_PACED, WARMUP_STEPS
 from engine.declarations.commands import SetAccum
@@ -59,6 +59,7 @@ def test_x_axis_samples_seen_for_plots_and_overlays(qtbot, make_window, tmp_path
     t = w.plots.curve_data("loss")[0]
     assert t[0] == 0 and np.all(np.diff(t) >= 0) and t[-1] > 0  # seconds since the first row
 
+    discard(w)  # quitting saves no x axis (window_prefs.save): the choice was kept when made
     w2 = make_window(restore_settings=True)  # the choice is kept
     assert w2.plots.axis == "time" and w2.plots.x_axis_box.currentData() == "time"
 
@@ -176,7 +177,7 @@ def test_run_panel_fields_reach_the_engine_config(qtbot, make_window, tmp_path):
     assert (cfg["token_budget"], cfg["micro_tokens"]) == (128, 32)
     assert cfg["task_args"] == {"hidden": 64, "note": "two words"}
     assert set(w.model.metrics.view("accum")) == {128 // 32}  # micro-tokens bounded the micro-batches
-    w.close()
+    discard(w)
     w2 = make_window(restore_settings=True)  # kept in the preferences
     v, err = w2.controls.values()
     assert err == "" and (v["lr_schedule"], v["warmup_fraction"], v["min_lr_ratio"], v["workers"], v["micro_tokens"],

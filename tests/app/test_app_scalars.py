@@ -7,6 +7,7 @@ import os
 
 import numpy as np
 import pytest
+from app_helpers import discard
 from PySide6.QtWidgets import QApplication
 
 from engine.declarations.events import RunStarted, StepMetrics
@@ -49,13 +50,14 @@ def test_scalars_plot_picker_kept_per_run_and_csv(qtbot, make_window, tmp_path):
     sp.pick("loss", True)
     w.plots.refresh(force=True)
     assert sp.curve("eval_f1")[1].size == 0 and sp.curve("loss")[1].size == 12
+    out = tmp_path / "m.csv"
+    assert w.export_csv(str(out)) == 13  # 12 steps and the step with scalars only
     # The pick is kept for this run: a new window opening it shows the same.
+    discard(w)
     w2 = make_window()
     assert w2.open_run(run)
     qtbot.waitUntil(lambda: w2.plots.scalars.isVisible(), timeout=5000)
     assert w2.plots.scalars.picked == ["eval_accuracy", "eval_loss", "loss"]
-    out = tmp_path / "m.csv"
-    assert w.export_csv(str(out)) == 13  # 12 steps and the step with scalars only
     with open(out, newline="") as f:
         rows = list(csv.DictReader(f))
     assert rows[3]["step"] == "4" and float(rows[3]["eval_accuracy"]) == 0.25 and rows[2]["eval_accuracy"] == ""

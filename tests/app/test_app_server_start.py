@@ -11,7 +11,7 @@ import sys
 import time
 
 import pytest
-from app_helpers import FAST, ROOT
+from app_helpers import FAST, ROOT, discard
 from PySide6.QtWidgets import QDialogButtonBox
 
 sys.path.insert(0, os.path.join(ROOT, "tests", "ctl"))
@@ -57,7 +57,7 @@ def test_start_on_server_from_the_dialog_trains_on_after_the_window_closes(qtbot
     run_dir = target.partition(":")[2]
     assert target.startswith(f"{sshkit.HOST}:") and os.path.dirname(run_dir) == str(runs)
     qtbot.waitUntil(lambda: w.session.remote and len(shown_steps(w)) >= 3, timeout=120_000)
-    w.close()  # the laptop closes: the run was started detached, it trains on
+    discard(w)  # the laptop closes: the run was started detached, it trains on
     closed = time.time()
 
     prefs = Preferences()  # remembered: the python and the task for that server, the ssh command

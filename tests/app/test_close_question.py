@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from app_helpers import run_to_end, start, wait_until
+from app_helpers import discard, run_to_end, start, wait_until
 from PySide6.QtWidgets import QMessageBox
 
 
@@ -30,6 +30,7 @@ def test_closing_during_a_run_asks_and_dont_ask_again_is_kept(qtbot, make_window
     wait_until(qtbot, lambda: not w.isVisible() and not w.runner.is_busy(), 30, "the window to close")
     assert os.path.exists(run / "checkpoints" / "last.pt")  # stopped with a checkpoint
     assert not w.app_actions.ask_close.isChecked()
+    discard(w)
     # The next launch does not ask; the File menu's check turns it back on.
     w2 = make_window(restore_settings=True)
     assert not w2.app_actions.ask_close.isChecked()
@@ -37,6 +38,7 @@ def test_closing_during_a_run_asks_and_dont_ask_again_is_kept(qtbot, make_window
     wait_until(qtbot, lambda: w2.model.step >= 2, 90, "a few steps")
     assert w2.close() and not w2.runner.is_busy()  # closed at once, the run stopped
     w2.app_actions.ask_close.setChecked(True)
+    discard(w2)
     assert make_window(restore_settings=True).close_question.enabled()
 
 

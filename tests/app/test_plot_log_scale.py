@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from app_helpers import open_comparing
+from app_helpers import discard, open_comparing
 from recorded_runs import plot_run
 from test_window_layout import overlapping_labels, settle
 
@@ -82,7 +82,7 @@ def test_each_plot_has_its_own_log_scale_and_the_next_launch_keeps_it(qtbot, mak
     menu_log_action(panel.parts.plot_set.lr).trigger()
     menu_log_action(panel.parts.plot_set.lr).trigger()  # on, and off again
     assert not panel.parts.plot_set.lr.ctrl.logYCheck.isChecked()
-    w.close()
+    discard(w)
     w2 = make_window(restore_settings=True)  # the next launch
     settle(qtbot, w2)
     p2 = w2.plots

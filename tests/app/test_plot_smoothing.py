@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from app_helpers import open_comparing
+from app_helpers import discard, open_comparing
 from recorded_runs import write_run
 from test_smoothing import tensorboard
 
@@ -56,7 +56,8 @@ def test_the_smoothing_control_smooths_the_run_and_the_compared_runs(qtbot, make
     held = np.where(inliers(loss, fences(loss)), loss, np.nan)  # outliers held as non-finite values are
     assert np.allclose(y, w.model.metrics.view(INLIER_EMA)) and np.allclose(y, tensorboard(held, 0.99), rtol=1e-5)
 
-    # Kept: the next window starts with it.
+    # Kept: the next window starts with it (quitting saves no smoothing: it was kept when set).
+    discard(w)
     w2 = make_window(restore_settings=True)
     qtbot.waitUntil(lambda: w2._plots is not None, timeout=20000)
     assert w2.plots.toolbar.smoothing.weight() == 0.99

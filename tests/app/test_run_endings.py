@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from app_helpers import LONG_EPOCHS, run_to_end, start, wait_until
+from app_helpers import LONG_EPOCHS, discard, run_to_end, start, wait_until
 from test_app_run_tree import DIVERGING
 
 
@@ -62,6 +62,7 @@ def test_a_run_that_gives_up_says_why_in_the_alerts_status_and_history(qtbot, ma
     row = history_row(w, run)
     assert row.text(4) == "Gave up" and "gave up after" in row.toolTip(4)
     # The same words for the folder opened in another window.
+    discard(w)
     w2 = make_window()
     assert w2.open_run(run)
     assert w2.status.state.text() == "Viewing (gave up)"
