@@ -2,20 +2,27 @@
 
 `make test` is CI itself, `make package` / `make install-desktop` are run by
 tests/packaging; this file runs the rest (GPU-only and multi-node lines are checked
-against the CLI's parser, since this machine has neither).
+against the CLI's parser, since this machine has neither). The headless demo runs as the
+real command line; the other engine lines through engine.cli.main in this process (the same
+code after argv, without a new interpreter's ~6 s of CPU each: see in_process).
 """
 from __future__ import annotations
 
+import contextlib
+import gc
+import io
 import os
 import re
 import shlex
 import subprocess
 import sys
+from typing import Any, Iterator
 
 import pytest
 
 from engine.cli import build_parser
 from engine.store import RunReader
+from engine_in_process import engine
 from testkit import ROOT
 
 README = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
@@ -44,6 +51,29 @@ def engine_args(line: str) -> list[str]:
 def run(args: list[str], timeout: int = 300, **kw) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
     return subprocess.run(args, cwd=kw.pop("cwd", ROOT), env=env, capture_output=True, text=True, timeout=timeout, **kw)
+
+
+@contextlib.contextmanager
+def as_its_own_process() -> Iterator[None]:
+    """What differs between this process and the one a README line starts, put as that one has
+    it: one torch thread (run() gives the real processes OMP_NUM_THREADS=1), and a heap holding
+    only what the line made (gc.freeze: the micro-batch finder's gc.collect() after each probe
+    would walk the whole test session's objects, ~0.3 s a call)."""
+    import torch
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+        torch.set_num_threads(threads)
+
+
+def in_process(args: list[str], cwd: Any = ROOT) -> subprocess.CompletedProcess:
+    """`python -m engine args...` in `cwd`, through engine.cli.main in this process."""
+    with as_its_own_process():
+        return engine(*args, cwd=cwd)
 
 
 def test_two_commands_are_make_targets():
@@ -104,7 +134,7 @@ def test_task_file_example_trains(tmp_path):
     example = next(b for b in blocks("python") if "def build_task" in b)
     path = tmp_path / "my_task.py"
     path.write_text(example)
-    r = run([PY, "-m", "engine", "--task", str(path), "--epochs", "1", "--run-dir", str(tmp_path / "run")])
+    r = in_process(["--task", str(path), "--epochs", "1", "--run-dir", str(tmp_path / "run")])
     assert r.returncode == 0, r.stderr
     assert RunReader(str(tmp_path / "run")).metrics()
 
@@ -116,9 +146,9 @@ def test_ssh_example_command_and_resume(tmp_path):
     (tmp_path / "path" / "to").mkdir(parents=True)
     (tmp_path / "path" / "to" / "my_task.py").write_text(example)
     args = engine_args(line) + ["--epochs", "1"]
-    r = run([PY, "-m", "engine", *args], cwd=tmp_path)
+    r = in_process(args, cwd=tmp_path)  # its relative paths: from the folder it is typed in
     assert r.returncode == 0, r.stderr
-    r = run([PY, "-m", "engine", "--resume", "runs/exp1", "--epochs", "2"], cwd=tmp_path)
+    r = in_process(["--resume", "runs/exp1", "--epochs", "2"], cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert RunReader(str(tmp_path / "runs" / "exp1")).epochs()[-1]["epoch"] == 2
 
@@ -137,8 +167,10 @@ def test_cpu_torchrun_line_runs(tmp_path):
 @pytest.mark.slow
 def test_nvml_status_line_runs():
     line = re.search(r'`\.venv/bin/python -c "(from engine.memory.telemetry import nvml_status[^"]*)"`', README).group(1)
-    r = run([PY, "-c", line])
-    assert r.returncode == 0 and r.stdout.strip()
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(line, "<README>", "exec"), {})  # what `python -c` runs; raises if the line fails
+    assert out.getvalue().strip()
 
 
 @pytest.mark.slow
@@ -146,7 +178,7 @@ def test_nvml_status_line_runs():
 def test_find_micro_batch_line_parses_and_runs(tmp_path):
     line = next(l for l in re.findall(r"`(\.venv/bin/python -m engine[^`]*--find-micro-batch[^`]*)`", README))
     args = engine_args(line)
-    r = run([PY, "-m", "engine", *args, "--max-steps", "2", "--run-dir", str(tmp_path / "f")])
+    r = in_process([*args, "--max-steps", "2", "--run-dir", str(tmp_path / "f")])
     assert r.returncode == 0, r.stderr
     found = RunReader(str(tmp_path / "f")).events(kinds={"micro_batch_found"})
     assert len(found) == 1
