@@ -22,8 +22,10 @@ def test_closing_while_the_task_loads_leaves_no_empty_run_in_the_history(qtbot, 
     from app.core.runs import list_runs
     runs = tmp_path / "runs"  # HEADROOM_RUNS (the isolated fixture): where the engine names new folders
     w = make_window()
-    # Loading takes well over the close's JOIN_S (2 s) from when it starts.
-    start(w, task=slow_task(tmp_path, 6.0))  # no --run-dir: a new folder under the runs folder
+    # Loading takes well over the close's JOIN_S (2 s) from when it starts. The plots are built
+    # first: built by the event loop during the wait for the mark, they delayed the close.
+    assert w.plots is not None
+    start(w, task=slow_task(tmp_path, 4.0))  # no --run-dir: a new folder under the runs folder
     wait_until(qtbot, loading_mark(tmp_path).exists, 60, "the engine thread to be in build_task")
     assert not w.close()  # hidden until the thread ends
     with qtbot.waitSignal(w.closed, timeout=60_000):
