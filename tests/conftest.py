@@ -17,6 +17,12 @@ for _p in (_HERE, os.path.dirname(_HERE)):  # tests/ (testkit) and the repositor
     sys.path.insert(0, _p)
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+# One torch (OpenMP) intra-op thread in every test process and in every engine, app, headroom-ctl
+# and torchrun process a test starts (they inherit this environment), set before anything here
+# imports torch. The tests' models are tiny, and with a pytest worker per core a second thread's
+# spin-waits cost several times the step itself (a 2-epoch mlp run in process: 29.6 s of CPU with
+# 2 threads, 4.3 s with 1, on the 2-core CI machine). A value the shell sets is kept.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from testkit import isolated_env  # noqa: E402 - after tests/ is put on sys.path above
 
