@@ -245,7 +245,8 @@ def test_sigkill_loses_at_most_the_last_second_and_resume_continues_without_gap(
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_sigint_and_sigterm_stop_at_the_next_step_with_a_checkpoint(tmp_path, sig):
     run_dir = tmp_path / "run"
-    proc = _start(run_dir, "--epochs", "50")
+    # 0.05 s a micro-batch: the test reads step 5 and signals well before step 8 even on a loaded machine.
+    proc = _start(run_dir, "--epochs", "50", env={"HEADROOM_FAULT_SLOW": "0.05"})
     try:
         for line in proc.stdout:
             event = json.loads(line)

@@ -21,7 +21,7 @@ from engine.checkpoints import files as ckpt
 from engine.declarations.commands import SetAccum, Stop
 from engine.declarations.events import CheckpointSaved, EpochEnd, StepMetrics
 from engine.store import METRIC_COLUMNS, RunReader, RunStore, send_command
-from testkit import ROOT, subprocess_env
+from testkit import ROOT, subprocess_env, wait_until
 from tests.faults.inproc import ONE_THREAD, engine
 
 TASK = os.path.join(ROOT, "tests", "faults", "fault_task.py")
@@ -404,16 +404,15 @@ def test_resume_after_sigkill_moves_the_rows_past_the_checkpoint_aside(tmp_path)
     run_dir = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, "-m", "engine", "--task", TASK, "--micro-batch", "8", "--accum", "2",
                              "--epochs", "2", "--run-dir", str(run_dir), "--json"], cwd=ROOT,
-                            env=cli_env(HEADROOM_FAULT_SLOW="0.04"), stdout=subprocess.PIPE,
+                            env=cli_env(HEADROOM_FAULT_SLOW="0.1"), stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL, text=True)
     try:
-        epoch1_end = None
         for line in proc.stdout:
-            event = json.loads(line)
-            if event["kind"] == "epoch_end":
-                epoch1_end = time.monotonic()
-            if epoch1_end is not None and time.monotonic() - epoch1_end > 1.5:
+            if json.loads(line)["kind"] == "epoch_end":  # epoch 1's checkpoint is saved
                 break
+        # Killed in epoch 2 (3 s of it at 0.1 s a micro-batch) once rows past that checkpoint are
+        # on disk (within about a second): the rows the resume must move aside.
+        wait_until(lambda: any(s > 16 for s in on_disk(run_dir)), timeout=60, what="a step row past step 16")
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
     finally:
