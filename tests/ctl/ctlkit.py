@@ -16,9 +16,12 @@ from engine.store import RunReader, StoreError, runlock
 from testkit import ROOT, run_cli, subprocess_env, wait_until
 
 PY = sys.executable
-# The builtin mlp with small windows: a step every few ms on an idle machine, ~0.1 s on a busy
-# one; the tests stop it, so --epochs only keeps it going until they do.
-ENGINE_ARGS = ("--task", "mlp", "--micro-batch", "8", "--accum", "2", "--epochs", "200", "--seed", "3")
+# The builtin mlp with small windows, paced (paced_mlp.py): a step every ~40 ms on an idle machine,
+# ~0.1 s on a busy one; the tests stop it, so --epochs only keeps it going until they do.
+PACED_MLP = os.path.join(os.path.dirname(os.path.abspath(__file__)), "paced_mlp.py")
+ENGINE_ARGS = ("--task", PACED_MLP, "--micro-batch", "8", "--accum", "2", "--epochs", "200", "--seed", "3")
+# One torch thread in the engines started here: a second only adds spin-waits on a loaded machine.
+ONE_THREAD = {"OMP_NUM_THREADS": "1"}
 
 
 def ctl(*args: Any, env: Optional[dict[str, str]] = None, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -38,13 +41,13 @@ def one_error_line(r: subprocess.CompletedProcess) -> str:
 
 
 class LiveRun:
-    """`python -m engine` training the mlp into run_dir until stopped."""
+    """`python -m engine` training the (paced) mlp into run_dir until stopped."""
 
     def __init__(self, run_dir: str, *extra: str) -> None:
         self.run_dir = run_dir
         self.log = open(run_dir + ".log", "w")
         self.proc = subprocess.Popen([PY, "-m", "engine", *ENGINE_ARGS, "--run-dir", run_dir, *extra], cwd=ROOT,
-                                     env=subprocess_env(), stdout=self.log, stderr=subprocess.STDOUT)
+                                     env=subprocess_env(ONE_THREAD), stdout=self.log, stderr=subprocess.STDOUT)
 
     def wait_live(self, rows: int = 1) -> None:
         """Until the engine holds the folder and has committed `rows` rows."""

@@ -13,7 +13,7 @@ import time
 
 import pytest
 import sshkit
-from ctlkit import ctl, db_rows, one_error_line, records, replay
+from ctlkit import PACED_MLP, ctl, db_rows, one_error_line, records, replay
 
 from engine.store import RunReader
 from testkit import wait_until
@@ -22,7 +22,7 @@ sshd = sshkit.sshd  # the shared server fixture (tests/ctl/sshkit.py)
 
 pytestmark = pytest.mark.slow
 
-FLAGS = ("--task", "mlp", "--micro-batch", "8", "--accum", "2", "--seed", "3")
+FLAGS = ("--task", PACED_MLP, "--micro-batch", "8", "--accum", "2", "--seed", "3")  # the mlp, paced (ctlkit)
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +32,7 @@ def server(sshd, tmp_path_factory):
     folder = tmp_path_factory.mktemp("server")
     runs, tmux_dir = folder / "runs", folder / "tmux"
     tmux_dir.mkdir()
-    python = sshd.python_with(HEADROOM_RUNS=str(runs), TMUX_TMPDIR=str(tmux_dir))
+    python = sshd.python_with(HEADROOM_RUNS=str(runs), TMUX_TMPDIR=str(tmux_dir), OMP_NUM_THREADS="1")
     yield sshd, runs, ["--remote-python", python]
     subprocess.run(["tmux", "kill-server"], env=dict(os.environ, TMUX_TMPDIR=str(tmux_dir)), capture_output=True)
 
