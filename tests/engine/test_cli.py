@@ -12,9 +12,9 @@ import textwrap
 import pytest
 import torch
 from engine_helpers import ROOT
-from engine_in_process import engine
 
 from engine.store import RunReader
+from engine_in_process import engine
 
 TASK_FILES = {
     "good.py": """

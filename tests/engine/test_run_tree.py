@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from engine_in_process import copy_run, engine
 
 from engine.checkpoints import files as ckpt
 from engine.store import RunReader
+from engine_in_process import copy_run, engine
 
 pytestmark = pytest.mark.slow  # every test trains several runs
 

@@ -6,11 +6,11 @@ import json
 import textwrap
 
 import pytest
-from engine_in_process import engine
 
 from engine.declarations.config import ConfigError, TrainConfig, parse_task_arg
 from engine.store import RunReader
 from engine.tasks.loader import load_task
+from engine_in_process import engine
 from testkit import run_engine
 
 TASK = textwrap.dedent("""
