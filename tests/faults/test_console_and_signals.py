@@ -1,6 +1,6 @@
 """The console failing never ends training, an error is always one line, and a second Ctrl-C or
 SIGTERM ends a run at once even while task code blocks (issue 12). Real processes and signals;
-the one-line errors, which need neither, from the command line run in this process (inproc.engine)."""
+the one-line errors, which need neither, from the command line run in this process (engine_in_process.engine)."""
 from __future__ import annotations
 
 import json
@@ -15,8 +15,8 @@ import time
 import pytest
 
 from engine.store import RunReader
+from engine_in_process import engine
 from testkit import ROOT, subprocess_env
-from tests.faults.inproc import ONE_THREAD, engine
 
 TASK = os.path.join(ROOT, "tests", "faults", "fault_task.py")
 BLOCKING = os.path.join(ROOT, "tests", "faults", "blocking_task.py")
@@ -24,7 +24,7 @@ RUN = ["--micro-batch", "8", "--accum", "2", "--epochs", "1"]  # 16 steps
 
 
 def env(**extra):
-    return subprocess_env({**ONE_THREAD, **extra})
+    return subprocess_env(extra)
 
 
 def steps_in(run_dir) -> list[int]:

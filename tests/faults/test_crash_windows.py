@@ -3,7 +3,7 @@ loses no epoch; a rollback is made durable before training goes on (a crash and 
 from the rollback, with its lr); a full disk (ENOSPC) or the file-size limit (EFBIG) during a
 checkpoint says so, with the checkpoint kept and the space the next one needs. Real engine
 processes where the process is the point, crashed with os._exit (crash_at.py) or capped with
-RLIMIT_FSIZE (fsize.py); the runs before and after them in this process (inproc.engine)."""
+RLIMIT_FSIZE (fsize.py); the runs before and after them in this process (engine_in_process.engine)."""
 from __future__ import annotations
 
 import contextlib
@@ -17,8 +17,8 @@ import pytest
 
 from engine.checkpoints import files as ckpt
 from engine.store import RunReader
+from engine_in_process import engine
 from testkit import ROOT, subprocess_env
-from tests.faults.inproc import ONE_THREAD, engine
 
 HERE = os.path.join(ROOT, "tests", "faults")
 TASK = os.path.join(HERE, "ckpt_task.py")
@@ -26,7 +26,7 @@ TASK = os.path.join(HERE, "ckpt_task.py")
 
 def crash_at(kind: str, **config) -> int:
     r = subprocess.run([sys.executable, os.path.join(HERE, "crash_at.py"), kind, json.dumps(config)],
-                       env=subprocess_env(ONE_THREAD), cwd=ROOT, capture_output=True, text=True, timeout=180)
+                       env=subprocess_env(), cwd=ROOT, capture_output=True, text=True, timeout=180)
     assert r.returncode == 9, r.stderr  # it crashed where asked
     return r.returncode
 
@@ -89,7 +89,7 @@ def test_the_file_size_limit_during_a_checkpoint_says_so_and_what_was_kept(tmp_p
     limit = size // 2  # run.db fits, a checkpoint does not
     r = subprocess.run([sys.executable, os.path.join(HERE, "fsize.py"), str(limit),
                         "--resume", str(run_dir), "--max-steps", "4"],
-                       env=subprocess_env(ONE_THREAD), cwd=ROOT, capture_output=True, text=True, timeout=180)
+                       env=subprocess_env(), cwd=ROOT, capture_output=True, text=True, timeout=180)
     line = one_error_line(r.stderr)
     assert r.returncode == 1, r.stderr
     assert line.startswith("error: file too large: could not write checkpoint last.pt at step 4"), line

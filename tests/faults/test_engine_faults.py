@@ -17,9 +17,9 @@ import pytest
 import torch
 
 from engine.store import RunReader
+from engine_in_process import copy_run, engine, trained
 from testkit import ROOT, run_engine
 from tests.faults.bad_tasks import CASES
-from tests.faults.inproc import ONE_THREAD, copy_run, engine, isolation
 
 TASK = os.path.join(ROOT, "tests", "faults", "fault_task.py")
 
@@ -40,7 +40,7 @@ def steps_in(run_dir) -> list[int]:
 
 
 # -- bad task files: one line, exit 2, nothing written --------------------------------------------
-# In this process (inproc.engine): what is checked is the engine's answer, not the process.
+# In this process (engine_in_process.engine): what is checked is the engine's answer, not the process.
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_bad_task_file_is_one_error_line_and_writes_nothing(tmp_path, case):
     text, words = CASES[case]
@@ -96,9 +96,7 @@ def finished_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One finished 1-epoch run for the module, made once in this process; tests change copies."""
     home = tmp_path_factory.mktemp("finished")
     run_dir = home / "run"
-    r = engine("--task", TASK, "--epochs", "1", "--micro-batch", "8", "--accum", "2", "--run-dir", str(run_dir),
-               env=isolation(home))
-    assert r.returncode == 0, r.stderr
+    trained(home, "--task", TASK, "--epochs", "1", "--micro-batch", "8", "--accum", "2", "--run-dir", str(run_dir))
     return run_dir
 
 
@@ -189,7 +187,6 @@ def test_nonfinite_stop_saves_last_good_weights(tmp_path):
 
 def _start(run_dir, *extra, env=None):
     e = {k: v for k, v in os.environ.items() if not k.startswith("HEADROOM_FAULT_")}
-    e.update(ONE_THREAD)
     e.update(env or {"HEADROOM_FAULT_SLOW": "0.01"})
     return subprocess.Popen([sys.executable, "-m", "engine", "--task", TASK, "--micro-batch", "8", "--accum", "2",
                              "--run-dir", str(run_dir), "--json", *extra], cwd=ROOT, env=e,
@@ -277,7 +274,7 @@ def test_disk_full_stops_with_a_clear_message_and_keeps_the_last_checkpoint(fini
     def small_disk():  # no file may grow to a checkpoint's size: the next checkpoint write fails
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
 
-    r = cli("--resume", str(run_dir), "--epochs", "3", preexec_fn=small_disk, env=ONE_THREAD)  # the rlimit: its own
+    r = cli("--resume", str(run_dir), "--epochs", "3", preexec_fn=small_disk)  # the rlimit: its own
     assert r.returncode == 1
     line = [l for l in r.stderr.splitlines() if l.startswith("error: ")]
     assert len(line) == 1 and "could not write checkpoint" in line[0] and "Traceback" not in r.stderr

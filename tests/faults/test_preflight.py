@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from tests.faults.inproc import engine
+from engine_in_process import engine
 
 HEAD = """
 import sys, torch

@@ -10,8 +10,8 @@ import textwrap
 
 import pytest
 
+from engine_in_process import engine
 from testkit import ROOT
-from tests.faults.inproc import engine
 
 pytestmark = pytest.mark.slow  # each test trains (in this process)
 

@@ -1,7 +1,7 @@
 """What is on disk is what happened (issue 12): run.db takes rows on time, a busy or slow run.db
 never ends a run, no string makes SQLite refuse a row, nothing is deleted on resume, and the
 schema follows StepMetrics. Real SQLite, real processes where the process is the point (SIGKILL,
-rlimits, another program holding run.db); the engine's runs otherwise in this process (inproc.engine)."""
+rlimits, another program holding run.db); the engine's runs otherwise in this process (engine_in_process.engine)."""
 from __future__ import annotations
 
 import inspect
@@ -21,8 +21,8 @@ from engine.checkpoints import files as ckpt
 from engine.declarations.commands import SetAccum, Stop
 from engine.declarations.events import CheckpointSaved, EpochEnd, StepMetrics
 from engine.store import METRIC_COLUMNS, RunReader, RunStore, send_command
+from engine_in_process import engine
 from testkit import ROOT, subprocess_env, wait_until
-from tests.faults.inproc import ONE_THREAD, engine
 
 TASK = os.path.join(ROOT, "tests", "faults", "fault_task.py")
 
@@ -57,7 +57,7 @@ def hold_write_lock(path, seconds: Optional[float]) -> subprocess.Popen:
 
 
 def cli_env(**extra):
-    return subprocess_env({**ONE_THREAD, **extra})
+    return subprocess_env(extra)
 
 
 # -- (a) on time ------------------------------------------------------------------------------
@@ -223,7 +223,7 @@ class LockHolder:
     """Another program takes run.db's write lock at the run's step 2 and lets go once it has held
     it LOCK_HELD seconds and the run has said run_finished (then 2 * LOCK_PATIENCE more: the
     run's close() waits for it), or after `give_up` seconds: a run that waited on the lock would
-    never finish while it is held. Sees the run's events (inproc.engine's watch)."""
+    never finish while it is held. Sees the run's events (engine_in_process.engine's watch)."""
 
     def __init__(self, run_dir, give_up: float = 180.0) -> None:
         self.db, self.give_up = run_dir / "run.db", give_up

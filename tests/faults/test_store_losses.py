@@ -16,8 +16,8 @@ import pytest
 
 from engine.declarations.events import StepMetrics
 from engine.store import RunReader, RunStore
+from engine_in_process import engine
 from testkit import ROOT, subprocess_env
-from tests.faults.inproc import ONE_THREAD, engine
 
 HERE = os.path.join(ROOT, "tests", "faults")
 TASK = os.path.join(HERE, "ckpt_task.py")
@@ -102,7 +102,7 @@ def test_rows_run_db_cannot_take_for_good_are_counted_and_the_exit_code_says_so(
     run_dir = tmp_path / "run"
     limit = schema_bytes(tmp_path) + 3000  # run.db's WAL can hardly grow: the rows stay in memory
     r = subprocess.run([sys.executable, os.path.join(HERE, "fsize.py"), str(limit), *RUN, "--run-dir", str(run_dir)],
-                       env=subprocess_env(ONE_THREAD), cwd=ROOT, capture_output=True, text=True, timeout=300)
+                       env=subprocess_env(), cwd=ROOT, capture_output=True, text=True, timeout=300)
     line = one_error_line(r.stderr)
     assert r.returncode == 1, r.stderr  # before: "run completed", exit 0
     assert line.startswith("error: run completed: 64 steps, but run.db did not take everything: "), line

@@ -12,8 +12,8 @@ import pytest
 
 from engine.declarations.commands import SetAccum
 from engine.store import RunReader, runlock, send_command
+from engine_in_process import copy_run, engine, trained
 from testkit import ROOT
-from tests.faults.inproc import copy_run, engine, isolation
 
 TASK = os.path.join(ROOT, "tests", "faults", "fault_task.py")
 
@@ -26,9 +26,7 @@ def finished_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One finished 1-epoch run for the module, made once; each test resumes a copy of it."""
     home = tmp_path_factory.mktemp("finished")
     run_dir = home / "run"
-    r = cli("--task", TASK, "--epochs", "1", "--micro-batch", "8", "--accum", "2", "--run-dir", str(run_dir),
-            env=isolation(home))
-    assert r.returncode == 0, r.stderr
+    trained(home, "--task", TASK, "--epochs", "1", "--micro-batch", "8", "--accum", "2", "--run-dir", str(run_dir))
     return run_dir
 
 
