@@ -124,11 +124,12 @@ def test_a_worker_that_exits_is_named_as_one_that_exited(tmp_path, capsys, fault
 @pytest.mark.slow
 def test_a_task_that_sets_the_spawn_start_method_trains(tmp_path):
     # Spawned workers unpickle the data set in a fresh interpreter, where the task file's private
-    # module name does not exist until the engine loads the file there by path.
+    # module name does not exist until the engine loads the file there by path. A real process (the
+    # start method is the process's), and one worker: each spawned one imports torch afresh (~3 s).
     head = 'import torch\ntorch.multiprocessing.set_start_method("spawn", force=True)\n'
     path, _ = task_file(tmp_path, "spawn_task.py", head)
     run_dir = tmp_path / "run"
-    r = run_engine("--task", path, "--workers", "2", "--micro-batch", "4", "--epochs", "2", "--device", "cpu",
+    r = run_engine("--task", path, "--workers", "1", "--micro-batch", "4", "--epochs", "2", "--device", "cpu",
                    "--run-dir", str(run_dir), "--json")
     assert r.returncode == 0, r.stderr
     assert [json.loads(ln)["kind"] for ln in r.stdout.splitlines()][-1] == "run_finished"
