@@ -18,6 +18,7 @@ import torch
 from engine.checkpoints import files as ckpt
 from engine.store import RunReader
 from engine_in_process import copy_run, engine
+from testkit import isolated_env
 
 pytestmark = pytest.mark.slow  # every test trains several runs
 
@@ -30,8 +31,8 @@ def task() -> str:
     return str(TASK)
 
 
-def cli(*args: object) -> subprocess.CompletedProcess:
-    return engine("--device", "cpu", *args)
+def cli(*args: object, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return engine("--device", "cpu", *args, env=env)
 
 
 def losses(run_dir: Path) -> dict[int, float]:
@@ -43,14 +44,21 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("run_tree")
 
 
+def shared(runs: Path, *args: object) -> subprocess.CompletedProcess:
+    """A module fixture's run: made before any test's `isolated` applies, so it is given the same
+    settings, log and runs folder under `runs` itself (testkit.isolated_env)."""
+    r = cli(*args, env=isolated_env(runs))
+    assert r.returncode == 0, r.stderr
+    return r
+
+
 @pytest.fixture(scope="module")
 def parent(runs: Path) -> Path:
     """Two epochs of 16 steps, a checkpoint every 5 steps, all kept: the no-change fork and the
     fork with a change both start from its step-10 (mid-epoch 1). Read-only."""
     run = runs / "parent"
-    r = cli("--task", TASK, "--epochs", "2", "--micro-batch", "8", "--accum", "2", "--checkpoint-every", "5",
-            "--keep-checkpoints", "10", "--run-dir", run)
-    assert r.returncode == 0, r.stderr
+    shared(runs, "--task", TASK, "--epochs", "2", "--micro-batch", "8", "--accum", "2", "--checkpoint-every", "5",
+           "--keep-checkpoints", "10", "--run-dir", run)
     return run
 
 
@@ -58,9 +66,7 @@ def parent(runs: Path) -> Path:
 def no_change_fork(runs: Path, parent: Path) -> tuple[Path, subprocess.CompletedProcess]:
     """`--fork parent@step-10` with no flag: the run folder and what the command said. Read-only."""
     child = runs / "child"
-    r = cli("--fork", f"{parent}@step-10", "--run-dir", child)
-    assert r.returncode == 0, r.stderr
-    return child, r
+    return child, shared(runs, "--fork", f"{parent}@step-10", "--run-dir", child)
 
 
 @pytest.fixture(scope="module")
@@ -68,8 +74,7 @@ def one_epoch(runs: Path) -> Path:
     """One epoch of 8 steps (accum 4), checkpoints at the epoch's end only: the first generation of
     the three, and the parent the bad forks name. Read-only."""
     run = runs / "one_epoch"
-    r = cli("--task", TASK, "--epochs", "1", "--micro-batch", "8", "--accum", "4", "--run-dir", run)
-    assert r.returncode == 0, r.stderr
+    shared(runs, "--task", TASK, "--epochs", "1", "--micro-batch", "8", "--accum", "4", "--run-dir", run)
     return run
 
 
