@@ -5,8 +5,10 @@ deselects these tests only after collection), so torch and the engine load insid
 that need them, not here.
 
 One torchrun launch costs each rank seconds of imports before it trains for a fraction of that:
-`torchrun_scenarios` trains several independent runs in one launch (tests/ddp/worker.py), and a
-test module shares such a launch between the tests that only read its results.
+`torchrun_scenarios` trains several independent runs in one launch (tests/ddp/worker.py), and
+tests/ddp/conftest.py shares such a launch between the tests of every file that only read
+their results. A launch's scenarios run one after another: one that fails ends the job, and
+the tests of those after it fail too, each showing the job's output.
 """
 from __future__ import annotations
 
@@ -45,14 +47,16 @@ def env(**extra: str) -> dict[str, str]:
 
 @dataclass(frozen=True)
 class Scenario:
-    """One run of tests/ddp/worker.py: its options (see the worker's docstring) and the
-    HEADROOM_TEST_* switches of tests/ddp/varlen_task.py it runs under."""
+    """One run of tests/ddp/worker.py: its options (see the worker's docstring), the
+    HEADROOM_TEST_* switches of tests/ddp/varlen_task.py it runs under, and optionally a command
+    to send through its run.db once it has logged so many steps (while the launch runs)."""
     opts: Mapping[str, Any] = field(default_factory=dict)
     env: Mapping[str, str] = field(default_factory=dict)
+    send: Optional[tuple[int, Any]] = None
 
 
-def scenario(env: Optional[Mapping[str, str]] = None, **opts: Any) -> Scenario:
-    return Scenario(opts, env or {})
+def scenario(env: Optional[Mapping[str, str]] = None, send: Optional[tuple[int, Any]] = None, **opts: Any) -> Scenario:
+    return Scenario(opts, env or {}, send)
 
 
 class Ran(NamedTuple):
@@ -69,11 +73,14 @@ class Launch:
     the worker's own checks; each is handed out only if the whole job also exited cleanly (the
     gloo teardown at the interpreter's exit is part of what every test checks)."""
 
-    def __init__(self, outs: dict[str, Path], nproc: int, returncode: int, output: str) -> None:
-        self.outs, self.nproc, self.returncode, self.output = outs, nproc, returncode, output
+    def __init__(self, outs: dict[str, Path], nproc: int, returncode: int, output: str,
+                 unsent: frozenset[str] = frozenset()) -> None:
+        self.outs, self.nproc, self.returncode, self.output, self.unsent = outs, nproc, returncode, output, unsent
 
     def __getitem__(self, name: str) -> Ran:
         import torch
+        assert name in self.outs, f"scenario {name!r} was not in this launch (its set-up failed?)"
+        assert name not in self.unsent, f"scenario {name!r} never logged the steps to get its command"
         out = self.outs[name]
         logs = [out / f"log-{rank}.json" for rank in range(self.nproc)]
         assert all(p.exists() for p in logs), f"scenario {name!r} did not finish:\n{self.output[-6000:]}"
@@ -81,6 +88,18 @@ class Launch:
         saved = [json.loads(p.read_text()) for p in logs]
         weights = [torch.load(out / f"weights-{rank}.pt", weights_only=True) for rank in range(self.nproc)]
         return Ran([s["steps"] for s in saved], weights, saved[0]["checkpoints"], out)
+
+    def within(self, group: str) -> Launch:
+        """The scenarios named `group/...`, by the rest of their names (tests/ddp/conftest.py
+        names each test file's scenarios after the file)."""
+        prefix = group + "/"
+        return Launch({n[len(prefix):]: p for n, p in self.outs.items() if n.startswith(prefix)}, self.nproc,
+                      self.returncode, self.output, frozenset(n[len(prefix):] for n in self.unsent if n.startswith(prefix)))
+
+
+def group(module_name: str) -> str:
+    """The name under which tests/ddp/conftest.py launches a test file's scenarios: the file's."""
+    return module_name.rsplit(".", 1)[-1]
 
 
 def worker_args(base: Path, scenarios: Mapping[str, Scenario]) -> tuple[list[str], dict[str, Path]]:
@@ -102,26 +121,30 @@ def worker_launch(base: Path, scenarios: Mapping[str, Scenario], nproc: int = 2)
     return torchrun(nproc) + args, outs
 
 
-class Running:
-    """worker_launch(base, scenarios, nproc) started: a test may act on its runs (send a command
-    through run.db) while they train, then `finish()` waits for the job. Leaving the `with`
-    block kills whatever of the job still runs (its own process group)."""
+SCENARIO_TIMEOUT = 150  # s: a rank stuck this long in one scenario prints its threads' stacks and exits
 
-    def __init__(self, base: Path, scenarios: Mapping[str, Scenario], nproc: int = 2,
-                 timeout: Optional[float] = None) -> None:
+
+class Running:
+    """worker_launch(base, scenarios, nproc) started; `finish()` sends the scenarios' commands as
+    their runs get to them, then waits for the job. Leaving the `with` block kills whatever of
+    the job still runs (its own process group)."""
+
+    def __init__(self, base: Path, scenarios: Mapping[str, Scenario], nproc: int = 2) -> None:
         args, self.outs = worker_launch(base, scenarios, nproc)
         self.nproc = nproc
-        self.deadline = time.monotonic() + (timeout or 150 + 30 * len(scenarios))
-        # A hung rank dumps its threads' stacks and exits 30 s before the timeout: the failure says where.
-        dump = {"HEADROOM_TEST_HANG_DUMP": str(max(10.0, self.deadline - time.monotonic() - 30))}
+        self.sends = {name: (self.outs[name] / str(s.opts.get("run", "run")), *s.send)
+                      for name, s in scenarios.items() if s.send}
+        self.deadline = time.monotonic() + 60 + SCENARIO_TIMEOUT * len(scenarios)
         self.output = base / "output.txt"  # a file, not a pipe nobody reads while the job runs
         with open(self.output, "w") as f:
-            self.proc = subprocess.Popen(args, cwd=ROOT, env=env(**dump), stdout=f, stderr=subprocess.STDOUT,
-                                         start_new_session=True)
+            self.proc = subprocess.Popen(args, cwd=ROOT, env=env(HEADROOM_TEST_HANG_DUMP=str(SCENARIO_TIMEOUT)),
+                                         stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
 
     def finish(self) -> Launch:
+        unsent = frozenset(name for name, (run_dir, steps, command) in self.sends.items()
+                           if not send_once_logged(run_dir, steps, command, self.proc))
         self.proc.wait(timeout=max(1.0, self.deadline - time.monotonic()))
-        return Launch(self.outs, self.nproc, self.proc.returncode, self.output.read_text(errors="replace"))
+        return Launch(self.outs, self.nproc, self.proc.returncode, self.output.read_text(errors="replace"), unsent)
 
     def __enter__(self) -> Running:
         return self
@@ -132,10 +155,28 @@ class Running:
             self.proc.wait()
 
 
-def torchrun_scenarios(base: Path, scenarios: Mapping[str, Scenario], nproc: int = 2,
-                       timeout: Optional[float] = None) -> Launch:
+def send_once_logged(run_dir: Path, steps: int, command: Any, proc: subprocess.Popen) -> bool:
+    """Send `command` through run.db once the run there has logged `steps` steps; False if the
+    job ended (or a scenario's time went by) first."""
+    from engine.store import RunReader, send_command
+
+    def logged() -> bool:
+        try:
+            return len(RunReader(str(run_dir)).metrics()) >= steps
+        except Exception:  # no run.db yet, or not its tables
+            return False
+    deadline = time.monotonic() + SCENARIO_TIMEOUT
+    while not logged():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    send_command(str(run_dir), command)
+    return True
+
+
+def torchrun_scenarios(base: Path, scenarios: Mapping[str, Scenario], nproc: int = 2) -> Launch:
     """worker_launch(base, scenarios, nproc), run to its end."""
-    with Running(base, scenarios, nproc, timeout) as running:
+    with Running(base, scenarios, nproc) as running:
         return running.finish()
 
 

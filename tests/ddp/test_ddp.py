@@ -13,35 +13,27 @@ import sqlite3
 import subprocess
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pytest
 import torch
 
 from engine.declarations.commands import SetLr
-from engine.store import RunReader, send_command
-from testkit import wait_until
-from tests.ddp.harness import ROOT, TORCHRUN, Launch, Running, env, max_diff, scenario, single_process
+from engine.store import RunReader
+from tests.ddp.harness import ROOT, TORCHRUN, Launch, Scenario, env, max_diff, scenario
 
 if TYPE_CHECKING:
     from tests.ddp.harness import Weights
 
 
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> Weights:
-    return single_process(tmp_path_factory.mktemp("ref") / "run")
-
-
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> Launch:
-    """Every run of this file that ends cleanly, one after another in one torchrun launch: a
-    launch costs each rank seconds of imports, a run a fraction of that. The first two get a
-    command through run.db while they train (sent here: the tests only read the results); the
-    fork continues the rollback run, which comes before it."""
-    base = tmp_path_factory.mktemp("ddp")
-    with Running(base, {
-        "command": scenario({"HEADROOM_TEST_SLOW": "0.03"}, epochs=4),
-        "step_lr": scenario({"HEADROOM_TEST_SLOW": "0.15"}, task="config", micro=1, accum=2),
+def two_rank_scenarios(base: Path, request: pytest.FixtureRequest) -> dict[str, Scenario]:
+    """This file's runs that end cleanly (tests/ddp/conftest.py trains them in the launch it
+    shares between the files; the tests only read the results). The first two get a command
+    through run.db while they train; the fork continues the rollback run, which comes before it."""
+    return {
+        "command": scenario({"HEADROOM_TEST_SLOW": "0.03"}, send=(1, SetLr(0.01)), epochs=4),  # at the next epoch
+        "step_lr": scenario({"HEADROOM_TEST_SLOW": "0.15"}, send=(2, SetLr(0.01, at="step")), task="config", micro=1,
+                            accum=2),  # at the next step
         "nan": scenario({"HEADROOM_TEST_NAN_AT": "1:3"}),
         # Rank 1's third loss call is the first micro-batch of window 2.
         "oom": scenario({"HEADROOM_TEST_OOM_AT": "1:3"}),
@@ -52,25 +44,11 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Launch:
         "rollback": scenario({"HEADROOM_TEST_NAN_AT": "1:5,1:6"}, epochs=2, checkpoint_every=2,
                              nonfinite="rollback", nan_by_call=1),
         "fork": scenario(epochs=2, fork=f"{base / 'rollback' / 'run'}@step-8", run="fork"),
-    }) as running:
-        send_once_logged(running.outs["command"] / "run", 1, SetLr(0.01))  # applies at the next epoch
-        send_once_logged(running.outs["step_lr"] / "run", 2, SetLr(0.01, at="step"))  # at the next step
-        return running.finish()
+    }
 
 
-def send_once_logged(run_dir: Path, steps: int, command: Any) -> None:
-    """Send `command` through run.db once the run there has logged `steps` steps."""
-    def logged() -> bool:
-        try:
-            return len(RunReader(str(run_dir)).metrics()) >= steps
-        except Exception:  # no run.db yet, or not its tables
-            return False
-    wait_until(logged, timeout=120, interval=0.1, what=f"{run_dir} to log {steps} steps")
-    send_command(str(run_dir), command)
-
-
-def test_nan_on_one_rank_skips_the_step_on_both(runs: Launch) -> None:
-    logs, weights, _, out = runs["nan"]
+def test_nan_on_one_rank_skips_the_step_on_both(two_ranks: Launch) -> None:
+    logs, weights, _, out = two_ranks["nan"]
     for log in logs:
         by_step = {e["step"]: e for e in log}
         assert by_step[3]["nonfinite"] and not by_step[2]["nonfinite"] and not by_step[4]["nonfinite"]
@@ -80,35 +58,35 @@ def test_nan_on_one_rank_skips_the_step_on_both(runs: Launch) -> None:
     assert [e["step"] for e in events] == [3]
 
 
-def test_oom_on_one_rank_is_recovered_on_both(runs: Launch, reference: Weights) -> None:
-    logs, weights, _, out = runs["oom"]
+def test_oom_on_one_rank_is_recovered_on_both(two_ranks: Launch, reference_64: Weights) -> None:
+    logs, weights, _, out = two_ranks["oom"]
     for log in logs:
         assert log[0]["micro"] == 2 and all(e["micro"] == 1 and e["accum"] == 4 for e in log[1:])
     assert max_diff(weights[0], weights[1]) == 0.0
-    assert max_diff(weights[0], reference) < 1e-6  # the redone window is exact
+    assert max_diff(weights[0], reference_64) < 1e-6  # the redone window is exact
     events = RunReader(str(out / "run")).events(kinds={"oom_recovered"})
     assert len(events) == 1 and events[0]["data"]["new_micro_batch"] == 1
 
 
-def test_batch_norm_statistics_are_rank_0s_on_every_rank(runs: Launch) -> None:
+def test_batch_norm_statistics_are_rank_0s_on_every_rank(two_ranks: Launch) -> None:
     """DDP does not broadcast buffers before each forward here (forward_sync_buffers=False): they go
     from rank 0 once a window, after its gradients, and both ranks end with the same running
     statistics. Negative control: without that broadcast they differ."""
-    weights = runs["batch_norm"].weights
+    weights = two_ranks["batch_norm"].weights
     assert "norm.running_mean" in weights[0]
     assert max_diff(weights[0], weights[1]) == 0.0
-    apart = runs["batch_norm_apart"].weights
+    apart = two_ranks["batch_norm_apart"].weights
     assert float((apart[0]["norm.running_mean"] - apart[1]["norm.running_mean"]).abs().max()) > 1e-4
 
 
-def test_every_rank_starts_from_rank_0s_model(runs: Launch, reference: Weights) -> None:
+def test_every_rank_starts_from_rank_0s_model(two_ranks: Launch, reference_64: Weights) -> None:
     """Each rank initialises its model from its own seed: the run starts from rank 0's values on
     every rank (as DDP's constructor made it), so the result is one process's with rank 0's
     seed. Negative control: without that, the ranks train apart."""
-    weights = runs["rank_init"].weights
+    weights = two_ranks["rank_init"].weights
     assert max_diff(weights[0], weights[1]) == 0.0
-    assert max_diff(weights[0], reference) < 1e-6
-    apart = runs["rank_init_apart"].weights
+    assert max_diff(weights[0], reference_64) < 1e-6
+    apart = two_ranks["rank_init_apart"].weights
     assert max_diff(apart[0], apart[1]) > 1e-3
 
 
@@ -150,8 +128,8 @@ def test_oom_in_the_optimizer_step_of_one_rank_stops_every_rank(tmp_path):
     assert state["step"] == 3
 
 
-def test_command_in_run_db_applies_on_both_ranks_at_the_same_boundary(runs: Launch) -> None:
-    logs, _, _, out = runs["command"]
+def test_command_in_run_db_applies_on_both_ranks_at_the_same_boundary(two_ranks: Launch) -> None:
+    logs, _, _, out = two_ranks["command"]
     changed = [next(e["step"] for e in log if e["lr"] == 0.01) for log in logs]
     assert changed[0] == changed[1]
     assert (changed[0] - 1) % 8 == 0 and changed[0] > 1  # the first step of an epoch (8 steps per epoch)
@@ -195,10 +173,10 @@ def test_killing_one_rank_ends_the_run_with_run_failed(tmp_path):
     assert (run_dir / "checkpoints" / "last.pt").exists()
 
 
-def test_a_loss_reading_model_config_and_a_step_level_change_under_torchrun(runs: Launch) -> None:
+def test_a_loss_reading_model_config_and_a_step_level_change_under_torchrun(two_ranks: Launch) -> None:
     """The loss reads model.config (works in one process, so it must under torchrun), and a
     set_lr with at="step" sent through run.db mid-epoch applies on every rank at the same step."""
-    logs, _, _, out = runs["step_lr"]
+    logs, _, _, out = two_ranks["step_lr"]
     run_dir = out / "run"
     assert [[e["lr"] for e in log] for log in logs[1:]] == [[e["lr"] for e in logs[0]]]  # the same step on every rank
     rows = RunReader(str(run_dir)).metrics()
@@ -210,10 +188,10 @@ def test_a_loss_reading_model_config_and_a_step_level_change_under_torchrun(runs
     assert applied[0]["data"]["at"] == "step" and applied[0]["data"]["from_step"] == k + 1
 
 
-def test_rollback_and_fork_agree_on_every_rank(runs: Launch) -> None:
+def test_rollback_and_fork_agree_on_every_rank(two_ranks: Launch) -> None:
     """NaN on rank 1 only, twice in a row: both ranks roll back to the same checkpoint with the
     same lr; a fork of the rolled-back run (torchrun again) reproduces the parent's steps."""
-    logs, weights, _, a = runs["rollback"]
+    logs, weights, _, a = two_ranks["rollback"]
     assert max_diff(weights[0], weights[1]) == 0.0
     assert [(e["step"], e["lr"], e["wsum"]) for e in logs[0]] == [(e["step"], e["lr"], e["wsum"]) for e in logs[1]]
     reader = RunReader(str(a / "run"))
@@ -221,7 +199,7 @@ def test_rollback_and_fork_agree_on_every_rank(runs: Launch) -> None:
     assert len(rolled) == 1 and rolled[0]["data"]["to_step"] == 4 and rolled[0]["data"]["new_lr"] == 0.025
     assert {d["step"] for d in reader.discarded()} >= {5, 6}
     parent = {m["step"]: m["loss"] for m in reader.metrics()}
-    _, weights_b, _, b = runs["fork"]
+    _, weights_b, _, b = two_ranks["fork"]
     assert max_diff(weights_b[0], weights_b[1]) == 0.0
     fork = {m["step"]: m["loss"] for m in RunReader(str(b / "fork")).metrics()}
     assert min(fork) == 9 and fork and all(fork[s] == parent[s] for s in fork)

@@ -9,11 +9,16 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from engine.store import RunReader
-from tests.ddp.harness import ROOT, Launch, env, max_diff, scenario, single_process, worker_args
+from tests.ddp.harness import ROOT, Launch, env, max_diff, scenario, worker_args
+
+if TYPE_CHECKING:
+    from tests.ddp.harness import Weights
 
 
 def free_port() -> int:
@@ -49,7 +54,7 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
-def test_two_nodes_train_as_one(tmp_path):
+def test_two_nodes_train_as_one(tmp_path: Path, reference_64: Weights) -> None:
     port = free_port()
     worker, outs = worker_args(tmp_path, {"run": scenario(strategy="fsdp")})
     nodes = [node(port, worker, {}) for _ in range(2)]
@@ -62,7 +67,7 @@ def test_two_nodes_train_as_one(tmp_path):
     assert [p.returncode for p in nodes] == [0, 0], errs[0][-2000:] + errs[1][-2000:]
     weights = Launch(outs, 2, 0, errs[0] + errs[1])["run"].weights
     assert max_diff(weights[0], weights[1]) == 0.0
-    assert max_diff(weights[0], single_process(tmp_path / "ref")) < 1e-6
+    assert max_diff(weights[0], reference_64) < 1e-6
     info = RunReader(str(outs["run"] / "run")).info()
     assert info["world_size"] == 2 and info["strategy"] == "fsdp"
 

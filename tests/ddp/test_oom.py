@@ -7,21 +7,17 @@ from __future__ import annotations
 import sqlite3
 import subprocess
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
 import torch
 
 from engine.store import RunReader
-from tests.ddp.harness import ROOT, TORCHRUN, Launch, env, max_diff, scenario, single_process, torchrun_scenarios
+from tests.ddp.harness import ROOT, TORCHRUN, Launch, Scenario, env, max_diff, scenario
 
 if TYPE_CHECKING:
     from tests.ddp.harness import Weights
-
-
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> Weights:
-    return single_process(tmp_path_factory.mktemp("ref") / "run")
 
 
 REDONE = [  # (a forward OOM under ddp: test_ddp.py)
@@ -31,23 +27,22 @@ REDONE = [  # (a forward OOM under ddp: test_ddp.py)
 ]
 
 
-@pytest.fixture(scope="module")
-def redone(tmp_path_factory: pytest.TempPathFactory) -> Launch:
-    """The runs that recover, one after another in one torchrun launch (a launch costs each rank
-    seconds of imports, a run a fraction of that); those that stop end their job: one launch each."""
-    return torchrun_scenarios(tmp_path_factory.mktemp("redone"), {
-        f"{strategy}-{inject}": scenario({inject: "1:3"}, count_hook=1, strategy=strategy) for strategy, inject in REDONE
-    })
+def two_rank_scenarios(base: Path, request: pytest.FixtureRequest) -> dict[str, Scenario]:
+    """The runs that recover (tests/ddp/conftest.py trains them in the launch it shares between
+    the files); those that stop end their job: one launch each."""
+    return {f"{strategy}-{inject}": scenario({inject: "1:3"}, count_hook=1, strategy=strategy)
+            for strategy, inject in REDONE}
 
 
 @pytest.mark.parametrize("strategy, inject", REDONE)
-def test_oom_in_a_micro_batch_without_collectives_is_redone_by_that_rank_alone(redone: Launch, reference: Weights,
+def test_oom_in_a_micro_batch_without_collectives_is_redone_by_that_rank_alone(two_ranks: Launch,
+                                                                              reference_64: Weights,
                                                                               strategy: str, inject: str) -> None:
     """Rank 1's third loss call is the first micro-batch of window 2 (of 2): under ddp it runs
     under no_sync, under fsdp (--fsdp-reduce last) with the parameters already whole and no
     reduction: no collective. Rank 1 redoes window 2 as 4 micro-batches of 1 while rank 0, which
     trained it as 2 of 2, waits in its last backward; both adopt micro-batch 1."""
-    logs, weights, _, out = redone[f"{strategy}-{inject}"]
+    logs, weights, _, out = two_ranks[f"{strategy}-{inject}"]
     for log in logs:
         assert log[0]["micro"] == 2 and all(e["micro"] == 1 and e["accum"] == 4 for e in log[1:])
         assert [e["step"] for e in log] == list(range(1, 9))
@@ -55,7 +50,7 @@ def test_oom_in_a_micro_batch_without_collectives_is_redone_by_that_rank_alone(r
     assert len(logs[0][1]["micro_batches"]) == 2  # rank 0 trained window 2 once, as 2 micro-batches
     assert len(again) in (4, 5) and len(again[-4:]) == 4  # rank 1: (the failed forward, then) 4 of 1
     assert max_diff(weights[0], weights[1]) == 0.0
-    assert max_diff(weights[0], reference) < 1e-6  # the redone window is exact
+    assert max_diff(weights[0], reference_64) < 1e-6  # the redone window is exact
     events = RunReader(str(out / "run")).events(kinds={"oom_recovered"})
     assert len(events) == 1 and events[0]["data"]["new_micro_batch"] == 1
 

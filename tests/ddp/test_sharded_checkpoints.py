@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from engine.store import RunReader
-from tests.ddp.harness import ROOT, Launch, env, max_diff, scenario, single_process, torchrun_scenarios
+from tests.ddp.harness import ROOT, Launch, Scenario, env, group, max_diff, scenario, single_process
 
 if TYPE_CHECKING:
     from tests.ddp.harness import Weights
@@ -22,22 +22,31 @@ if TYPE_CHECKING:
 SAMPLES = 61  # windows of 8: a short last window of 5
 
 
-@pytest.fixture(scope="module")
-def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> Launch:
-    """The runs on 2 ranks, one after another in one torchrun launch (a launch costs each rank
-    seconds of imports, a run a fraction of that): `sharded`, --strategy fsdp stopped after step
-    3 of 8 (checkpoints/last/ and step-2/); `ddp`, stopped after step 3 (checkpoints/last.pt);
-    `ddp_to_fsdp`, that ddp run continued under fsdp."""
-    base = tmp_path_factory.mktemp("two_ranks")
+def two_rank_scenarios(base: Path, request: pytest.FixtureRequest) -> dict[str, Scenario]:
+    """This file's runs on 2 ranks (tests/ddp/conftest.py trains them in the launch it shares
+    between the files): `sharded`, --strategy fsdp stopped after step 3 of 8 (checkpoints/last/
+    and step-2/); `ddp`, stopped after step 3 (checkpoints/last.pt); `ddp_to_fsdp`, that ddp run
+    continued under fsdp."""
     common = dict(samples=SAMPLES, momentum=1)
-    return torchrun_scenarios(base, {
+    return {
         "sharded": scenario(strategy="fsdp", max_steps=3, checkpoint_every=2, **common),
         "ddp": scenario(strategy="ddp", max_steps=3, **common),
         "ddp_to_fsdp": scenario(strategy="fsdp", resume=1, run=str(base / "ddp" / "run"), **common),
-    })
+    }
 
 
-@pytest.fixture(scope="module")
+def four_rank_scenarios(base: Path, request: pytest.FixtureRequest) -> dict[str, Scenario]:
+    """`resumed`: a copy of the sharded run (the other tests read it as it was) continued on 4
+    ranks. None if the sharded run failed (the tests that read it say why)."""
+    try:
+        sharded = request.getfixturevalue("every_two_rank_run").within(group(__name__))["sharded"].out / "run"
+    except AssertionError:
+        return {}
+    copy_run(sharded, base / "resumed" / "run")
+    return {"resumed": scenario(strategy="fsdp", samples=SAMPLES, momentum=1, resume=1)}
+
+
+@pytest.fixture
 def sharded_run(two_ranks: Launch) -> Path:
     """2 ranks, --strategy fsdp, stopped after step 3 of 8 (checkpoints/last/ and step-2/)."""
     return two_ranks["sharded"].out / "run"
@@ -95,10 +104,8 @@ def test_resumed_on_one_process_equals_the_uninterrupted_run(sharded_run: Path, 
     assert max_diff(state["model"], reference) < 1e-6
 
 
-def test_resumed_on_four_ranks_equals_the_uninterrupted_run(sharded_run: Path, reference: Weights, tmp_path: Path) -> None:
-    run = copy_run(sharded_run, tmp_path / "run")
-    logs, weights, _, _ = torchrun_scenarios(tmp_path, {
-        "four_ranks": scenario(strategy="fsdp", samples=SAMPLES, momentum=1, resume=1, run=str(run))}, nproc=4)["four_ranks"]
+def test_resumed_on_four_ranks_equals_the_uninterrupted_run(four_ranks: Launch, reference: Weights) -> None:
+    logs, weights, _, _ = four_ranks["resumed"]
     assert [e["step"] for e in logs[0]] == list(range(4, 9))
     assert all(e["accum"] == 1 and e["micro"] == 2 for e in logs[0])  # 2 x 1 x 4 ranks = 2 x 2 x 2 ranks
     assert all(e["local_numel"] * 4 == e["total_numel"] for e in logs[0])

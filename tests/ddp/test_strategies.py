@@ -2,17 +2,19 @@
 same global windows, variable lengths and a short (or, on 4 ranks, partly empty) last window;
 the wrappers are really used.
 
-The runs on 2 ranks share one torchrun launch, those on 4 ranks another (tests/ddp/harness.py:
-a launch costs each rank seconds of imports, a run a fraction of that); each test reads its own.
+The runs on 2 ranks share one torchrun launch, those on 4 ranks another, with the other files'
+runs (tests/ddp/conftest.py: a launch costs each rank seconds of imports, a run a fraction of
+that); each test reads its own.
 """
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
 
 from engine.store import RunReader
-from tests.ddp.harness import Launch, max_diff, scenario, single_process, torchrun_scenarios
+from tests.ddp.harness import Launch, Scenario, max_diff, scenario, single_process
 
 if TYPE_CHECKING:
     from tests.ddp.harness import Weights
@@ -22,10 +24,10 @@ SAMPLES = 61
 CLIP = 0.38  # the reference's norms are 0.32 to 0.42: about half the windows are clipped
 
 
-@pytest.fixture(scope="module")
-def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> Launch:
-    """Every 2-rank run of this file, one after another in one launch."""
-    return torchrun_scenarios(tmp_path_factory.mktemp("two_ranks"), {
+def two_rank_scenarios(base: Path, request: pytest.FixtureRequest) -> dict[str, Scenario]:
+    """This file's runs on 2 ranks (tests/ddp/conftest.py trains them in the launch it shares
+    between the files)."""
+    return {
         "ddp": scenario(count_hook=1, strategy="ddp", samples=SAMPLES),
         "ddp_no_sum_hook": scenario(strategy="ddp", samples=SAMPLES, no_sum_hook=1),
         "local_count": scenario(local_count=1, samples=SAMPLES),
@@ -35,15 +37,12 @@ def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> Launch:
         "fsdp_nan": scenario({"HEADROOM_TEST_NAN_AT": "1:3"}, strategy="fsdp"),
         "config_ddp": scenario(task="config", strategy="ddp"),
         "config_fsdp": scenario(task="config", strategy="fsdp"),
-    })
+    }
 
 
-@pytest.fixture(scope="module")
-def four_ranks(tmp_path_factory: pytest.TempPathFactory) -> Launch:
-    """57 samples in windows of 8 (4 ranks x 2), per strategy, in one launch on 4 ranks."""
-    return torchrun_scenarios(tmp_path_factory.mktemp("four_ranks"), {
-        strategy: scenario(strategy=strategy, samples=57, micro=2, accum=1) for strategy in ("ddp", "fsdp")
-    }, nproc=4)
+def four_rank_scenarios(base: Path, request: pytest.FixtureRequest) -> dict[str, Scenario]:
+    """57 samples in windows of 8 (4 ranks x 2), per strategy."""
+    return {strategy: scenario(strategy=strategy, samples=57, micro=2, accum=1) for strategy in ("ddp", "fsdp")}
 
 
 @pytest.fixture(scope="module")

@@ -9,6 +9,8 @@ SCENARIOS.json is a list of {"out": folder, "opts": {key: value}, "env": {HEADRO
 a whole run with its own process group (started by the engine, torn down at its end): a
 torchrun launch costs each rank its torch and engine imports (seconds), a scenario's training
 a fraction of that. Each scenario's patches and switches are undone before the next one.
+HEADROOM_TEST_HANG_DUMP=S: a rank stuck S seconds in one scenario prints its threads' stacks and
+exits. Each rank prints what each scenario took to stderr.
 
 Options: task=varlen|config, strategy=ddp|fsdp, fsdp_reduce=last|every, micro=, accum=, epochs=,
 samples= (data set size), momentum=1 (SGD with momentum), clip=C, count_hook=1 (record how each
@@ -89,13 +91,97 @@ def fresh_group_names(index: int) -> None:
 def main() -> None:
     scenarios = json.load(open(sys.argv[1]))
     hang = os.environ.get("HEADROOM_TEST_HANG_DUMP")
-    if hang:  # a rank stuck this long prints every thread's stack and exits, before the harness's timeout
-        faulthandler.dump_traceback_later(float(hang), exit=True)  # (its watchdog thread is counted below)
     for index, scenario in enumerate(scenarios):
+        if hang:  # a rank stuck this long in one scenario prints every thread's stack and exits
+            faulthandler.dump_traceback_later(float(hang), exit=True)  # (its watchdog thread is counted below)
+        started, cpu = time.monotonic(), time.process_time()
         fresh_group_names(index)
         with ExitStack() as undo:
             run_scenario(undo, scenario["out"], {k: str(v) for k, v in scenario["opts"].items()}, scenario["env"])
         gc.collect()  # this scenario's trainer and model go now, not during the next one
+        print(f"rank {os.environ['RANK']}: {os.path.basename(scenario['out'])} took {time.monotonic() - started:.1f} s, "
+              f"{time.process_time() - cpu:.1f} s of CPU", file=sys.stderr, flush=True)
+
+
+class ModelCalls:
+    """With count_hook=1: for each micro-batch of the current step, whether the user's forward ran
+    inside DistributedDataParallel's forward and whether that forward would sync gradients
+    (False under no_sync); and how many DDP wrappers were built."""
+
+    def __init__(self) -> None:
+        self.depth, self.sync, self.wrappers = 0, None, 0
+        self.micro: list[dict] = []
+
+    def hook(self, undo: ExitStack) -> None:
+        calls = self
+        original_forward = DistributedDataParallel.forward
+        original_init = DistributedDataParallel.__init__
+        user_forward = varlen_task.TinyLM.forward
+
+        def init(self, *a, **k):
+            calls.wrappers += 1
+            original_init(self, *a, **k)
+
+        def forward(self, *a, **k):
+            calls.depth += 1
+            calls.sync = bool(self.require_backward_grad_sync)
+            try:
+                return original_forward(self, *a, **k)
+            finally:
+                calls.depth -= 1
+
+        def model_forward(self, x):
+            if self.training:
+                calls.micro.append(dict(inside_ddp=calls.depth > 0, sync=calls.sync if calls.depth else None,
+                                        dtensor=type(self.head.weight).__name__))
+            return user_forward(self, x)
+
+        patch(undo, DistributedDataParallel, "__init__", init)
+        patch(undo, DistributedDataParallel, "forward", forward)
+        patch(undo, varlen_task.TinyLM, "forward", model_forward)
+
+
+def negative_controls(undo: ExitStack, opts: dict[str, str]) -> None:
+    """Each one this scenario names: the engine without one piece, which the tests show matters."""
+    if opts.get("no_buffer_sync") == "1":
+        # No buffers from rank 0 after each window.
+        import engine.distributed.strategy as ST
+        patch(undo, ST.Replicated, "after_window", lambda self: None)
+    if opts.get("no_sum_hook") == "1":
+        # DDP's default hook, which averages the buckets over the ranks.
+        patch(undo, DistributedDataParallel, "register_comm_hook", lambda self, state, hook: None)
+    if opts.get("no_share") == "1":
+        # Each rank keeps the model it built (no rank 0 values at the start).
+        patch(undo, distributed, "share_rank0_model", lambda model, ctx, device: None)
+    if opts.get("local_count") == "1":
+        # Normalise by each rank's own count, not the all-reduced one.
+        patch(undo, distributed, "all_reduce_sum", lambda t, ctx: t)
+    if opts.get("local_norm") == "1":
+        # fsdp's norm of this rank's shards alone, not over all ranks.
+        import engine.distributed.fsdp as FS
+        patch(undo, FS.Fsdp, "global_norms", lambda self, per_param: per_param)
+
+
+def run_folder(out: str, opts: dict[str, str]) -> str:
+    return os.path.join(out, opts.get("run", "run"))  # an absolute `run` stands alone
+
+
+def train_config(out: str, opts: dict[str, str]) -> TrainConfig:
+    extra: dict = {}
+    for key in ("checkpoint_every", "max_steps"):
+        if key in opts:
+            extra[key] = int(opts[key])
+    if "checkpoint_every" in opts:
+        extra["keep_checkpoints"] = 100
+    for key in ("nonfinite", "fork", "strategy", "fsdp_reduce"):
+        if key in opts:
+            extra[key] = opts[key]
+    run_dir = run_folder(out, opts)
+    if opts.get("resume") == "1":
+        extra["resume"] = run_dir
+    return TrainConfig(task=TASKS[opts.get("task", "varlen")][0], micro_batch=int(opts.get("micro", 2)),
+                       accum=int(opts.get("accum", 2)), epochs=int(opts.get("epochs", 1)), lr=0.05,
+                       clip=float(opts.get("clip", 0.0)), run_dir=run_dir, device="cpu", seed=3, **extra)
 
 
 def run_scenario(undo: ExitStack, out: str, opts: dict[str, str], env: dict[str, str]) -> None:
@@ -107,72 +193,13 @@ def run_scenario(undo: ExitStack, out: str, opts: dict[str, str], env: dict[str,
     if opts.get("momentum") == "1":
         switches["HEADROOM_TEST_MOMENTUM"] = "1"
     set_env(undo, switches)
-    micro_log: list[dict] = []  # per micro-batch this step: inside DDP's forward, gradient sync on
-    ddp = {"depth": 0, "sync": None, "wrappers": 0}
+    model_calls = ModelCalls()
     if opts.get("count_hook") == "1":
-        # Record, for each call of the user's model, whether it ran inside DistributedDataParallel's
-        # forward and whether that forward would sync gradients (False under no_sync).
-        original_forward = DistributedDataParallel.forward
-        original_init = DistributedDataParallel.__init__
-        user_forward = varlen_task.TinyLM.forward
-
-        def init(self, *a, **k):
-            ddp["wrappers"] += 1
-            original_init(self, *a, **k)
-
-        def forward(self, *a, **k):
-            ddp["depth"] += 1
-            ddp["sync"] = bool(self.require_backward_grad_sync)
-            try:
-                return original_forward(self, *a, **k)
-            finally:
-                ddp["depth"] -= 1
-
-        def model_forward(self, x):
-            if self.training:
-                micro_log.append(dict(inside_ddp=ddp["depth"] > 0, sync=ddp["sync"] if ddp["depth"] else None,
-                                      dtensor=type(self.head.weight).__name__))
-            return user_forward(self, x)
-
-        patch(undo, DistributedDataParallel, "__init__", init)
-        patch(undo, DistributedDataParallel, "forward", forward)
-        patch(undo, varlen_task.TinyLM, "forward", model_forward)
-    if opts.get("no_buffer_sync") == "1":
-        # Negative control: no buffers from rank 0 after each window.
-        import engine.distributed.strategy as ST
-        patch(undo, ST.Replicated, "after_window", lambda self: None)
-    if opts.get("no_sum_hook") == "1":
-        # Negative control: DDP's default hook, which averages the buckets over the ranks.
-        patch(undo, DistributedDataParallel, "register_comm_hook", lambda self, state, hook: None)
-    if opts.get("no_share") == "1":
-        # Negative control: each rank keeps the model it built (no rank 0 values at the start).
-        patch(undo, distributed, "share_rank0_model", lambda model, ctx, device: None)
-    if opts.get("local_count") == "1":
-        # Negative control: normalise by each rank's own count, not the all-reduced one.
-        patch(undo, distributed, "all_reduce_sum", lambda t, ctx: t)
-    extra: dict = {}
-    for key in ("checkpoint_every", "max_steps"):
-        if key in opts:
-            extra[key] = int(opts[key])
-    if "checkpoint_every" in opts:
-        extra["keep_checkpoints"] = 100
-    for key in ("nonfinite", "fork", "strategy", "fsdp_reduce"):
-        if key in opts:
-            extra[key] = opts[key]
-    run_dir = os.path.join(out, opts.get("run", "run"))
-    if opts.get("resume") == "1":
-        extra["resume"] = run_dir
-    if opts.get("local_norm") == "1":
-        # Negative control: fsdp's norm of this rank's shards alone, not over all ranks.
-        import engine.distributed.fsdp as FS
-        patch(undo, FS.Fsdp, "global_norms", lambda self, per_param: per_param)
-    task_file, task_module = TASKS[opts.get("task", "varlen")]
-    cfg = TrainConfig(task=task_file, micro_batch=int(opts.get("micro", 2)),
-                      accum=int(opts.get("accum", 2)), epochs=int(opts.get("epochs", 1)), lr=0.05,
-                      clip=float(opts.get("clip", 0.0)),
-                      run_dir=run_dir, device="cpu", seed=3, **extra)
+        model_calls.hook(undo)
+    negative_controls(undo, opts)
+    cfg = train_config(out, opts)
     varlen_task._window[0] = 0
-    trainer = Trainer(cfg, task=task_module.build_task(cfg.seed))
+    trainer = Trainer(cfg, task=TASKS[opts.get("task", "varlen")][1].build_task(cfg.seed))
     undo.callback(signal.signal, signal.SIGTERM, signal.signal(signal.SIGTERM, lambda *_: trainer.request_stop()))
     log = []
     original_step = trainer.step_window
@@ -182,13 +209,13 @@ def run_scenario(undo: ExitStack, out: str, opts: dict[str, str], env: dict[str,
         calls["n"] += 1  # nan_by_call=1: NaN by the window's place in the data, not the step counter
         varlen_task._window[0] = calls["n"] if opts.get("nan_by_call") == "1" else trainer.step + 1
         skipped_before = trainer.nonfinite_steps
-        micro_log.clear()
+        model_calls.micro.clear()
         trained = original_step(window)  # on CPU a step's numbers are resolved at once
         model = trainer.model
         local = sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel() for p in model.parameters())
         log.append(dict(step=trainer.step, epoch=trainer.epoch, micro=trainer.settings.micro_batch,
-                        accum=trainer.settings.accum, lr=trainer.settings.lr, micro_batches=list(micro_log),
-                        ddp_wrappers=ddp["wrappers"], local_numel=local,
+                        accum=trainer.settings.accum, lr=trainer.settings.lr, micro_batches=list(model_calls.micro),
+                        ddp_wrappers=model_calls.wrappers, local_numel=local,
                         total_numel=sum(p.numel() for p in model.parameters()),
                         nonfinite=trainer.nonfinite_steps > skipped_before if trained else None,
                         wsum=float(sum((p.to_local() if hasattr(p, "to_local") else p).detach().double().sum()
@@ -220,7 +247,7 @@ def run_scenario(undo: ExitStack, out: str, opts: dict[str, str], env: dict[str,
     if opts.get("strategy") != "fsdp":
         left = threads_left(threads_before)
         assert left <= threads_before, f"{left} OS threads after the run, {threads_before} before"
-    checkpoints = os.path.join(run_dir, "checkpoints")
+    checkpoints = os.path.join(run_folder(out, opts), "checkpoints")
     # Written last: a scenario whose files exist passed every check above (the harness relies on it).
     torch.save(weights, os.path.join(out, f"weights-{rank}.pt"))
     with open(os.path.join(out, f"log-{rank}.json"), "w") as f:
