@@ -118,6 +118,8 @@ def test_cosine_schedule_draws_the_planned_lr_ahead_of_the_run(qtbot, make_windo
     w.plots.set_x_axis("step")  # ahead of the run at its current rate: steps after the last one
     sx, _ = w.plots.curve_data("lr_planned")
     assert sx[0] >= w.model.metrics.last_step() - 1 and sx[-1] > w.model.metrics.last_step()
+    if w.session.state.is_live:  # what the plan draws is checked: the rest of the two epochs is not needed
+        w.stop_run()
     run_to_end(qtbot, w)
 
 
