@@ -10,10 +10,10 @@ from __future__ import annotations
 import os
 
 import pytest
-from app_engine import trained
 
 from app.model.notes import Note
 from engine.store import RunReader
+from engine_in_process import trained
 
 pytestmark = pytest.mark.slow
 TASK = os.path.join(os.path.dirname(__file__), "every_97th_task.py")
@@ -21,7 +21,7 @@ TASK = os.path.join(os.path.dirname(__file__), "every_97th_task.py")
 
 @pytest.fixture(scope="module")
 def nonfinite_run(tmp_path_factory) -> str:
-    """The module's run, trained in this process (app_engine: no engine process to start)."""
+    """The module's run, trained in this process (engine_in_process: no engine process to start)."""
     base = tmp_path_factory.mktemp("alerts")
     run_dir = str(base / "every-13th")
     trained(base, "--task", TASK, "--task-arg", "every=13", "--micro-batch", "8", "--epochs", "1", "--nonfinite", "skip",

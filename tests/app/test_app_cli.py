@@ -8,10 +8,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from app_engine import isolated_env
 from app_helpers import ROOT
 from app_tasks import broken_task
 from PySide6.QtGui import QImage
+
+from testkit import isolated_env
 
 
 def _app(*args, env_extra=None, timeout=120):

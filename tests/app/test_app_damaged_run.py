@@ -5,14 +5,15 @@ import os
 import shutil
 
 import pytest
-from app_engine import trained
+
+from engine_in_process import trained
 
 pytestmark = pytest.mark.slow  # real runs, then damaged
 
 
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory):
-    """One finished run the module's tests copy and damage, trained in this process (app_engine)."""
+    """One finished run the module's tests copy and damage, trained in this process (engine_in_process)."""
     base = tmp_path_factory.mktemp("runs")
     run_dir = base / "done"
     trained(base, "--task", "mlp", "--epochs", "1", "--device", "cpu", "--run-dir", run_dir)

@@ -5,13 +5,14 @@ Start is recorded as a change too."""
 from __future__ import annotations
 
 import pytest
-from app_engine import engine, isolated_env
 from app_helpers import run_to_end
 
 import testkit
 from engine.store import RunReader
+from engine_in_process import engine
+from testkit import isolated_env
 
-pytestmark = pytest.mark.slow  # the app in a subprocess; the engine's runs in this process (app_engine)
+pytestmark = pytest.mark.slow  # the app in a subprocess; the engine's runs in this process (engine_in_process)
 
 
 @pytest.fixture(scope="module")

@@ -15,10 +15,10 @@ import os
 
 import numpy as np
 import pytest
-from app_engine import engine
 from app_helpers import run_to_end, start, wait_until
 
 from engine.store import RunReader
+from engine_in_process import engine
 from testkit import ROOT
 
 # The task of tests/engine/test_run_tree.py: NaN windows on purpose (steps bad_from..bad_until-1).
@@ -128,7 +128,7 @@ def test_history_shows_the_tree_lists_checkpoints_and_compares_a_family(qtbot, m
 
 
 def _cli(*args: str) -> None:
-    """The engine's command line, in this process (app_engine): the run folder is what matters."""
+    """The engine's command line, in this process (engine_in_process): the run folder is what matters."""
     r = engine("--device", "cpu", *args)
     assert r.returncode == 0, r.stderr
 

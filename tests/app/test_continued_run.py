@@ -14,13 +14,13 @@ import sqlite3
 import time
 
 import pytest
-from app_engine import trained as engine_run
 from app_helpers import run_to_end, wait_until
 
 from app.core.runs import summarize
 from app.model.epoch_progress import fmt_duration
 from app.model.run_time import Mark, run_time
 from app.model.state import RunState
+from engine_in_process import trained as engine_run
 
 pytestmark = pytest.mark.slow
 EARLIER, LONGER = 7200.0, 600.0  # the first segment: two hours before, ten minutes longer
@@ -37,7 +37,7 @@ def segment_times(run_dir: str) -> list[tuple[str, float]]:
 
 @pytest.fixture(scope="module")
 def continued(tmp_path_factory) -> str:
-    """The module's run (see the docstring above), both segments trained in this process (app_engine)."""
+    """The module's run (see the docstring above), both segments trained in this process (engine_in_process)."""
     base = tmp_path_factory.mktemp("continued")
     run_dir = str(base / "run")
     engine_run(base, "--task", "mlp", "--micro-batch", "16", "--epochs", "2", "--max-steps", "10", "--device", "cpu",

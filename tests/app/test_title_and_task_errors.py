@@ -4,11 +4,12 @@ error names the task file's line, in the window's dialog and in the engine's `er
 from __future__ import annotations
 
 import pytest
-from app_engine import engine
 from app_helpers import run_to_end, start
 from app_tasks import tiny_task
 from PySide6.QtWidgets import QApplication
 from test_window_layout import synthetic_run
+
+from engine_in_process import engine
 
 BAD_BUILD = """import torch
 from engine import Task
@@ -66,6 +67,6 @@ def test_a_task_error_names_the_task_files_line(qtbot, make_window, tmp_path):
     assert title == "The run failed" and "RuntimeError: boom in the task's loss" in message
     assert f"tiny.py:{line_of(task, 'raise RuntimeError')} in loss" in message, message
 
-    # The engine's command line says the same (engine.cli.main in this process: app_engine).
+    # The engine's command line says the same (engine.cli.main in this process: engine_in_process).
     r = engine("--task", str(bad), "--device", "cpu", "--run-dir", str(tmp_path / "cli"))
     assert r.returncode == 2 and r.stderr.startswith("error: ") and where in r.stderr, r.stderr
