@@ -11,12 +11,15 @@ import pytest
 from app_helpers import ROOT, run_button, wait_until
 
 pytestmark = pytest.mark.slow  # an engine in a subprocess, followed live
+PACED_MLP = str(ROOT / "tests" / "ctl" / "paced_mlp.py")
 
 
 def test_open_a_running_run_and_control_it(qtbot, make_window, tmp_path):
     run_dir, err_path = tmp_path / "remote", tmp_path / "engine.err"
     err_file = open(err_path, "w")  # a file, not a pipe: read whenever the test needs to say why
-    proc = subprocess.Popen([sys.executable, "-m", "engine", "--task", "mlp", "--epochs", "40", "--micro-batch", "64",
+    # The builtin mlp paced (tests/ctl/paced_mlp.py: 20 ms of sleep a training micro-batch): at full
+    # speed it kept a core busy for the whole test, which only needs its steps to keep coming.
+    proc = subprocess.Popen([sys.executable, "-m", "engine", "--task", PACED_MLP, "--epochs", "40", "--micro-batch", "64",
                              "--accum", "2", "--device", "cpu", "--lr-schedule", "cosine", "--run-dir", str(run_dir)], cwd=ROOT,
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err_file, text=True,
                             env=dict(os.environ), start_new_session=True)  # as headroom-ctl start detaches it
