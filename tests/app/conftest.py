@@ -16,7 +16,7 @@ def make_window(qtbot: Any, request: pytest.FixtureRequest) -> Iterator[Callable
 
     from app.main_window import MainWindow
     made: list[Any] = []
-    request.node.windows_made = made  # for pytest_runtest_teardown below
+    request.node.windows_made = made  # for pytest_runtest_call below
 
     def make(base_config: dict | None = None, **kw: Any) -> Any:
         w = MainWindow(base_config=dict(base_config or {}), restore_settings=kw.pop("restore_settings", False), **kw)
@@ -49,6 +49,7 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
 
 
 def _delete_unbuilt(windows: Any) -> None:
+    """Close and delete, now, the windows of `windows` still alive, idle and without plots."""
     from PySide6.QtCore import QEvent
     from PySide6.QtWidgets import QApplication
     from shiboken6 import isValid
