@@ -9,20 +9,19 @@ code after argv, without a new interpreter's ~6 s of CPU each: see in_process).
 from __future__ import annotations
 
 import contextlib
-import gc
 import io
 import os
 import re
 import shlex
 import subprocess
 import sys
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
 from engine.cli import build_parser
 from engine.store import RunReader
-from engine_in_process import engine
+from engine_in_process import engine, frozen_heap
 from testkit import ROOT
 
 README = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
@@ -49,30 +48,13 @@ def engine_args(line: str) -> list[str]:
 
 
 def run(args: list[str], timeout: int = 300, **kw) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
     return subprocess.run(args, cwd=kw.pop("cwd", ROOT), env=env, capture_output=True, text=True, timeout=timeout, **kw)
-
-
-@contextlib.contextmanager
-def as_its_own_process() -> Iterator[None]:
-    """What differs between this process and the one a README line starts, put as that one has
-    it: one torch thread (run() gives the real processes OMP_NUM_THREADS=1), and a heap holding
-    only what the line made (gc.freeze: the micro-batch finder's gc.collect() after each probe
-    would walk the whole test session's objects, ~0.3 s a call)."""
-    import torch
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    gc.freeze()
-    try:
-        yield
-    finally:
-        gc.unfreeze()
-        torch.set_num_threads(threads)
 
 
 def in_process(args: list[str], cwd: Any = ROOT) -> subprocess.CompletedProcess:
     """`python -m engine args...` in `cwd`, through engine.cli.main in this process."""
-    with as_its_own_process():
+    with frozen_heap():  # one torch thread already: tests/conftest.py
         return engine(*args, cwd=cwd)
 
 

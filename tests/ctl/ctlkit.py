@@ -20,8 +20,6 @@ PY = sys.executable
 # ~0.1 s on a busy one; the tests stop it, so --epochs only keeps it going until they do.
 PACED_MLP = os.path.join(os.path.dirname(os.path.abspath(__file__)), "paced_mlp.py")
 ENGINE_ARGS = ("--task", PACED_MLP, "--micro-batch", "8", "--accum", "2", "--epochs", "200", "--seed", "3")
-# One torch thread in the engines started here: a second only adds spin-waits on a loaded machine.
-ONE_THREAD = {"OMP_NUM_THREADS": "1"}
 
 
 def ctl(*args: Any, env: Optional[dict[str, str]] = None, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -47,7 +45,7 @@ class LiveRun:
         self.run_dir = run_dir
         self.log = open(run_dir + ".log", "w")
         self.proc = subprocess.Popen([PY, "-m", "engine", *ENGINE_ARGS, "--run-dir", run_dir, *extra], cwd=ROOT,
-                                     env=subprocess_env(ONE_THREAD), stdout=self.log, stderr=subprocess.STDOUT)
+                                     env=subprocess_env(), stdout=self.log, stderr=subprocess.STDOUT)
 
     def wait_live(self, rows: int = 1) -> None:
         """Until the engine holds the folder and has committed `rows` rows."""

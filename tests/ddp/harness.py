@@ -41,7 +41,6 @@ def env(**extra: str) -> dict[str, str]:
     e = {k: v for k, v in os.environ.items() if not k.startswith("HEADROOM_TEST_")}
     e.update(extra)
     e["PYTHONPATH"] = str(ROOT)
-    e["OMP_NUM_THREADS"] = "1"
     return e
 
 

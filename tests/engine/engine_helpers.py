@@ -9,11 +9,9 @@ trains `task.model` in place, so build a fresh task for every run.
 """
 from __future__ import annotations
 
-import contextlib
 import copy
-import gc
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Optional
 
 import torch
 import torch.nn as nn
@@ -156,20 +154,6 @@ def make_task(n: int = 24, lengths: str = "variable", dtype: torch.dtype = torch
 
 
 # -- running the trainer ------------------------------------------------------------------------
-@contextlib.contextmanager
-def frozen_heap() -> Iterator[None]:
-    """The engine's free_memory() runs a full gc.collect() after each out-of-memory error (and
-    between the micro-batch finder's probes). In a real engine process that walks the run's own
-    objects; in pytest's it walks the whole session's heap too: ~0.3 s of CPU a call, a few dozen
-    calls in an out-of-memory test. gc.freeze() moves what exists now out of the collector's reach
-    until gc.unfreeze(): the run's own objects are still collected, as in its own process."""
-    gc.freeze()
-    try:
-        yield
-    finally:
-        gc.unfreeze()
-
-
 @dataclass
 class Run:
     result: Any

@@ -7,7 +7,6 @@ from typing import Iterator
 import pytest
 import torch
 import torch.nn.functional as F
-from engine_helpers import frozen_heap
 
 from engine.accumulation.oom import is_oom
 from engine.declarations.config import TrainConfig
@@ -16,7 +15,7 @@ from engine.memory.telemetry import NO_GPU, MemoryProbe, nvml_status
 from engine.tasks.task import Task
 from engine.trainer.finder import MemoryModel, search
 from engine.trainer.trainer import Trainer
-from engine_in_process import engine
+from engine_in_process import engine, frozen_heap
 
 OOM = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
@@ -24,7 +23,7 @@ OOM = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 @pytest.fixture(autouse=True)
 def heap_out_of_the_collectors_reach() -> Iterator[None]:
     """Every out-of-memory error here costs a full gc.collect() (free_memory): of the run's own
-    objects only, as in an engine process of its own (engine_helpers.frozen_heap)."""
+    objects only, as in an engine process of its own (engine_in_process.frozen_heap)."""
     with frozen_heap():
         yield
 

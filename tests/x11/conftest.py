@@ -16,10 +16,10 @@ from typing import Any, Callable, Iterator, Optional
 
 import pytest
 
-from testkit import ROOT, subprocess_env, wait_until
+from testkit import ROOT, isolated_env, subprocess_env, wait_until
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
-from x11_window import isolation, show_active  # noqa: E402 - after the environment set-up above
+from x11_window import show_active  # noqa: E402 - after the environment set-up above
 
 from app.core import compat  # noqa: E402,F401 - before any widget is painted (see app/core/compat.py)
 
@@ -31,7 +31,7 @@ LIVE_ARGS = ("--task", "mlp", "--epochs", "400", "--micro-batch", "4", "--accum"
 def engine_env(base: Path) -> dict[str, str]:
     """The engine's settings, runs folder and log under `base` (a session fixture starts it before
     tests/conftest.py's per-test isolation), and one thread: it shares the cores with the window."""
-    return {**isolation(base), "OMP_NUM_THREADS": "1"}
+    return isolated_env(base)  # one torch thread: tests/conftest.py
 
 
 def metrics_rows(run_dir: Path) -> int:

@@ -130,20 +130,13 @@ def inside_screen(w: QWidget, widgets: Iterable[QWidget] = ()) -> list[str]:
     return out
 
 
-def isolation(base: Path) -> dict[str, str]:
-    """What tests/conftest.py's `isolated` sets for a test, under `base`."""
-    return {"HEADROOM_SETTINGS": str(base / "settings.ini"), "HEADROOM_RUNS": str(base / "runs"),
-            "HEADROOM_LOG": str(base / "headroom.log"), "XDG_DATA_HOME": str(base / "data"),
-            "HF_HOME": str(base / "hf")}
-
-
 @contextlib.contextmanager
 def lasting_window(base: Path, size: tuple[int, int]) -> Iterator[Any]:
     """A window for several tests in turn (a module-scoped fixture: one window, not one a test),
     shown at `size`, its preferences, runs folder and log under `base`, closed at the end."""
     from app.main_window import MainWindow
     with pytest.MonkeyPatch.context() as mp:
-        for k, v in isolation(base).items():
+        for k, v in testkit.isolated_env(base).items():
             mp.setenv(k, v)
         w = MainWindow(base_config={}, restore_settings=False)
         try:
