@@ -7,6 +7,9 @@ machine or on another through ssh.
     headroom-ctl follow RUN [--from-step N [--after-event ID]] [--json]
     headroom-ctl runs [DIR | HOST:[DIR]]
     headroom-ctl start [DIR | HOST:[DIR]] [--detach auto|tmux|setsid] -- ENGINE_FLAGS...
+    headroom-ctl tag RUN [TAG...] [--remove TAG...] [--clear]
+    headroom-ctl note RUN [TEXT... | --clear]
+    headroom-ctl archive|unarchive RUN
 
 RUN is a run folder or `[user@]host:path` (engine/ctl/remote.py). Built on the client API
 (engine/ctl/client), as the app is. Exit codes: 0 done, 2 bad
@@ -18,7 +21,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Iterator, NoReturn, Optional
+from typing import Callable, Iterator, NoReturn, Optional
 
 from . import client
 from .local import SETTABLE
@@ -114,7 +117,28 @@ def parser() -> argparse.ArgumentParser:
     st.add_argument("--timeout", type=_seconds, default=None, metavar="S",
                     help=f"wait at most S seconds for the engine to take its folder (default {client.START_WAIT_S:g})")
     st.set_defaults(engine_flags=[])
+    _label_commands(command)
     return p
+
+
+def _label_commands(command: Callable[..., argparse.ArgumentParser]) -> None:
+    """tag, note, archive, unarchive: the run's labels (engine/store/labels.py), in its folder."""
+    t = command("tag", "add tags to the run (--remove: take them off); with neither, print its tags")
+    t.add_argument("tags", nargs="*", metavar="TAG", help="a tag: a word or a few (quote one with spaces)")
+    t.add_argument("--remove", nargs="+", action="extend", default=[], metavar="TAG", help="tags to take off")
+    t.add_argument("--clear", action="store_true", help="take off every tag first (with TAGs: the tags are these)")
+    # A client's whole change in one command (client.label): each tag and the note after `=` (one
+    # may begin with '-'), archived too.
+    t.add_argument("--add", action="append", default=[], help=argparse.SUPPRESS)
+    t.add_argument("--note", default=None, help=argparse.SUPPRESS)
+    t.add_argument("--archive", dest="archived", action="store_const", const=True, default=None,
+                   help=argparse.SUPPRESS)
+    t.add_argument("--unarchive", dest="archived", action="store_const", const=False, help=argparse.SUPPRESS)
+    n = command("note", "set the run's note (--clear: empty it); without TEXT, print it")
+    n.add_argument("text", nargs="*", metavar="TEXT", help="the note (its words are joined with spaces)")
+    n.add_argument("--clear", action="store_true", help="empty the note")
+    command("archive", "archive the run: the run list leaves it out until shown again")
+    command("unarchive", "bring an archived run back into the run list")
 
 
 def split_engine_flags(argv: list[str]) -> tuple[list[str], Optional[list[str]]]:
@@ -138,10 +162,41 @@ def _records(args: argparse.Namespace, out: Output) -> Iterator[client.AnyRecord
     elif args.command in client.ACTIONS:
         request = client.SteerRequest(args.command, tuple(getattr(args, "changes", ())), getattr(args, "at", "epoch"))
         yield from client.steer(args.run, request, wait=args.wait, timeout=args.timeout, remote_python=python)
+    elif args.command in LABEL_PART:
+        yield from _label(args)
     elif args.command == "follow":
         # A client program (--protocol) runs this over ssh: end when the session that started it goes.
         yield from client.Following(args.run, args.from_step, args.after_event, remote_python=python,
                                     watch_parent=args.protocol is not None, idle=out.flush).records()
+
+
+# What a label command prints for a person: the part of the labels it is about.
+LABEL_PART = {"tag": "tags", "note": "note", "archive": "archived", "unarchive": "archived"}
+
+
+def _label(args: argparse.Namespace) -> Iterator[client.AnyRecord]:
+    """A tag, note, archive or unarchive command, through client.label."""
+    python = args.remote_python
+    if args.command == "tag":
+        return client.label(args.run, add=args.tags + args.add, remove=args.remove, tags=[] if args.clear else None,
+                            note=args.note, archived=args.archived, remote_python=python)
+    if args.command == "note":
+        if args.clear and args.text:
+            raise CtlError("note: give TEXT or --clear, not both")
+        note = "" if args.clear else " ".join(args.text) if args.text else None
+        return client.label(args.run, note=note, remote_python=python)
+    return client.label(args.run, archived=args.command == "archive", remote_python=python)
+
+
+def _more_words(args: argparse.Namespace, unknown: list[str]) -> list[str]:
+    """tag and note: the words argparse leaves after an option (`tag RUN --clear a b`) are more
+    TAGs or TEXT, as are all after `--`; what is still unknown is returned."""
+    if args.command not in ("tag", "note"):
+        return unknown
+    cut = unknown.index("--") if "--" in unknown else len(unknown)
+    words = [w for w in unknown[:cut] if not w.startswith("-")] + unknown[cut + 1:]
+    (args.tags if args.command == "tag" else args.text).extend(words)
+    return [w for w in unknown[:cut] if w.startswith("-")]
 
 
 def _run(args: argparse.Namespace, out: Output) -> int:
@@ -160,7 +215,7 @@ def _run(args: argparse.Namespace, out: Output) -> int:
                 last_event = record.id
             elif isinstance(record, client.Rewind):
                 last_step = record.to_step
-            out.write(record.raw)
+            out.write(record.raw, LABEL_PART.get(args.command, ""))
     except CtlError as e:
         if args.command == "follow" and e.code == EXIT_REMOTE and client.is_remote(args.run):
             step = max(last_step + 1, args.from_step)
@@ -184,6 +239,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     try:
         out.hello()  # first, always: a client checks it before anything else
         args, unknown = parser().parse_known_args(argv)
+        unknown = _more_words(args, unknown)
         if unknown:
             hint = " (start: the engine's flags go after --)" if args.command == "start" else ""
             raise CtlError(f"unrecognized arguments: {' '.join(unknown)}{hint}")

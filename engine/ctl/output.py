@@ -30,8 +30,9 @@ class Output:
             self.write(hello())
             self.flush()
 
-    def write(self, record: dict[str, Any]) -> None:
-        text = encode(record) if self.as_json else render(record)
+    def write(self, record: dict[str, Any], part: str = "") -> None:
+        """`part`: the part of a `labels` record a person asked for (tags, note, archived)."""
+        text = encode(record) if self.as_json else render(record, part)
         if text is None:
             return
         try:
@@ -158,7 +159,24 @@ def _started(r: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def render(record: dict[str, Any]) -> Optional[str]:
+def _labels(r: dict[str, Any], part: str) -> Optional[str]:
+    """`tag`: the tags, one a line; `note`: the note as written (nothing for none: a script reads
+    them); `archive`: what the run is now; else all three under the run's folder."""
+    tags = [str(t) for t in r.get("tags") or ()]
+    note = str(r.get("note") or "")
+    if part == "tags":
+        return "\n".join(tags) or None
+    if part == "note":
+        return note or None
+    if part == "archived":
+        return f"{'archived' if r.get('archived') else 'not archived'}: {r.get('run_dir') or ''}"
+    lines = [str(r.get("run_dir") or ""), f"  tags      {', '.join(tags) or '-'}",
+             f"  archived  {'yes' if r.get('archived') else 'no'}"]
+    lines += [("  note      " if i == 0 else " " * 12) + line for i, line in enumerate(note.splitlines())]
+    return "\n".join(lines)
+
+
+def render(record: dict[str, Any], part: str = "") -> Optional[str]:
     """The line(s) a person reads for a record; None for those only a program needs."""
     kind = record.get("kind")
     if kind == "status":
@@ -177,4 +195,6 @@ def render(record: dict[str, Any]) -> Optional[str]:
         return _run(record)
     if kind == "started":
         return _started(record)
+    if kind == "labels":
+        return _labels(record, part)
     return None  # hello, info, heartbeat, kinds a newer engine added

@@ -18,6 +18,8 @@ other line is a record with a "kind":
   run        {path, name, status, live, step, task, started, finished, loss}   one line of `runs`
   started    {run_dir, started, pid, host, detach, session, console, command}   `start`: the engine
              holds its run folder (started false: still starting when the wait ran out)
+  labels     {run_dir, tags: [TEXT, ...], note, archived}   `tag`, `note`, `archive`, `unarchive`:
+             the run's labels as the command left them (engine/store/labels.py)
   error      {"message": TEXT, "exit": CODE}   the command failed; the process exits CODE
 
 Numbers are JSON numbers; a non-finite one is written NaN, Infinity or -Infinity (as Python's

@@ -48,6 +48,8 @@ def clean_tag(text: str) -> str:
     tag = " ".join(str(text).replace(",", " ").split())
     if not tag:
         raise ConfigError("a tag cannot be empty")
+    if any(not c.isprintable() for c in tag):
+        raise ConfigError(f"a tag is printable text: {limits.quote(tag, 60)}")
     if len(tag) > TAG_CHARS:
         raise ConfigError(f"a tag is at most {TAG_CHARS} characters: {limits.quote(tag, 60)}")
     return tag
@@ -55,6 +57,8 @@ def clean_tag(text: str) -> str:
 
 def _clean_note(text: str) -> str:
     note = str(text).strip()
+    if "\x00" in note:  # no file or command line holds one
+        raise ConfigError("a note cannot hold a NUL character")
     if len(note) > NOTE_CHARS:
         raise ConfigError(f"a note is at most {NOTE_CHARS} characters (this one has {len(note)})")
     return note
@@ -106,8 +110,7 @@ def change(run_dir: str, *, add: Iterable[str] = (), remove: Iterable[str] = (),
     try:
         fcntl.flock(folder, fcntl.LOCK_EX)  # one editor at a time; released when closed
         old = read(run_dir)
-        out = list(old.tags if given is None else dict.fromkeys(given))
-        out += [t for t in added if t not in out]
+        out = list(dict.fromkeys([*(old.tags if given is None else given), *added]))  # once each, in order
         out = [t for t in out if t not in removed]
         new = replace(old, tags=tuple(out), note=old.note if new_note is None else new_note,
                       archived=old.archived if archived is None else archived)

@@ -6,10 +6,11 @@ server through the system's OpenSSH client, with typed records. The app imports 
   `parse_target`; on the server, `remote_python` (default `default_python()`) runs engine.ctl;
   the ssh command is $HEADROOM_SSH_COMMAND (`SSH_ENV`), else `set_ssh_fallback`'s, else ssh;
 - operations: `status`, `runs`, `steer` (a `SteerRequest`, or `request_for(command)`),
-  `Following` (a follow, closable from another thread), `start` and `start_on` (detached there);
-- records (records.py): `Status`, `RunListing`, `CommandAnswer`, `Started`, and a follow's
-  `Info`, `Rows`, `Event`, `Rewind`, `CaughtUp`, `Heartbeat`, `End`; `Other` for a kind a newer
-  engine added. Each keeps the protocol record it was read from (`raw`);
+  `Following` (a follow, closable from another thread), `start` and `start_on` (detached there),
+  `label` and `label_run` (a run's tags, note, archived: read or changed);
+- records (records.py): `Status`, `RunListing`, `CommandAnswer`, `Started`, `Labelled`, and a
+  follow's `Info`, `Rows`, `Event`, `Rewind`, `CaughtUp`, `Heartbeat`, `End`; `Other` for a kind
+  a newer engine added. Each keeps the protocol record it was read from (`raw`);
 - failures: `CtlError` with the exit code (`EXIT_REMOTE`: the remote not reached, or the
   connection broke), `ProtocolError` (the other side speaks another protocol).
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 from ..protocol import EXIT_BAD_INPUT, EXIT_NOT_LIVE, EXIT_REFUSED, EXIT_REMOTE, PROTOCOL, CtlError, ProtocolError
 from ..remote import PYTHON_ENV, SSH_ENV, RemoteRun, default_python, is_remote, parse_target, set_ssh_fallback
 from .following import Following
+from .labelling import label, label_run
 from .operations import DETACH, START_WAIT_S, runs, start, start_on, status
 from .records import (
                       AnyRecord,
@@ -29,6 +31,7 @@ from .records import (
                       Event,
                       Heartbeat,
                       Info,
+                      Labelled,
                       Other,
                       Record,
                       Rewind,
@@ -47,10 +50,10 @@ __all__ = [
     "PYTHON_ENV",
     # operations
     "status", "runs", "steer", "SteerRequest", "request_for", "ACTIONS", "Following", "start", "start_on", "DETACH",
-    "START_WAIT_S",
+    "START_WAIT_S", "label", "label_run",
     # records
-    "Record", "AnyRecord", "typed", "Status", "RunListing", "CommandAnswer", "Started", "Info", "Rows", "Event",
-    "Rewind", "CaughtUp", "Heartbeat", "End", "Other",
+    "Record", "AnyRecord", "typed", "Status", "RunListing", "CommandAnswer", "Started", "Labelled", "Info", "Rows",
+    "Event", "Rewind", "CaughtUp", "Heartbeat", "End", "Other",
     # failures
     "CtlError", "ProtocolError", "PROTOCOL", "EXIT_BAD_INPUT", "EXIT_REFUSED", "EXIT_NOT_LIVE", "EXIT_REMOTE",
 ]

@@ -175,12 +175,22 @@ class Started(Record):
 
 
 @dataclass(frozen=True)
+class Labelled(Record):
+    """A run's labels (engine/store/labels.py) as `tag`, `note`, `archive` or `unarchive` left
+    them; `run_dir` as the machine that holds it names it."""
+    run_dir: str
+    tags: tuple[str, ...]
+    note: str
+    archived: bool
+
+
+@dataclass(frozen=True)
 class Other(Record):
     """A kind this side does not know (a newer engine's): ignored by a client, relayed by headroom-ctl."""
 
 
 AnyRecord = Union[Rows, Event, Info, Rewind, CaughtUp, Heartbeat, End, Status, CommandAnswer, RunListing, Started,
-                  Other]
+                  Labelled, Other]
 
 
 def _rows(r: dict[str, Any]) -> Rows:
@@ -214,6 +224,12 @@ def _started(r: dict[str, Any]) -> Started:
                    tuple(str(w) for w in r.get("command") or ()), _maybe_text(r.get("target")), raw=r)
 
 
+def _labelled(r: dict[str, Any]) -> Labelled:
+    tags = r.get("tags")
+    return Labelled(_text(r.get("run_dir")), tuple(str(t) for t in tags) if isinstance(tags, list) else (),
+                    _text(r.get("note")), r.get("archived") is True, raw=r)
+
+
 def typed(record: dict[str, Any]) -> AnyRecord:
     """The typed value of a protocol record (an `Other` for a kind this side does not know)."""
     kind = record.get("kind")
@@ -240,8 +256,10 @@ def typed(record: dict[str, Any]) -> AnyRecord:
         return _run(record)
     if kind == "started":
         return _started(record)
+    if kind == "labels":
+        return _labelled(record)
     return Other(raw=record)
 
 
 __all__ = ["Record", "Rows", "Event", "Info", "Rewind", "CaughtUp", "Heartbeat", "End", "Status", "CommandAnswer",
-           "RunListing", "Started", "Other", "AnyRecord", "typed"]
+           "RunListing", "Started", "Labelled", "Other", "AnyRecord", "typed"]
