@@ -5,6 +5,7 @@ follow the view uses (RemoteSource), until it has caught up. Qt-free; both block
 calls them off the GUI thread)."""
 from __future__ import annotations
 
+import dataclasses
 import posixpath
 
 from app.core.runs import RunSummary
@@ -15,9 +16,9 @@ from .remote_source import OPEN_TIMEOUT_S, RemoteSource
 
 
 def summary(host: str, run: client.RunListing) -> RunSummary:
-    """A run of `headroom-ctl runs` as the history's row; its path is host:path."""
-    return RunSummary(path=f"{host}:{run.path}", name=run.name, task=run.task or "?", status=run.status,
-                      started=run.started, steps=run.step, finished=run.finished, final_loss=run.loss)
+    """A run of `headroom-ctl runs` as the history's row: the server's summary (the same reader
+    as the local rows, engine/store/summary.py), its path host:path."""
+    return dataclasses.replace(run.summary, path=f"{host}:{run.path}")
 
 
 def list_runs(host: str, remote_python: str, beside: str = "") -> list[RunSummary]:

@@ -19,7 +19,7 @@ from engine.declarations.config import ConfigError
 from engine.declarations.paths import default_runs_root
 from engine.declarations.settings import BY_NAME as SETTINGS_BY_NAME
 from engine.declarations.settings import LIVE_SETTINGS
-from engine.store import DB_NAME, RunReader, StoreError, runlock, send_command
+from engine.store import DB_NAME, RunReader, StoreError, runlock, send_command, summary
 
 from .protocol import EXIT_NOT_LIVE, CtlError, finite_or_none
 
@@ -101,27 +101,10 @@ def _status(reader: RunReader) -> dict[str, Any]:
         "kind": "status", "run_dir": reader.run_dir, "live": writer is not None, "writer": writer,
         "state": state, "status": info.get("status"), "reason": reason, "task": info.get("task"),
         "step": last.get("step"), "epoch": last.get("epoch"), "loss": last.get("loss"),
-        "settings": _settings(info, events, last), "eta_s": _eta(info, reader, tail, since) if writer else None,
+        "settings": summary.live_settings(info, events, last), "eta_s": _eta(info, reader, tail, since) if writer else None,
         "started": info.get("started"), "finished": info.get("finished"),
         "checkpoint": os.path.exists(os.path.join(reader.run_dir, "checkpoints", "last.pt")),
     }
-
-
-def _settings(info: dict[str, Any], events: list[dict[str, Any]], last: dict[str, Any]) -> dict[str, Any]:
-    """The live settings now: the config's, then each change the engine applied, then the last
-    row's values for those every row records."""
-    raw = info.get("config")
-    config: dict[str, Any] = raw if isinstance(raw, dict) else {}
-    out = {s.name: config.get(s.name) for s in LIVE_SETTINGS}
-    for e in events:
-        if e["kind"] == "settings_applied":
-            for change in e["data"].get("changes") or ():
-                if isinstance(change, (list, tuple)) and len(change) == 3 and change[0] in out:
-                    out[change[0]] = change[2]
-    for s in LIVE_SETTINGS:
-        if s.per_step and last.get(s.name) is not None:
-            out[s.name] = last[s.name]
-    return out
 
 
 def _eta(info: dict[str, Any], reader: RunReader, tail: list[dict[str, Any]],
@@ -276,27 +259,17 @@ def runs(root: str = "") -> Iterator[dict[str, Any]]:
     for name in names:
         path = os.path.join(folder, name)
         try:
-            reader = RunReader(path)
-        except ConfigError as e:
-            yield {"kind": "run", "path": path, "name": name, "status": "unreadable", "live": False,
-                   "note": limits.one_line(e)}
+            found = summary.summarize(path)
+        except (ConfigError, StoreError) as e:
+            found, why = None, limits.one_line(e)
+        else:
+            why = "run.db cannot be read"
+        if found is None:
+            yield {"kind": "run", "path": path, "name": name, "status": "unreadable", "live": False, "note": why}
             continue
-        try:
-            info = reader.info()
-            last = reader.last_metrics(1)
-            writer = runlock.writer(path, info)
-            state = info.get("status") or "unknown"
-            if writer is None and state == "running":
-                state = "interrupted"
-            yield {"kind": "run", "path": path, "name": name, "status": state, "live": writer is not None,
-                   "step": last[0]["step"] if last else None, "task": info.get("task"),
-                   "started": info.get("started"), "finished": info.get("finished"),
-                   "loss": finite_or_none(last[0].get("loss")) if last else None}
-        except StoreError as e:
-            yield {"kind": "run", "path": path, "name": name, "status": "unreadable", "live": False,
-                   "note": limits.one_line(e)}
-        finally:
-            reader.close()
+        # The summary the window's run table shows (engine/store/summary.py), with the keys
+        # older clients read (step, loss) beside it.
+        yield {"kind": "run", **found.to_record(), "step": found.steps, "loss": found.final_loss, "note": ""}
 
 
 __all__ = ["SETTABLE", "ACTIONS", "status", "parse_changes", "send", "action", "runs", "open_run", "run_path",

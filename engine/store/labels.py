@@ -70,7 +70,8 @@ def from_dict(raw: Any) -> Labels:
     if not isinstance(raw, dict):
         return Labels()
     tags: list[str] = []
-    for t in raw.get("tags") if isinstance(raw.get("tags"), list) else []:
+    given = raw.get("tags")
+    for t in given if isinstance(given, list) else []:
         if isinstance(t, str):
             try:
                 tag = clean_tag(t)

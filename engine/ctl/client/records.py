@@ -9,6 +9,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Optional, Union
 
+from engine.store.summary import RunSummary, from_record
+
 from ..protocol import rows_of
 
 
@@ -157,7 +159,8 @@ class RunListing(Record):
     started: Optional[float]
     finished: Optional[float]
     loss: Optional[float]
-    note: str
+    note: str  # why it cannot be read ("" when it can)
+    summary: RunSummary  # the run table's row (engine/store/summary.py); path as the holding machine names it
 
 
 @dataclass(frozen=True)
@@ -215,7 +218,7 @@ def _command(r: dict[str, Any]) -> CommandAnswer:
 def _run(r: dict[str, Any]) -> RunListing:
     return RunListing(_text(r.get("path")), _text(r.get("name")) or "?", _text(r.get("status")) or "unknown",
                       bool(r.get("live")), _int(r.get("step")), _maybe_text(r.get("task")), _finite(r.get("started")),
-                      _finite(r.get("finished")), _finite(r.get("loss")), _text(r.get("note")), raw=r)
+                      _finite(r.get("finished")), _finite(r.get("loss")), _text(r.get("note")), from_record(r), raw=r)
 
 
 def _started(r: dict[str, Any]) -> Started:
