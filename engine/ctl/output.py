@@ -11,6 +11,8 @@ import sys
 import time
 from typing import Any, Optional, TextIO
 
+from engine.store import labels, summary
+
 from .protocol import encode, hello, rows_of
 
 
@@ -138,10 +140,20 @@ def _event(e: dict[str, Any]) -> str:
 
 
 def _run(r: dict[str, Any]) -> str:
-    live = " (live)" if r.get("live") else ""
-    when = time.strftime("%Y-%m-%d %H:%M", time.localtime(r["started"])) if isinstance(r.get("started"), (int, float)) \
-        else ""
-    return f"{r.get('name')}  {r.get('status')}{live}  step {_num(r.get('step'))}  {r.get('task') or ''}  {when}".rstrip()
+    """One run of `runs`: the summary the window's run table shows (engine/store/summary.py),
+    its size as the table shows it, its tags, and its note's first line under it."""
+    s = summary.from_record(r)
+    live = " (live)" if s.live else ""
+    try:
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(s.started)) if s.started is not None else ""
+    except (OverflowError, ValueError, OSError):  # a time no calendar holds (a damaged run.db)
+        when = ""
+    archived = "  archived" if s.labels.archived else ""
+    tags = f"  [{', '.join(s.labels.tags)}]" if s.labels.tags else ""
+    line = (f"{s.name}  {s.status}{live}  step {_num(s.steps)}  {r.get('task') or ''}  {when}  "
+            f"{labels.fmt_bytes(s.size)}{archived}{tags}").rstrip()
+    note = s.labels.note.splitlines()[0] if s.labels.note else ""
+    return f"{line}\n  {note}" if note else line
 
 
 def _started(r: dict[str, Any]) -> str:
