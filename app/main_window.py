@@ -15,10 +15,12 @@ from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtGui import QCloseEvent
 from PySide6.QtWidgets import QApplication, QMainWindow, QMessageBox
 
+from engine.ctl.client import is_remote
 from engine.declarations.paths import default_runs_root
 
 from .core import assets, logs
 from .core.preferences import Preferences
+from .core.runs import is_run_dir, list_runs
 from .model.runmodel import RunModel
 from .model.title import window_title
 from .runner.launcher import Launch
@@ -123,7 +125,7 @@ class MainWindow(QMainWindow):
                                   self.show_error)
         self.server = ServerStarter(self, self.preferences, self.open_run, self.show_error, self.status.say)
         self.tree = RunTreeViews(self.driver, self.history, self.levers, lambda: self.plots, self.start_fork,
-                                 self.show_error, self)
+                                 self.show_error, self, self.continue_run)
         self.plot_listeners.append(self.tree.plots_built)
         self.form_sync = FormFollowsRun(self.driver, self.controls)  # whose settings the form holds
         self.view_prefs = ViewPrefs(self.preferences, restore_settings)
@@ -131,6 +133,7 @@ class MainWindow(QMainWindow):
         self.field_notices = FieldNotices(self.controls)  # a field says what it refused
         self.view_prefs.bind_controls(self.controls)
         self.view_prefs.bind_log_action(self.log_action)
+        self.view_prefs.bind_history(self.history)
         self._wire()
 
         self.timer = QTimer(self)
@@ -311,6 +314,20 @@ class MainWindow(QMainWindow):
         """Show a run folder's plots (finished, or training in another process), here or on
         another machine ([user@]host:path, with the python remembered for that host)."""
         return bool(path) and self.driver.open(path, remote_python=dialogs.remote_python_for(path))
+
+    def open_last_run(self) -> str:
+        """Day two: show the run still training under the runs folder (the newest, if several),
+        else the run viewed last on this machine; '' (the window stays empty) when there is
+        none, or when something is shown already."""
+        if self.views.shown_dir or self.session.busy:
+            return ""
+        live = [r.path for r in list_runs(self.history.root) if r.live]
+        viewed = [p for p in self.preferences.recent("recent_runs") if not is_remote(p) and is_run_dir(p)]
+        for path in live[:1] or viewed[:1]:
+            if self.open_run(path):
+                self.history.select(path)
+                return path
+        return ""
 
     def set_overlay(self, path: str, on: bool) -> None:
         self.tree.set_overlay(path, on)

@@ -20,6 +20,7 @@ from app.core.runs import summarize
 from app.model.epoch_progress import fmt_duration
 from app.model.run_time import Mark, run_time
 from app.model.state import RunState
+from app.ui.runs.run_columns import INDEX as COL
 from engine_in_process import trained as engine_run
 
 pytestmark = pytest.mark.slow
@@ -70,10 +71,10 @@ def test_run_history_shows_the_first_start_and_the_time_all_segments_trained(qtb
     w.history.add_extra(continued)
     w.history.refresh()
     item = w.history.item_for(continued)
-    assert item.text(8) == time.strftime("%m-%d %H:%M", time.localtime(first))  # was the second start
-    assert item.text(7) == fmt_duration(seconds)  # was the second segment's few seconds
-    assert item.toolTip(7).startswith("Continued 1 time (--resume): trained ")
-    assert item.text(5) == "20" and item.text(4) == "Reached max steps"
+    assert item.text(COL["started"]) == time.strftime("%m-%d %H:%M", time.localtime(first))  # was the second start
+    assert item.text(COL["duration"]) == fmt_duration(seconds)  # was the second segment's few seconds
+    assert item.toolTip(COL["duration"]).startswith("Continued 1 time (--resume): trained ")
+    assert item.text(COL["steps"]) == "20" and item.text(COL["status"]) == "Reached max steps"
 
 
 def test_a_segment_whose_process_died_ends_at_its_last_row(tmp_path, continued):

@@ -6,6 +6,8 @@ import pytest
 from app_helpers import LONG_EPOCHS, discard, run_to_end, start, wait_until
 from test_app_run_tree import DIVERGING
 
+from app.ui.runs.run_columns import INDEX as COL
+
 
 def history_row(w, path: str):
     w.history.refresh()
@@ -31,8 +33,8 @@ def test_a_stopped_run_says_stopped_and_continues_from_the_app(qtbot, make_windo
     assert w.status.state.text() == "Stopped"
     assert any("stopped by hand" in t for t in ended_alerts(w))
     row = history_row(w, run)
-    assert row.text(4) == "Stopped" and "can be continued" in row.toolTip(4)
-    assert row.text(5) == f"{stopped_at:,}"
+    assert row.text(COL["status"]) == "Stopped" and "can be continued" in row.toolTip(COL["status"])
+    assert row.text(COL["steps"]) == f"{stopped_at:,}"
     assert "stopped" in w.controls.run_state.text().lower()
     # Continue run: the same folder, from the checkpoint, to the end.
     assert w.continue_action.isEnabled()
@@ -42,7 +44,7 @@ def test_a_stopped_run_says_stopped_and_continues_from_the_app(qtbot, make_windo
     steps = list(w.model.metrics.view("step").astype(int))
     assert steps == list(range(1, 257))  # the first steps kept, the rest trained once, no gap
     assert w.status.state.text() == "Completed"
-    assert history_row(w, run).text(4) == "Completed"
+    assert history_row(w, run).text(COL["status"]) == "Completed"
     assert not w.continue_action.isEnabled() or w.views.continuable() == run
 
 
@@ -60,7 +62,7 @@ def test_a_run_that_gives_up_says_why_in_the_alerts_status_and_history(qtbot, ma
     said = ended_alerts(w)
     assert said and "gave up after" in said[-1] and "rollbacks in a row" in said[-1]
     row = history_row(w, run)
-    assert row.text(4) == "Gave up" and "gave up after" in row.toolTip(4)
+    assert row.text(COL["status"]) == "Gave up" and "gave up after" in row.toolTip(COL["status"])
     # The same words for the folder opened in another window.
     discard(w)
     w2 = make_window()

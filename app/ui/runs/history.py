@@ -1,24 +1,28 @@
-"""Run history: the runs under the runs folder (and any opened elsewhere) as a tree, each fork
+"""Run history: the runs under the runs folder (and any opened elsewhere) as a table, each fork
 under the run it came from with what it changed (its run table's `parent` key, read by
-app/model/lineage.py). Open one, tick several to overlay their loss curves on the loss plot
-against the plots' x axis (runs with different accumulation line up by samples or tokens
-seen, not by steps; a fork's curve starts at its fork point), or compare a run with its
-family (ancestors, siblings, forks) at once. Beside the tree, the selected run's checkpoints,
-each a place to fork from."""
+app/model/lineage.py). It follows the folder live (a run started here, in a terminal or by a
+fork shows as running while it trains), filters on name, task, tag, note and status, sorts
+on any column, and keeps the columns chosen (right-click the header) across launches.
+Right-click a run to view, compare, continue, fork, tag, note, archive or delete it; tick
+several to overlay their loss curves against the plots' x axis (runs with different
+accumulation line up by samples or tokens seen, not by steps); beside the table, the
+selected run's checkpoints (run_checkpoints.py). A row is the run's summary
+(engine/store/summary.py), the same as `headroom-ctl runs` prints."""
 from __future__ import annotations
 
 import os
-import time
-from typing import Optional
+from typing import Any, Optional
 
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import QPoint, Qt, QTimer, Signal
+from PySide6.QtGui import QAction
 from PySide6.QtWidgets import (
     QAbstractItemView,
+    QCheckBox,
     QHBoxLayout,
     QHeaderView,
     QLabel,
-    QListWidget,
-    QListWidgetItem,
+    QLineEdit,
+    QMenu,
     QPushButton,
     QSplitter,
     QTreeWidget,
@@ -32,14 +36,14 @@ from app.core import assets
 from app.core.runs import RunSummary, list_runs
 from app.model import lineage
 from app.model.ending import Ending, ending
-from app.model.epoch_progress import fmt_duration
-from app.model.run_time import Mark, RunTime, run_time, single
-from app.model.stored import number
+from app.model.run_time import RunTime
 from app.model.x_axis import BY_KEY, COMPARE_HINT, DEFAULT_AXIS
 
-PATH_ROLE = Qt.ItemDataRole.UserRole
-COLUMNS = ("Compare", "Run", "Fork: what changed", "Task", "Status", "Steps", "Final loss", "Duration", "Started")
-RUN, CHANGE, STATUS, DURATION, STARTED = 1, 2, 4, 7, 8
+from .run_checkpoints import CheckpointsPane
+from .run_columns import COLUMNS, INDEX, PATH_ROLE, RunItem, RunRow, fill, fmt_when, summary_time, trained_seconds
+
+REFRESH_MS = 3000  # the table follows runs that start, train and end, here or in another process
+RUN = INDEX["run"]
 
 
 def summary_ending(r: RunSummary) -> Ending:
@@ -48,27 +52,12 @@ def summary_ending(r: RunSummary) -> Ending:
                   error=r.finish_reason or "" if r.status == "failed" else "")
 
 
-def fmt_loss(v: Optional[float]) -> str:
-    return "" if v is None else f"{v:.4g}"
-
-
-def summary_time(r: RunSummary) -> RunTime:
-    """A listed run's segments: from its run.db's events, or (a run on another machine, listed
-    by headroom-ctl) its run table's started and finished."""
-    return run_time(Mark(*m) for m in r.marks) if r.marks else single(r.started, r.finished)
-
-
-def trained_seconds(r: RunSummary, rt: RunTime, now: Optional[float] = None) -> Optional[float]:
-    """Every segment together: a run going counts to now, one whose process died to its last row."""
-    until = (now or time.time()) if r.status == "running" else number(r.last_row, None)
-    return rt.seconds(until)
-
-
-def fmt_when(t: Optional[float], pattern: str = "%m-%d %H:%M") -> str:
-    try:
-        return time.strftime(pattern, time.localtime(t)) if t is not None else ""
-    except (OverflowError, ValueError, OSError):  # a time no calendar holds (a damaged run.db)
-        return ""
+def matches(row: RunRow, words: list[str]) -> bool:
+    """Every word of the filter is in the run's name, task, tags, note, status or fork change."""
+    r = row.run
+    hay = " ".join((r.name, r.task, row.status, r.status, " ".join(r.labels.tags), r.labels.note, row.change,
+                    "archived" if r.labels.archived else "")).lower()
+    return all(w in hay for w in words)
 
 
 def segments_tip(rt: RunTime) -> str:
@@ -86,34 +75,60 @@ class HistoryPanel(QWidget):
     browse_requested = Signal()  # "Open folder..."
     overlay_toggled = Signal(str, bool)
     fork_requested = Signal(str, object)  # (run folder, lineage.Checkpoint): "Fork from here..."
+    continue_requested = Signal(str)  # continue this run folder from its last checkpoint
+    export_requested = Signal(str, object)  # (run folder, lineage.Checkpoint): export its weights
     family_requested = Signal(str)  # compare this run with its ancestors, siblings and forks
     compare_cleared = Signal()  # "Clear compare": no run overlaid
+    run_action = Signal(str, str)  # (action, run path): tags, note, archive, unarchive, delete, folder
+    remote_refresh_requested = Signal()  # the refresh button: list a server's runs again too
+    table_view_changed = Signal(dict)  # the columns shown, the sort: kept in preferences
 
     def __init__(self, root: str, parent: Optional[QWidget] = None) -> None:
         super().__init__(parent)
         self.root = root
         self.extra: list[str] = []
         self.runs: list[RunSummary] = []
+        self.rows: dict[str, RunRow] = {}
         self.nodes: dict[str, lineage.RunNode] = {}
         # Another machine's runs (a remote run is open): (host, its runs, a note: listing, or why not)
         self.remote: Optional[tuple[str, list[RunSummary], str]] = None
         self._filling = False
+        self._shape: tuple[Any, ...] = ()  # the rows and their parents last drawn: the same shape is updated in place
+        self.checked: set[str] = set()
         self.root_label = QLabel()
         self.root_label.setObjectName("hint")
         self.root_label.setWordWrap(True)
         self.compare_label = QLabel()
         self.compare_label.setObjectName("hint")
         self.compare_label.setWordWrap(True)
+        self.filter_box = QLineEdit()
+        self.filter_box.setPlaceholderText("Filter runs: name, task, tag, note, status")
+        self.filter_box.setClearButtonEnabled(True)
+        self.filter_box.textChanged.connect(lambda _t: self.apply_filter())
+        self.show_archived = QCheckBox("Show archived")
+        self.show_archived.setToolTip("List the runs archived (right-click a run: Archive) too")
+        self.show_archived.toggled.connect(lambda _on: self.refresh())
         self.tree = QTreeWidget()
         self.tree.setColumnCount(len(COLUMNS))
-        self.tree.setHeaderLabels(list(COLUMNS))
+        self.tree.setHeaderLabels([c.title for c in COLUMNS])
+        for i, c in enumerate(COLUMNS):
+            self.tree.headerItem().setToolTip(i, c.tip)
         self.tree.setRootIsDecorated(True)
         self.tree.setAlternatingRowColors(True)
+        self.tree.setUniformRowHeights(True)
         self.tree.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
+        self.tree.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
+        self.tree.customContextMenuRequested.connect(self._run_menu)
         h = self.tree.header()
-        for c in range(len(COLUMNS)):
-            h.setSectionResizeMode(c, QHeaderView.ResizeMode.ResizeToContents)
-        h.setSectionResizeMode(CHANGE, QHeaderView.ResizeMode.Stretch)
+        h.setSectionResizeMode(QHeaderView.ResizeMode.Interactive)
+        h.setStretchLastSection(False)
+        h.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
+        h.customContextMenuRequested.connect(self._column_menu)
+        h.sortIndicatorChanged.connect(lambda *_: self.table_view_changed.emit(self.table_view()))
+        self.tree.setSortingEnabled(True)
+        self.tree.sortByColumn(INDEX["started"], Qt.SortOrder.DescendingOrder)
+        for i, c in enumerate(COLUMNS):
+            self.tree.setColumnHidden(i, not c.shown)
         self.tree.itemDoubleClicked.connect(lambda item, _c: self._open(item.data(RUN, PATH_ROLE)))
         self.tree.itemChanged.connect(self._item_changed)
         self.tree.currentItemChanged.connect(lambda *_: self._show_checkpoints())
@@ -130,49 +145,44 @@ class HistoryPanel(QWidget):
         self.clear_button = QPushButton("Clear compare")
         self.clear_button.setToolTip("Untick every compared run: only the run shown stays on the plots")
         self.clear_button.clicked.connect(self.compare_cleared)
-        refresh = QPushButton(assets.icon("refresh"), "")
-        refresh.setToolTip("Refresh the list")
-        refresh.clicked.connect(self.refresh)
+        self.refresh_button = QPushButton(assets.icon("refresh"), "")
+        self.refresh_button.setToolTip("List the runs again (a server's too); the list also follows the runs "
+                                       "folder by itself every few seconds")
+        self.refresh_button.clicked.connect(self._refresh_all)
+        # The actions above the table: the dock opens short, and what is below its fold is not found.
         row = QHBoxLayout()
-        for b in (open_b, browse, self.family_button, self.clear_button):
+        row.addWidget(self.filter_box, 1)
+        row.addWidget(self.show_archived)
+        for b in (open_b, browse, self.family_button, self.clear_button, self.refresh_button):
             row.addWidget(b)
-        row.addStretch(1)
-        row.addWidget(refresh)
 
-        self.checkpoint_label = QLabel("Checkpoints")
-        self.checkpoint_label.setObjectName("hint")
-        self.checkpoint_list = QListWidget()
-        self.checkpoint_list.setObjectName("checkpoints")
-        self.checkpoint_list.itemDoubleClicked.connect(lambda _i: self._fork_selected())
-        self.checkpoint_list.currentRowChanged.connect(lambda _r: self._sync_fork_button())
-        self.fork_button = QPushButton("Fork from here...")
-        self.fork_button.setToolTip("Start a new run from the selected checkpoint, with settings you change")
-        self.fork_button.clicked.connect(self._fork_selected)
-        side = QWidget()
-        side_lay = QVBoxLayout(side)
-        side_lay.setContentsMargins(0, 0, 0, 0)
-        side_lay.addWidget(self.checkpoint_label)
-        side_lay.addWidget(self.checkpoint_list, 1)
-        side_lay.addWidget(self.fork_button)
+        self.checkpoints = CheckpointsPane(self)
+        self.checkpoint_label, self.checkpoint_list = self.checkpoints.label, self.checkpoints.list
+        self.fork_button = self.checkpoints.fork_button
+        self.checkpoints.fork_requested.connect(self.fork_requested)
+        self.checkpoints.continue_requested.connect(self.continue_requested)
+        self.checkpoints.export_requested.connect(self.export_requested)
         main = QWidget()
         main_lay = QVBoxLayout(main)
         main_lay.setContentsMargins(0, 0, 0, 0)
-        main_lay.addWidget(self.compare_label)
-        main_lay.addWidget(self.tree, 1)
         main_lay.addLayout(row)
+        main_lay.addWidget(self.tree, 1)
+        main_lay.addWidget(self.compare_label)
         split = QSplitter(Qt.Orientation.Horizontal)
         split.addWidget(main)
-        split.addWidget(side)
-        split.setStretchFactor(0, 4)
+        split.addWidget(self.checkpoints)
+        split.setStretchFactor(0, 5)
         split.setStretchFactor(1, 1)
         lay = QVBoxLayout(self)
         lay.setContentsMargins(4, 4, 4, 4)
         lay.addWidget(self.root_label)
         lay.addWidget(split, 1)
-        self.checked: set[str] = set()
         self._update_root_label()
         self.set_x_axis(DEFAULT_AXIS)
-        self._sync_fork_button()
+        self.live_timer = QTimer(self)
+        self.live_timer.setInterval(REFRESH_MS)
+        self.live_timer.timeout.connect(self._follow)
+        self.live_timer.start()
 
     def set_x_axis(self, key: str) -> None:
         """Say what the Compare overlays are drawn against (the plots' x axis)."""
@@ -189,21 +199,90 @@ class HistoryPanel(QWidget):
         if path not in self.extra:
             self.extra.append(path)
 
-    # -- the tree --------------------------------------------------------------------------
+    # -- the columns chosen, kept across launches ---------------------------------------------
+    def table_view(self) -> dict[str, Any]:
+        h = self.tree.header()
+        return {"hidden": [c.key for i, c in enumerate(COLUMNS) if self.tree.isColumnHidden(i)],
+                "sort": [COLUMNS[h.sortIndicatorSection()].key if 0 <= h.sortIndicatorSection() < len(COLUMNS)
+                         else "started", "desc" if h.sortIndicatorOrder() == Qt.SortOrder.DescendingOrder else "asc"]}
+
+    def set_table_view(self, view: Any) -> None:
+        """The saved choice (any shape: what it does not name stays as it is)."""
+        if not isinstance(view, dict):
+            return
+        hidden = view.get("hidden")
+        if isinstance(hidden, list):
+            for i, c in enumerate(COLUMNS):
+                self.tree.setColumnHidden(i, c.key in hidden and c.key != "run")
+        sort = view.get("sort")
+        if isinstance(sort, list) and len(sort) == 2 and sort[0] in INDEX:
+            order = Qt.SortOrder.AscendingOrder if sort[1] == "asc" else Qt.SortOrder.DescendingOrder
+            self.tree.sortByColumn(INDEX[sort[0]], order)
+
+    def _column_menu(self, pos: QPoint) -> QMenu:
+        menu = QMenu(self)
+        for i, c in enumerate(COLUMNS):
+            if c.key == "run":
+                continue  # a row without its name is nobody's
+            act = menu.addAction(c.title)
+            act.setCheckable(True)
+            act.setChecked(not self.tree.isColumnHidden(i))
+            act.toggled.connect(lambda on, i=i: self._show_column(i, on))
+        self.column_menu = menu
+        menu.popup(self.tree.header().mapToGlobal(pos))
+        return menu
+
+    def _show_column(self, i: int, on: bool) -> None:
+        self.tree.setColumnHidden(i, not on)
+        if on:
+            self.tree.resizeColumnToContents(i)
+        self.table_view_changed.emit(self.table_view())
+
+    # -- the table ---------------------------------------------------------------------------
+    def _follow(self) -> None:
+        if self.isVisible():
+            self.refresh()
+
+    def _refresh_all(self) -> None:
+        self.refresh()
+        if self.remote is not None:
+            self.remote_refresh_requested.emit()
+
     def refresh(self) -> None:
-        current = self.selected_path()
-        self.runs = list_runs(self.root, tuple(self.extra))
+        """List the runs again: rows of the same runs are updated in place (the selection, the
+        scroll and the sort stay); a run that came, went or moved in the tree rebuilds it."""
+        self.runs = [r for r in list_runs(self.root, tuple(self.extra))
+                     if self.show_archived.isChecked() or not r.labels.archived]
         self.nodes = lineage.build_tree([r.path for r in self.runs])
         names = {r.path: r.name for r in self.runs}
+        self.rows = {r.path: self._row(r, self.nodes.get(r.path), names) for r in self.runs}
+        remote = self.remote[1] if self.remote is not None else []
+        for r in remote:
+            self.rows[r.path] = self._row(r, None, {})
+        shape = (tuple((r.path, self._up(r.path)) for r in self.runs), self.remote and self.remote[0],
+                 self.remote and self.remote[2], tuple(r.path for r in remote))
+        if shape == self._shape:
+            self._filling = True
+            try:
+                for item in self.items():
+                    path = item.data(RUN, PATH_ROLE)
+                    if path in self.rows:
+                        self._fill(item, self.rows[path])
+            finally:
+                self._filling = False
+            self.apply_filter()
+            return
+        self._shape = shape
+        current = self.selected_path()
         self._filling = True
+        self.tree.setSortingEnabled(False)  # no re-sorting at each row added
         try:
             self.tree.clear()
             items: dict[str, QTreeWidgetItem] = {}
             for r in self.runs:
-                items[r.path] = self._item(r, self.nodes.get(r.path), names)
+                items[r.path] = self._item(self.rows[r.path])
             for r in self.runs:
-                node = self.nodes.get(r.path)
-                up = node.up if node is not None else None  # a forest: parent loops are cut (lineage.build_tree)
+                up = self._up(r.path)
                 if up in items:
                     items[up].addChild(items[r.path])
                 else:
@@ -213,8 +292,32 @@ class HistoryPanel(QWidget):
             if current in items:
                 self.tree.setCurrentItem(items[current])
         finally:
+            self.tree.setSortingEnabled(True)
             self._filling = False
+        for i in range(len(COLUMNS)):
+            if not self.tree.isColumnHidden(i):
+                self.tree.resizeColumnToContents(i)
+        self.apply_filter()
         self._show_checkpoints()
+
+    def _up(self, path: str) -> Optional[str]:
+        node = self.nodes.get(path)
+        return node.up if node is not None else None  # a forest: parent loops are cut (lineage.build_tree)
+
+    def apply_filter(self) -> None:
+        """Hide the rows the filter's words do not match (a matching fork keeps its parents shown)."""
+        words = self.filter_box.text().lower().split()
+
+        def visit(item: Optional[QTreeWidgetItem]) -> bool:
+            if item is None:
+                return False
+            kids = [visit(item.child(i)) for i in range(item.childCount())]
+            row = self.rows.get(item.data(RUN, PATH_ROLE))
+            shown = any(kids) or (row is not None and matches(row, words)) or (row is None and not words)
+            item.setHidden(not shown)
+            return shown
+        for i in range(self.tree.topLevelItemCount()):
+            visit(self.tree.topLevelItem(i))
 
     # -- another machine's runs --------------------------------------------------------------
     def set_remote(self, host: str, runs: list[RunSummary], note: str = "") -> None:
@@ -231,7 +334,7 @@ class HistoryPanel(QWidget):
         if self.remote is None:
             return {}
         host, runs, note = self.remote
-        head = QTreeWidgetItem(["", f"Runs on {host}" + (f" ({note})" if note else "")])
+        head = RunItem(["", f"Runs on {host}" + (f" ({note})" if note else "")])
         font = head.font(RUN)
         font.setBold(True)
         head.setFont(RUN, font)
@@ -240,7 +343,9 @@ class HistoryPanel(QWidget):
         self.tree.addTopLevelItem(head)
         items = {}
         for r in runs:
-            items[r.path] = self._item(r, None, {})
+            if r.labels.archived and not self.show_archived.isChecked():
+                continue
+            items[r.path] = self._item(self.rows[r.path])
             head.addChild(items[r.path])
         return items
 
@@ -248,9 +353,8 @@ class HistoryPanel(QWidget):
         if path:  # not a section's heading
             self.open_requested.emit(path)
 
-    def _item(self, r: RunSummary, node: Optional[lineage.RunNode], names: dict[str, str]) -> QTreeWidgetItem:
+    def _row(self, r: RunSummary, node: Optional[lineage.RunNode], names: dict[str, str]) -> RunRow:
         rt = summary_time(r)  # a continued run is one run: its first start, its segments' time together
-        when = fmt_when(rt.first_started)
         change = ""
         if node is not None and node.parent is not None:
             p = node.parent
@@ -259,24 +363,85 @@ class HistoryPanel(QWidget):
                 change = f"fork of {os.path.basename(os.path.normpath(p.run_dir))} {change}"
             if node.loops:
                 change = f"{change} (parent record loops back: shown as a top-level run)"
-        end = summary_ending(r)
-        seconds = trained_seconds(r, rt)
-        duration = fmt_duration(seconds) if seconds is not None else ""
-        item = QTreeWidgetItem(["", r.name, change, r.task, end.word, f"{r.steps:,}" if r.steps else "",
-                                fmt_loss(r.final_loss), duration, when])
-        item.setToolTip(STATUS, end.text)
-        tip = segments_tip(rt)
-        if tip:
-            item.setToolTip(DURATION, tip)
-            item.setToolTip(STARTED, tip)
+        return RunRow(r, change, summary_ending(r).word, trained_seconds(r, rt), rt.first_started)
+
+    def _item(self, row: RunRow) -> QTreeWidgetItem:
+        item = RunItem()
         item.setFlags(item.flags() | Qt.ItemFlag.ItemIsUserCheckable)
-        item.setCheckState(0, Qt.CheckState.Checked if r.path in self.checked else Qt.CheckState.Unchecked)
-        item.setData(RUN, PATH_ROLE, r.path)
-        item.setToolTip(RUN, r.path)
-        if change:
-            item.setToolTip(CHANGE, f"{change}\nparent: {node.parent.run_dir}")  # type: ignore[union-attr]  # a change is shown only for a forked run, which has a parent
+        item.setCheckState(0, Qt.CheckState.Checked if row.run.path in self.checked else Qt.CheckState.Unchecked)
+        self._fill(item, row)
         return item
 
+    def _fill(self, item: QTreeWidgetItem, row: RunRow) -> None:
+        fill(item, row)
+        r = row.run
+        item.setToolTip(INDEX["status"], summary_ending(r).text)
+        tip = segments_tip(summary_time(r))
+        item.setToolTip(INDEX["duration"], tip)
+        item.setToolTip(INDEX["started"], tip)
+        item.setToolTip(RUN, r.path + (f"\n\n{r.labels.note}" if r.labels.note else ""))
+        item.setToolTip(INDEX["note"], r.labels.note)
+        node = self.nodes.get(r.path)
+        if row.change and node is not None and node.parent is not None:
+            item.setToolTip(INDEX["change"], f"{row.change}\nparent: {node.parent.run_dir}")
+        if r.labels.archived:
+            for i in range(len(COLUMNS)):
+                item.setForeground(i, self.palette().placeholderText())
+
+    # -- right-click on a run ------------------------------------------------------------------
+    def summary_of(self, path: Optional[str]) -> Optional[RunSummary]:
+        row = self.rows.get(path or "")
+        return row.run if row is not None else None
+
+    def _run_menu(self, pos: QPoint) -> Optional[QMenu]:
+        item = self.tree.itemAt(pos)
+        path = item.data(RUN, PATH_ROLE) if item is not None else None
+        run = self.summary_of(path)
+        if item is None or path is None or run is None:
+            return None
+        self.tree.setCurrentItem(item)
+        menu = self.run_menu(run)
+        menu.popup(self.tree.viewport().mapToGlobal(pos))
+        return menu
+
+    def run_menu(self, run: RunSummary) -> QMenu:
+        """The actions on a run (also what a test triggers, by their text)."""
+        remote = self.remote is not None and run.path.startswith(self.remote[0] + ":")
+        cps = [] if remote else lineage.checkpoints(run.path)
+        menu = QMenu(self)
+
+        def add(text: str, slot: Any, enabled: bool = True, tip: str = "") -> QAction:
+            act = menu.addAction(text)
+            act.triggered.connect(lambda *_: slot())
+            act.setEnabled(enabled)
+            act.setToolTip(tip)
+            return act
+        add("View", lambda: self._open(run.path))
+        add("Compare" if run.path not in self.checked else "Stop comparing",
+            lambda: self.set_checked(run.path, run.path not in self.checked))
+        add("Compare with family", lambda: self.family_requested.emit(run.path))
+        menu.addSeparator()
+        add("Continue", lambda: self.continue_requested.emit(run.path), bool(cps) and not run.live,
+            "continue from its last checkpoint, with the form's settings")
+        add("Fork...", lambda: self.fork_requested.emit(run.path, cps[-1]), bool(cps),
+            "a new run from its last checkpoint (pick an older one in Checkpoints)")
+        menu.addSeparator()
+        for text, action in (("Edit tags...", "tags"), ("Edit note...", "note")):
+            add(text, lambda a=action: self.run_action.emit(a, run.path))
+        if not remote:
+            add("Show in file manager", lambda: self.run_action.emit("folder", run.path))
+            add("Show again" if run.labels.archived else "Archive...",
+                lambda: self.run_action.emit("unarchive" if run.labels.archived else "archive", run.path))
+            add("Delete...", lambda: self.run_action.emit("delete", run.path), not run.live,
+                "a run that trains cannot be deleted" if run.live else "")
+        menu.setToolTipsVisible(True)
+        self.context_menu = menu
+        return menu
+
+    def forks_of(self, path: str) -> int:
+        return sum(1 for n in self.nodes.values() if n.parent is not None and n.parent.run_dir == path)
+
+    # -- rows ------------------------------------------------------------------------------
     def items(self) -> list[QTreeWidgetItem]:
         """Every row of the tree, parents before their forks."""
         out = []
@@ -291,6 +456,10 @@ class HistoryPanel(QWidget):
             if item.data(RUN, PATH_ROLE) == path:
                 return item
         return None
+
+    def shown_paths(self) -> list[str]:
+        """The runs the filter leaves in the table, in its order."""
+        return [i.data(RUN, PATH_ROLE) for i in self.items() if not i.isHidden() and i.data(RUN, PATH_ROLE)]
 
     def selected_path(self) -> Optional[str]:
         item = self.tree.currentItem()
@@ -336,34 +505,9 @@ class HistoryPanel(QWidget):
     # -- checkpoints -----------------------------------------------------------------------
     def _show_checkpoints(self) -> None:
         path = self.selected_path()
-        self.checkpoint_list.clear()
-        if not path:
-            self.checkpoint_label.setText("Checkpoints (select a run)")
-            self._sync_fork_button()
-            return
-        if self.remote is not None and path.startswith(self.remote[0] + ":"):  # not read over ssh
-            self.checkpoint_label.setText("Checkpoints: on the server (fork there with headroom-ctl start --fork)")
-            self._sync_fork_button()
-            return
-        cps = lineage.checkpoints(path)
-        name = os.path.basename(os.path.normpath(path))
-        self.checkpoint_label.setText(f"Checkpoints of {name}" if cps else f"{name}: no checkpoints")
-        for c in reversed(cps):  # newest first
-            li = QListWidgetItem(c.label)
-            li.setData(PATH_ROLE, c)
-            li.setToolTip(c.path)
-            self.checkpoint_list.addItem(li)
-        if cps:
-            self.checkpoint_list.setCurrentRow(0)
-        self._sync_fork_button()
+        remote = path is not None and self.remote is not None and path.startswith(self.remote[0] + ":")
+        run = self.summary_of(path)
+        self.checkpoints.show_run(path, remote, run.live if run is not None else False)
 
     def checkpoints_shown(self) -> list[lineage.Checkpoint]:
-        return [self.checkpoint_list.item(i).data(PATH_ROLE) for i in range(self.checkpoint_list.count())]
-
-    def _sync_fork_button(self) -> None:
-        self.fork_button.setEnabled(self.checkpoint_list.currentItem() is not None)
-
-    def _fork_selected(self) -> None:
-        li, path = self.checkpoint_list.currentItem(), self.selected_path()
-        if li is not None and path:
-            self.fork_requested.emit(path, li.data(PATH_ROLE))
+        return self.checkpoints.shown()

@@ -25,12 +25,14 @@ from app.session.remote_source import RemoteSource
 from app.session.sources import read_metrics
 from app.ui.shell.background import Background
 from app.ui.shell.remote_fields import host_of, remembered_python
+from engine.ctl import client
 from engine.ctl.client import default_python, is_remote
 from engine.declarations.commands import Command
 from engine.store import RunReader, StoreError
 
 from .forking import ForkFlow
 from .history import HistoryPanel
+from .run_folder_actions import RunFolderActions
 from .what_fits import LeversPanel, split_commands
 
 log = logging.getLogger("headroom.tree")
@@ -59,19 +61,30 @@ def validation(path: str) -> tuple[np.ndarray, np.ndarray]:
 class RunTreeViews(QObject):
     def __init__(self, driver: SessionDriver, history: HistoryPanel, levers: LeversPanel,
                  plots: Callable[[], Any], start: Callable[[dict[str, Any]], bool],
-                 error: Callable[[str, str], Any], parent_widget: Any) -> None:
+                 error: Callable[[str, str], Any], parent_widget: Any,
+                 continue_run: Optional[Callable[[str], bool]] = None) -> None:
         """plots: the PlotPanel (built on first use); start: the window's start path for a
-        config's fields; error: a dialog (title, message)."""
+        config's fields; error: a dialog (title, message); continue_run: the window's Continue
+        run for a run folder (the run shown)."""
         super().__init__(driver)
         self.driver, self.session = driver, driver.session
         self.history, self.levers, self._plots, self.error = history, levers, plots, error
         self.forks = ForkFlow(parent_widget, start, error)
         self.background = Background(self)  # another machine's runs and overlays, read over ssh
+        self.folder_actions = RunFolderActions(parent_widget, error)  # tags, note, archive, delete, export
+        self._continue = continue_run
         s = driver.signals
         history.fork_requested.connect(lambda path, ckpt: self.forks.open(path, ckpt))
         history.overlay_toggled.connect(self.set_overlay)
         history.family_requested.connect(self.compare_family)
         history.compare_cleared.connect(self.clear_compare)
+        history.continue_requested.connect(self.continue_run)
+        history.export_requested.connect(self.folder_actions.export_weights)
+        history.run_action.connect(self.run_action)
+        history.remote_refresh_requested.connect(lambda: self.list_host_runs(self.shown_run_dir() or ""))
+        self.folder_actions.changed.connect(lambda _path: history.refresh())
+        # The table follows this window's runs as they start and end (another process's: its timer).
+        s.run_started.connect(lambda *_: history.refresh())  # its end: the window's _on_run_done
         s.run_started.connect(lambda info: self.align_shown(str(info.get("run_dir") or "")))
         driver.folder_opened.connect(self.align_shown)
         driver.folder_opened.connect(self.list_host_runs)
@@ -95,6 +108,59 @@ class RunTreeViews(QObject):
     def fork_at_step(self, step: int) -> Any:
         """A plot's "Fork from here...": the run shown, from its nearest checkpoint at or before `step`."""
         return self.forks.from_step(self.shown_run_dir(), step)
+
+    # -- the run table's actions ------------------------------------------------------------------
+    def continue_run(self, path: str) -> bool:
+        """Continue a run from its last checkpoint: it is shown first (the form takes its
+        settings, as Continue run on the run shown does), then continued."""
+        if self._continue is None:
+            return False
+        shown = self.shown_run_dir()
+        if (shown is None or os.path.abspath(shown) != os.path.abspath(path)) and not self.driver.open(path):
+            return False
+        return self._continue(path)
+
+    def run_action(self, action: str, path: str) -> Any:
+        """A run table's right-click action on a run: here through its folder, on a server
+        through headroom-ctl (tags and note)."""
+        run = self.history.summary_of(path)
+        if run is None:
+            return None
+        if is_remote(path):
+            return self._remote_labels(action, run)
+        acts = self.folder_actions
+        if action == "tags":
+            return acts.edit_tags(run)
+        if action == "note":
+            return acts.edit_note(run)
+        if action in ("archive", "unarchive"):
+            return acts.archive(run, action == "archive")
+        if action == "delete":
+            return acts.delete(run, self.history.forks_of(path))
+        if action == "folder":
+            return acts.open_folder(path)
+        return None
+
+    def _remote_labels(self, action: str, run: Any) -> Any:
+        """Tags and note of a server's run: asked here, written there (headroom-ctl tag over ssh)."""
+        host, _, folder = run.path.partition(":")
+        target = client.RemoteRun(host, folder)
+
+        def send(**change: Any) -> None:
+            self.background.run(lambda: client.label_run(target, remote_python=self.python_for(run.path), **change),
+                                lambda out: self._remote_labelled(out), "remote-labels")
+        acts = self.folder_actions
+        if action == "tags":
+            return acts.edit_tags(run, send=send)
+        if action == "note":
+            return acts.edit_note(run, send=send)
+        return None
+
+    def _remote_labelled(self, out: Any) -> None:
+        if isinstance(out, Exception):
+            self.error("Could not change the run's labels", f"{out}\n\nNothing was changed.")
+        else:
+            self.list_host_runs(self.shown_run_dir() or "")
 
     # -- overlays --------------------------------------------------------------------------
     def align_shown(self, run_dir: str) -> None:

@@ -12,6 +12,7 @@ from app.model.x_axis import DEFAULT_AXIS, axis_or_default
 X_AXIS_KEY = "x_axis"
 APPLY_AT_KEY = "apply_at"
 SMOOTHING_KEY = "plots/smoothing"
+HISTORY_KEY = "history/table"  # {"hidden": [column keys], "sort": [key, "asc" | "desc"]}
 LOG_KEY = "plots/log_scales"  # {"loss": bool, "norm": bool, "lr": bool}
 LEGACY_LOG_KEY = "log_scale"  # the loss's alone, as saved before each plot had its own
 
@@ -43,6 +44,12 @@ class ViewPrefs:
             for plot, on in self.log_scales.items():
                 panel.set_log(plot, on)
         panel.log_scales_changed.connect(self._log_scale_chosen)
+
+    def bind_history(self, history: Any) -> None:
+        """The run table's columns shown and its sort (app/ui/runs/run_columns.py)."""
+        if self.restore:
+            history.set_table_view(self.p.get_json(HISTORY_KEY, None))
+        history.table_view_changed.connect(lambda view: self.p.set_json(HISTORY_KEY, view))
 
     def bind_log_action(self, action: Any) -> None:
         """The loss's log scale, the window's action (View menu, Ctrl+L, the plots' toolbar box):
