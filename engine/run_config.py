@@ -41,6 +41,8 @@ def config_from_args(ns: argparse.Namespace) -> TrainConfig:
         given["fork_changes"] = tuple(k for k in given if k not in ("fork", "run_dir"))
     if source == "resume":
         saved.pop("max_steps", None)  # the limit that stopped the run is not one for its continuation
+        if saved and "keep_epoch_checkpoints" not in saved:  # started before the setting: it kept them all
+            saved["keep_epoch_checkpoints"] = None
     if "task_args" in given and isinstance(saved.get("task_args"), dict):  # the keys named change, the rest stay
         given["task_args"] = {**saved["task_args"], **given["task_args"]}
     base = overlay(saved, given)

@@ -34,8 +34,8 @@ def _flag_value(v: Any) -> str:
 
 def _setting_flags(s: Setting, v: Any) -> list[str]:
     """One setting's flags as the engine's command line reads them back."""
-    if v is None:
-        return []
+    if v is None:  # the default's None is no flag; a None that is not the default is its word (`all`)
+        return [s.option, s.none_means] if s.default is not None and s.none_means else []
     if s.switch:
         return [s.option] if v else []
     if s.repeat:  # --task-arg KEY=VALUE, the value as JSON (the engine reads it back as JSON)

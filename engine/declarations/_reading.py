@@ -52,6 +52,16 @@ def read_workers(text: str) -> Optional[int]:
     return None if str(text).strip().lower() == "auto" else read_int(text)
 
 
+def read_kept(text: str) -> Optional[int]:
+    """How many checkpoints to keep: a whole number, or `all` (None: every one)."""
+    if str(text).strip().lower() == "all":
+        return None
+    try:
+        return read_int(text)
+    except ConfigError:
+        raise ConfigError(f"expected a whole number or all, got {limits.quote(text)}") from None
+
+
 def read_task_arg(text: str) -> tuple[str, Any]:
     try:
         return parse_task_arg(text)

@@ -26,7 +26,8 @@ SQLite's 64-bit INTEGER and a float64 exactly):
 - seed 0..2**63-1: what torch.manual_seed and SQLite's INTEGER both hold.
 - memory-margin [0, 1): a fraction of the card kept free.
 - warmup-samples 0..2**40 (the window bound) or warmup-fraction 0..1 (at most the whole run).
-- checkpoint-every 1..10**9 steps, keep-checkpoints 1..10**4 (each is a full copy).
+- checkpoint-every 1..10**9 steps, keep-checkpoints and keep-epoch-checkpoints 1..10**4 (each
+  is a full copy; `all` keeps every epoch checkpoint).
 - spike-factor 1.01..1e6: F <= 1 would call every step a spike.
 - workers 0..64: past 64 a workstation spends more on IPC than it gains.
 
@@ -65,6 +66,7 @@ from ._reading import ConfigError as ConfigError
 from ._reading import check_task_args as check_task_args
 from ._reading import parse_size as parse_size
 from ._reading import parse_task_arg as parse_task_arg
+from ._reading import read_kept as read_kept
 from ._reading import read_task_arg as read_task_arg
 from ._reading import read_workers as read_workers
 
@@ -205,8 +207,14 @@ class TrainConfig:
         None, CHECKPOINTS, "also write checkpoints/step-S.pt every N optimizer steps",
         metavar="N", none_means="off", low=1, high=10**9)
     keep_checkpoints: int = setting(
-        3, CHECKPOINTS, "step checkpoints kept (epoch checkpoints are all kept)",
+        3, CHECKPOINTS, "step checkpoints kept (the newest K, and any a fork or a rollback names)",
         metavar="K", low=1, high=10**4)
+    # None (`all`) keeps every epoch checkpoint, as runs did before this setting: a run saved
+    # without it resumes so (engine/run_config.py).
+    keep_epoch_checkpoints: Optional[int] = setting(
+        3, CHECKPOINTS, "epoch checkpoints kept: the newest N, besides the best by validation loss and any a "
+        "fork or a rollback names (all: every one)",
+        label="Epoch checkpoints kept", read=read_kept, metavar="N|all", none_means="all", low=1, high=10**4)
 
     # Non-finite steps
     nonfinite: str = setting(
@@ -249,7 +257,7 @@ class TrainConfig:
         ConfigError for the first that is out."""
         for f in fields(self):
             value = getattr(self, f.name)
-            if value is None and f.default is None:
+            if value is None and _may_be_none(f):
                 continue
             check_value(f.name, value)
         if self.strategy != "fsdp" and (self.fsdp_reduce != "last" or self.cpu_offload):
@@ -313,6 +321,13 @@ CHOICES: dict[str, tuple[str, ...]] = {
     f.name: f.metadata[SETTING].choices for f in fields(TrainConfig)
     if SETTING in f.metadata and f.metadata[SETTING].choices}
 _DEFAULTS: dict[str, Any] = {f.name: default_of(f) for f in fields(TrainConfig)}
+
+
+def _may_be_none(f: Any) -> bool:
+    """A field that may hold None: its default is None, or its setting says what None means
+    (keep_epoch_checkpoints: None is `all`, the default a number)."""
+    declared = f.metadata.get(SETTING)
+    return f.default is None or bool(declared is not None and declared.none_means)
 
 
 def split_warmup(warmup: Any, who: str = "--warmup") -> dict[str, Any]:

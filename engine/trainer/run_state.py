@@ -2,14 +2,12 @@
 live settings and the config the run was started with."""
 from __future__ import annotations
 
-import os
-import shutil
-from typing import Any, Collection, Optional
+from typing import Any, Collection, Mapping, Optional
 
 import torch
 
 from engine.checkpoints import files as ckpt
-from engine.checkpoints import sharded
+from engine.checkpoints import retention, sharded
 from engine.declarations.commands import Command, command_for
 from engine.declarations.settings import LIVE_SETTINGS, LiveSettings
 
@@ -41,16 +39,19 @@ def numbered_path(parts: RunParts, step: int, epoch_done: Optional[int], step_ch
 
 
 def save(parts: RunParts, progress: Progress, settings: LiveSettings, epoch_done: Optional[int] = None,
-         step_checkpoint: bool = False, keep_too: Collection[str] = ()) -> str:
+         step_checkpoint: bool = False, keep_too: Collection[str] = (),
+         val_losses: Optional[Mapping[int, Optional[float]]] = None) -> str:
     """Write last.pt, and epoch-N.pt at an epoch's end or step-S.pt (--checkpoint-every),
     atomically. Returns last.pt's path. A sharded run (every rank calls this) writes folders
     instead (checkpoints/sharded.py).
 
     Step files rotate before the new one is written: all but the newest --keep-checkpoints - 1
     go first, so the disk holds K step checkpoints and last.pt at rest, and one more while a
-    file is being written (K + 1, +1 temporary), never K + 3. last.pt is never removed, so a
-    write that fails still leaves a good checkpoint; `keep_too` (what a rollback may still
-    pick, autopilot.py) is never removed either."""
+    file is being written (K + 1, +1 temporary), never K + 3. Epoch files are pruned after the
+    new one is written (--keep-epoch-checkpoints, checkpoints/retention.py; `val_losses`: each
+    epoch's validation loss, for the best). last.pt is never removed, so a write that fails
+    still leaves a good checkpoint; `keep_too` (what a rollback may still pick, autopilot.py,
+    and what a fork continues from, checkpoints/forks.py) is never removed either."""
     numbered = numbered_path(parts, progress.step, epoch_done, step_checkpoint)
     last = ckpt.last_path(parts.run_dir)
     if step_checkpoint and parts.ctx.is_main:
@@ -64,6 +65,10 @@ def save(parts: RunParts, progress: Progress, settings: LiveSettings, epoch_done
         if numbered is not None:
             ckpt.save_checkpoint(state, numbered)
         ckpt.save_checkpoint(state, last)
+    if epoch_done is not None and parts.ctx.is_main:  # after the write: a failed one removes nothing
+        paths = ckpt.candidates(parts.run_dir)
+        retention.remove(retention.epochs_to_remove(paths, val_losses or {}, parts.config.keep_epoch_checkpoints,
+                                                    keep_too))
     return ckpt.existing(last)
 
 
@@ -77,14 +82,7 @@ def prune_step_checkpoints(run_dir: str, keep: int, keep_too: Collection[str] = 
              and (coming is None or ckpt.name_of(p) != ckpt.name_of(coming))]
     steps.sort(key=lambda p: int(ckpt.name_of(p)[5:]))
     removed = [p for p in (steps[:-keep] if keep > 0 else steps) if ckpt.name_of(p) not in spared]
-    for p in removed:
-        try:
-            if os.path.isdir(p):  # a sharded checkpoint
-                shutil.rmtree(p)
-            else:
-                os.unlink(p)
-        except OSError:
-            pass
+    retention.remove(removed)  # a sharded checkpoint is a folder
     return removed
 
 

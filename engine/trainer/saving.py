@@ -4,6 +4,10 @@ The trainer saves through `Checkpointer.save` (run_state.py writes the files). A
 
 - the autopilot learns of every save on every rank, and rotation keeps what it may still
   roll back to (autopilot.needed);
+- epoch checkpoints past --keep-epoch-checkpoints go once the new one is written; the
+  best by validation loss stays (each epoch's loss kept here, the earlier ones read from
+  run.db once, so a resumed run still knows its best), and so does every checkpoint a fork
+  beside this run continues from (checkpoints/forks.py), step checkpoints included;
 - the first checkpoint a run writes is read back through the loader --resume uses
   (weights_only=True, values in range): a run finds out at once, not after it ends, that it
   writes checkpoints it would refuse (setup.check_checkpointable checked the same before
@@ -21,9 +25,11 @@ from typing import TYPE_CHECKING, Optional
 import torch
 
 from engine.checkpoints import files as ckpt
+from engine.checkpoints.forks import ForkFinder
 from engine.declarations.config import format_bytes
 from engine.declarations.outcome import CheckpointFailed
 from engine.declarations.settings import LiveSettings
+from engine.store import RunReader, StoreError
 
 from . import run_state
 from .progress import Progress
@@ -43,6 +49,10 @@ class Checkpointer:
         if origin.state is not None and origin.parent is None and origin.path:
             self.kept = (int(origin.state["step"]), origin.path)
         self.read_back = False
+        # Each epoch's validation loss (the best epoch checkpoint is kept): None until the
+        # first epoch end on the main rank reads the earlier epochs' from run.db.
+        self.val_losses: Optional[dict[int, Optional[float]]] = None
+        self.forks = ForkFinder(parts.run_dir)  # the checkpoints forks beside this run continue from
 
     def save(self, progress: Progress, settings: LiveSettings, epoch_done: Optional[int] = None,
              step_checkpoint: bool = False) -> Optional[str]:
@@ -58,8 +68,12 @@ class Checkpointer:
         sharded = parts.window.strategy.sharded  # every rank writes its shards
         if not (parts.ctx.is_main or sharded):
             return None
+        losses = None
+        if parts.ctx.is_main and (step_checkpoint or epoch_done is not None):  # a save that prunes
+            keep_too |= self.forks.named()
+            losses = self.epoch_losses(progress) if epoch_done is not None else None
         try:
-            path = run_state.save(parts, progress, settings, epoch_done, step_checkpoint, keep_too)
+            path = run_state.save(parts, progress, settings, epoch_done, step_checkpoint, keep_too, losses)
         except OSError as e:
             raise CheckpointFailed(self.not_written(e, progress.step, numbered)) from None
         if not self.read_back and parts.ctx.is_main and not sharded:
@@ -76,6 +90,17 @@ class Checkpointer:
                                        "--resume, --fork and a rollback would refuse every one") from None
         self.kept = (progress.step, numbered or path)
         return path
+
+    def epoch_losses(self, progress: Progress) -> dict[int, Optional[float]]:
+        """Every epoch's validation loss this run knows, the one just ended included (its row
+        is in the checkpoint before run.db has it). The earlier ones come from run.db, read
+        once: a resumed run's best epoch is not forgotten."""
+        if self.val_losses is None:
+            self.val_losses = earlier_val_losses(self.parts.run_dir)
+        row = progress.ended_epoch
+        if row is not None:
+            self.val_losses[int(row["epoch"])] = row.get("val_loss")
+        return self.val_losses
 
     def save_rolled_back(self, progress: Progress, settings: LiveSettings) -> str:
         """After a rollback: the restored state as last.pt, before training goes on, so a
@@ -134,3 +159,18 @@ class Checkpointer:
         for per_param in parts.optimizer.state_dict().get("state", {}).values():
             tensors += list(per_param.values()) if isinstance(per_param, dict) else []
         return sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor)) + 64 * 1024
+
+
+def earlier_val_losses(run_dir: str) -> dict[int, Optional[float]]:
+    """Epoch -> validation loss from the run's run.db (empty if it cannot be read: then the
+    best is chosen among the epochs this process ends)."""
+    try:
+        reader = RunReader(run_dir)
+    except StoreError:
+        return {}
+    try:
+        return {int(r["epoch"]): r["val_loss"] for r in reader.epochs()}
+    except (StoreError, TypeError, ValueError):
+        return {}
+    finally:
+        reader.close()

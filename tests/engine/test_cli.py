@@ -85,6 +85,8 @@ BAD = {
     "vram_limit_unreadable": (["--vram-limit", "lots"], "vram-limit"),
     "oom_recovery_maybe": (["--oom-recovery", "maybe"], "oom-recovery"),
     "seed_negative": (["--seed", "-1"], "--seed"),
+    "keep_epoch_checkpoints_0": (["--keep-epoch-checkpoints", "0"], "--keep-epoch-checkpoints"),
+    "keep_epoch_checkpoints_text": (["--keep-epoch-checkpoints", "banana"], "whole number or all"),
     "run_dir_under_a_file": (["--task", "{tasks}/good.py", "--run-dir", "{case}/afile/run"], "not writable"),
     # The first folder can be made, the next cannot: what was made is removed again.
     "run_dir_name_too_long": (["--task", "{tasks}/good.py", "--run-dir", "{case}/new/" + "x" * 300], "not writable"),

@@ -1,5 +1,6 @@
 """The Run group of the Controls panel: what is fixed once a run starts (task and its
-arguments, precision, epochs, device, data-loading workers, token budget and micro-tokens).
+arguments, precision, epochs, device, data-loading workers, token budget and micro-tokens, and
+how many epoch checkpoints are kept).
 Every number's bounds are the engine's (engine/declarations/limits.py, through app/ui/controls/limited.py)."""
 from __future__ import annotations
 
@@ -109,6 +110,9 @@ class RunFields(QGroupBox):
         self.micro_tokens = LimitedLine("micro_tokens", None, optional=True)
         self.micro_tokens.setPlaceholderText("off")
         self.micro_tokens.setToolTip("With a token budget: at most this many counted items in one micro-batch")
+        # One step below 1 is "all": every epoch checkpoint kept (None, as --keep-epoch-checkpoints all)
+        self.keep_epoch_checkpoints = LimitedSpin("keep_epoch_checkpoints", BY_NAME["keep_epoch_checkpoints"].default,
+                                                  auto_text="all")
         self.task_args = QLineEdit()
         self.task_args.setObjectName("task_args")
         self.task_args.setPlaceholderText("KEY=VALUE ...")
@@ -120,9 +124,10 @@ class RunFields(QGroupBox):
         setting_row(form, "task", self.task)
         if task_args.AVAILABLE:
             setting_row(form, "task_args", self.task_args)
-        for name in ("precision", "epochs", "device", "workers", "token_budget", "micro_tokens"):
+        for name in ("precision", "epochs", "device", "workers", "token_budget", "micro_tokens",
+                     "keep_epoch_checkpoints"):
             setting_row(form, name, getattr(self, name))
-        self._numbers = (self.epochs, self.workers, self.token_budget, self.micro_tokens)
+        self._numbers = (self.epochs, self.workers, self.token_budget, self.micro_tokens, self.keep_epoch_checkpoints)
         self.folding = Folding(form)
 
     # -- the task ------------------------------------------------------------------------
@@ -164,7 +169,8 @@ class RunFields(QGroupBox):
                 return None, w.problem()
         out = {"task": self.task_spec(), "precision": self.precision.currentData(), "epochs": self.epochs.given(),
                "device": self.device.currentText().strip(), "workers": self.workers.given(),
-               "token_budget": self.token_budget.given(), "micro_tokens": self.micro_tokens.given()}
+               "token_budget": self.token_budget.given(), "micro_tokens": self.micro_tokens.given(),
+               "keep_epoch_checkpoints": self.keep_epoch_checkpoints.given()}
         if task_args.AVAILABLE:
             try:
                 out["task_args"] = task_args.parse(self.task_args.text())
@@ -181,7 +187,7 @@ class RunFields(QGroupBox):
             self.epochs.set_given(d["epochs"])
         if d.get("device"):
             self.device.setCurrentText(str(d["device"]))
-        for name in ("workers", "token_budget", "micro_tokens"):  # None is a value here: auto, off
+        for name in ("workers", "token_budget", "micro_tokens", "keep_epoch_checkpoints"):  # None is a value: auto, off, all
             if name in d:
                 getattr(self, name).set_given(d[name])
         if "task_args" in d and task_args.AVAILABLE:
@@ -207,12 +213,14 @@ class RunFields(QGroupBox):
             parts.append(f"token budget {self.token_budget.text().strip()}")
         if self.micro_tokens.text().strip():
             parts.append(f"micro-tokens {self.micro_tokens.text().strip()}")
+        if self.keep_epoch_checkpoints.given() != BY_NAME["keep_epoch_checkpoints"].default:
+            parts.append(f"epoch checkpoints kept {self.keep_epoch_checkpoints.text()}")
         if self.task_args.text().strip():
             parts.append(self.task_args.text().strip())
         return " \u00b7 ".join(parts)
 
     def set_running(self, running: bool) -> None:
         for w in (self.task, self.precision, self.epochs, self.device, self.workers, self.token_budget,
-                  self.micro_tokens, self.task_args):
+                  self.micro_tokens, self.keep_epoch_checkpoints, self.task_args):
             w.setEnabled(not running)
         self.folding.fold(running, self.summary())
