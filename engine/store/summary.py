@@ -170,43 +170,51 @@ def summarize(path: str) -> Optional[RunSummary]:
 
 def _read(reader: RunReader, info: dict[str, Any]) -> dict[str, Any]:
     """How the run ended and when its segments ran (its run_started, run_finished, run_failed
-    and rolled_back events and its last row), its settings and its epochs; as much as the
-    run.db can say ({} for one that cannot)."""
+    and rolled_back events and its last row), its settings and its epochs: each part as much as
+    the run.db can say (a table it lacks or cannot read leaves that part out)."""
     out: dict[str, Any] = {}
+    db = reader.connection
+    decoded: list[tuple[str, dict[str, Any], Any]] = []
     try:
-        db = reader.connection
         rows = db.execute("SELECT kind, data, time FROM events WHERE kind IN ('run_started', 'run_finished', "
                           "'run_failed', 'rolled_back', 'settings_applied') ORDER BY id").fetchall()
         decoded = [(kind, _json(raw), t) for kind, raw, t in rows]
         out["marks"] = _marks(db, [(kind, t) for kind, _d, t in decoded
-                                   if kind in ('run_started', 'run_finished', 'run_failed')])
-        rolled: list[RolledBackRow] = []
-        for kind, data, _t in decoded:
-            if kind == "run_started":  # a continued run: how an earlier segment ended is not how the run did
-                out.pop("finish_reason", None)
-            elif kind == "rolled_back":
-                try:
-                    rolled.append(RolledBackRow(int(data["to_step"]), int(data["from_step"]), str(data.get("reason"))))
-                except (KeyError, TypeError, ValueError, OverflowError):
-                    continue
-            elif kind in ("run_finished", "run_failed"):
-                out["finish_reason"] = str(data.get("reason" if kind == "run_finished" else "error") or "")
-        out["rollbacks"] = tuple(rolled)
+                                   if kind in ("run_started", "run_finished", "run_failed")])
+    except (sqlite3.Error, AttributeError):
+        pass
+    rolled: list[RolledBackRow] = []
+    for kind, data, _t in decoded:
+        if kind == "run_started":  # a continued run: how an earlier segment ended is not how the run did
+            out.pop("finish_reason", None)
+        elif kind == "rolled_back":
+            try:
+                rolled.append(RolledBackRow(int(data["to_step"]), int(data["from_step"]), str(data.get("reason"))))
+            except (KeyError, TypeError, ValueError, OverflowError):
+                continue
+        elif kind in ("run_finished", "run_failed"):
+            out["finish_reason"] = str(data.get("reason" if kind == "run_finished" else "error") or "")
+    out["rollbacks"] = tuple(rolled)
+    last: list[dict[str, Any]] = []
+    try:
         last = reader.last_metrics(1)
-        if last:
-            out["final_loss"] = _num(last[0].get("loss"))
-            out["steps"] = _int(last[0].get("step"))  # a run that trains: its run table says no step yet
-        out["settings"] = live_settings(info, ({"kind": k, "data": d} for k, d, _t in decoded), last[0] if last else {})
+    except (sqlite3.Error, StoreError):
+        pass
+    if last:
+        out["final_loss"] = _num(last[0].get("loss"))
+        out["steps"] = _int(last[0].get("step"))  # a run that trains: its run table says no step yet
+    out["settings"] = live_settings(info, ({"kind": k, "data": d} for k, d, _t in decoded), last[0] if last else {})
+    try:
         epochs = reader.epochs()
-        if epochs:
-            vals = [v for v in (_num(e.get("val_loss")) for e in epochs) if v is not None]
-            out["epochs"] = _int(epochs[-1].get("epoch"))
-            out["best_val"] = min(vals) if vals else None
-            out["final_val"] = _num(epochs[-1].get("val_loss"))
-        if out["marks"] and out["marks"][-1][0] == "run_started":  # the last segment said no end (yet)
-            out["last_row"] = _last_row_before(db, None)
-    except (sqlite3.Error, StoreError, AttributeError):
-        return out
+    except (sqlite3.Error, StoreError):
+        epochs = []
+    if epochs:
+        vals = [v for v in (_num(e.get("val_loss")) for e in epochs) if v is not None]
+        out["epochs"] = _int(epochs[-1].get("epoch"))
+        out["best_val"] = min(vals) if vals else None
+        out["final_val"] = _num(epochs[-1].get("val_loss"))
+    if out.get("marks") and out["marks"][-1][0] == "run_started":  # the last segment said no end (yet)
+        out["last_row"] = _last_row_before(db, None)
     return out
 
 

@@ -14,7 +14,6 @@ import os
 from typing import Any, Optional
 
 from PySide6.QtCore import QPoint, Qt, QTimer, Signal
-from PySide6.QtGui import QAction
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QCheckBox,
@@ -41,6 +40,7 @@ from app.model.x_axis import BY_KEY, COMPARE_HINT, DEFAULT_AXIS
 
 from .run_checkpoints import CheckpointsPane
 from .run_columns import COLUMNS, INDEX, PATH_ROLE, RunItem, RunRow, fill, fmt_when, summary_time, trained_seconds
+from .run_menu import column_menu, run_menu, set_table_view, table_view
 
 REFRESH_MS = 3000  # the table follows runs that start, train and end, here or in another process
 RUN = INDEX["run"]
@@ -201,42 +201,15 @@ class HistoryPanel(QWidget):
 
     # -- the columns chosen, kept across launches ---------------------------------------------
     def table_view(self) -> dict[str, Any]:
-        h = self.tree.header()
-        return {"hidden": [c.key for i, c in enumerate(COLUMNS) if self.tree.isColumnHidden(i)],
-                "sort": [COLUMNS[h.sortIndicatorSection()].key if 0 <= h.sortIndicatorSection() < len(COLUMNS)
-                         else "started", "desc" if h.sortIndicatorOrder() == Qt.SortOrder.DescendingOrder else "asc"]}
+        return table_view(self.tree)
 
     def set_table_view(self, view: Any) -> None:
-        """The saved choice (any shape: what it does not name stays as it is)."""
-        if not isinstance(view, dict):
-            return
-        hidden = view.get("hidden")
-        if isinstance(hidden, list):
-            for i, c in enumerate(COLUMNS):
-                self.tree.setColumnHidden(i, c.key in hidden and c.key != "run")
-        sort = view.get("sort")
-        if isinstance(sort, list) and len(sort) == 2 and sort[0] in INDEX:
-            order = Qt.SortOrder.AscendingOrder if sort[1] == "asc" else Qt.SortOrder.DescendingOrder
-            self.tree.sortByColumn(INDEX[sort[0]], order)
+        set_table_view(self.tree, view)
 
     def _column_menu(self, pos: QPoint) -> QMenu:
-        menu = QMenu(self)
-        for i, c in enumerate(COLUMNS):
-            if c.key == "run":
-                continue  # a row without its name is nobody's
-            act = menu.addAction(c.title)
-            act.setCheckable(True)
-            act.setChecked(not self.tree.isColumnHidden(i))
-            act.toggled.connect(lambda on, i=i: self._show_column(i, on))
-        self.column_menu = menu
-        menu.popup(self.tree.header().mapToGlobal(pos))
-        return menu
-
-    def _show_column(self, i: int, on: bool) -> None:
-        self.tree.setColumnHidden(i, not on)
-        if on:
-            self.tree.resizeColumnToContents(i)
-        self.table_view_changed.emit(self.table_view())
+        self.column_menu = column_menu(self.tree, lambda: self.table_view_changed.emit(self.table_view()))
+        self.column_menu.popup(self.tree.header().mapToGlobal(pos))
+        return self.column_menu
 
     # -- the table ---------------------------------------------------------------------------
     def _follow(self) -> None:
@@ -406,37 +379,8 @@ class HistoryPanel(QWidget):
 
     def run_menu(self, run: RunSummary) -> QMenu:
         """The actions on a run (also what a test triggers, by their text)."""
-        remote = self.remote is not None and run.path.startswith(self.remote[0] + ":")
-        cps = [] if remote else lineage.checkpoints(run.path)
-        menu = QMenu(self)
-
-        def add(text: str, slot: Any, enabled: bool = True, tip: str = "") -> QAction:
-            act = menu.addAction(text)
-            act.triggered.connect(lambda *_: slot())
-            act.setEnabled(enabled)
-            act.setToolTip(tip)
-            return act
-        add("View", lambda: self._open(run.path))
-        add("Compare" if run.path not in self.checked else "Stop comparing",
-            lambda: self.set_checked(run.path, run.path not in self.checked))
-        add("Compare with family", lambda: self.family_requested.emit(run.path))
-        menu.addSeparator()
-        add("Continue", lambda: self.continue_requested.emit(run.path), bool(cps) and not run.live,
-            "continue from its last checkpoint, with the form's settings")
-        add("Fork...", lambda: self.fork_requested.emit(run.path, cps[-1]), bool(cps),
-            "a new run from its last checkpoint (pick an older one in Checkpoints)")
-        menu.addSeparator()
-        for text, action in (("Edit tags...", "tags"), ("Edit note...", "note")):
-            add(text, lambda a=action: self.run_action.emit(a, run.path))
-        if not remote:
-            add("Show in file manager", lambda: self.run_action.emit("folder", run.path))
-            add("Show again" if run.labels.archived else "Archive...",
-                lambda: self.run_action.emit("unarchive" if run.labels.archived else "archive", run.path))
-            add("Delete...", lambda: self.run_action.emit("delete", run.path), not run.live,
-                "a run that trains cannot be deleted" if run.live else "")
-        menu.setToolTipsVisible(True)
-        self.context_menu = menu
-        return menu
+        self.context_menu = run_menu(self, run)
+        return self.context_menu
 
     def forks_of(self, path: str) -> int:
         return sum(1 for n in self.nodes.values() if n.parent is not None and n.parent.run_dir == path)

@@ -14,7 +14,7 @@ import shutil
 import sys
 from typing import Any, Callable, Optional
 
-from PySide6.QtCore import QFile, QObject, QProcess, Qt, QUrl, Signal
+from PySide6.QtCore import QFile, QObject, QProcess, QStandardPaths, Qt, QUrl, Signal
 from PySide6.QtGui import QDesktopServices
 from PySide6.QtWidgets import QDialog, QFileDialog, QInputDialog, QMessageBox, QWidget
 
@@ -110,6 +110,11 @@ class RunFolderActions(QObject):
         if is_live(run.path):  # it started training while the question was open
             self.error("Cannot delete a run that trains", f"{run.name} started training; nothing was deleted.")
             return
+        try:  # Qt's trash is under the data folder, and gives up where that folder is not there yet
+            os.makedirs(QStandardPaths.writableLocation(QStandardPaths.StandardLocation.GenericDataLocation),
+                        exist_ok=True)
+        except OSError:
+            pass
         if QFile.moveToTrash(run.path):
             self.changed.emit(run.path)
             return
