@@ -16,6 +16,7 @@ from urllib.parse import quote
 
 from engine.declarations import checkpoint_names as ckpt_names
 from engine.declarations.config import overlay
+from engine.declarations.settings import BY_NAME as SETTINGS_BY_NAME
 from engine.declarations.settings import LIVE_NAMES
 from engine.store import DB_NAME, RunReader, StoreError
 
@@ -52,7 +53,13 @@ def changed_text(changed: dict[str, Any]) -> str:
     """{'lr': 0.0005, 'accum': 4} -> 'lr 0.0005, accum 4' ('no change' when empty)."""
     if not changed:
         return "no change"
-    return ", ".join(f"{words(k)} {fmt_value(v)}" for k, v in changed.items())
+    return ", ".join(f"{words(k)} {fmt_value(v) if v is not None else none_word(k)}" for k, v in changed.items())
+
+
+def none_word(name: str) -> str:
+    """What a setting's None means, as its flag says it ('all', 'off', 'auto')."""
+    s = SETTINGS_BY_NAME.get(name)
+    return (s.none_means if s is not None else "") or "off"
 
 
 def fork_text(p: Parent) -> str:
