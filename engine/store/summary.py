@@ -10,7 +10,6 @@ every run of the runs folder every few seconds.
 from __future__ import annotations
 
 import json
-import math
 import os
 import sqlite3
 from dataclasses import asdict, dataclass, field
@@ -19,7 +18,7 @@ from typing import Any, Iterable, Optional
 from engine.declarations.settings import LIVE_SETTINGS
 
 from . import labels as run_labels
-from . import runlock
+from . import runlock, stored
 from ._reader import RunReader
 from ._tables import DB_NAME, StoreError
 
@@ -80,7 +79,7 @@ class RunSummary:
 
 
 def _num(v: Any) -> Optional[float]:
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
+    return stored.number(v, None) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
 def _int(v: Any) -> Optional[int]:
@@ -126,7 +125,8 @@ def live_settings(info: dict[str, Any], events: Iterable[dict[str, Any]], last: 
         if e.get("kind") == "settings_applied" and isinstance(data, dict):
             changes = data.get("changes")
             for change in changes if isinstance(changes, list) else ():
-                if isinstance(change, (list, tuple)) and len(change) == 3 and change[0] in out:
+                if isinstance(change, (list, tuple)) and len(change) == 3 and isinstance(change[0], str) \
+                        and change[0] in out:
                     out[change[0]] = change[2]
     for s in LIVE_SETTINGS:
         if s.per_step and last.get(s.name) is not None:
@@ -203,7 +203,9 @@ def _read(reader: RunReader, info: dict[str, Any]) -> dict[str, Any]:
     if last:
         out["final_loss"] = _num(last[0].get("loss"))
         out["steps"] = _int(last[0].get("step"))  # a run that trains: its run table says no step yet
-    out["settings"] = live_settings(info, ({"kind": k, "data": d} for k, d, _t in decoded), last[0] if last else {})
+    # The lr as set (the schedule's peak, with each change applied), not the last row's point on the schedule.
+    row = {k: v for k, v in (last[0] if last else {}).items() if k != "lr"}
+    out["settings"] = live_settings(info, ({"kind": k, "data": d} for k, d, _t in decoded), row)
     try:
         epochs = reader.epochs()
     except (sqlite3.Error, StoreError):

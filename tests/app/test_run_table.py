@@ -256,13 +256,13 @@ def test_a_run_started_or_continued_in_the_window_is_listed_running_while_it_tra
     w = table(qtbot, make_window)
     path = os.path.join(runs, "new")
     start(w, run_dir=path, epochs=20, **LONG_EPOCHS)
-    wait_until(qtbot, lambda: w.history.item_for(path) is not None and cell(w, path, "status") == "Running", 30,
+    wait_until(qtbot, lambda: w.history.item_for(path) is not None and cell(w, path, "status") == "Running", 90,
                "the window's new run listed as running")
     w.stop_run()
     run_to_end(qtbot, w)
     assert cell(w, path, "status") == "Stopped"
     assert w.continue_run(path)
-    wait_until(qtbot, lambda: cell(w, path, "status") == "Running", 30, "the continued run listed as running")
+    wait_until(qtbot, lambda: cell(w, path, "status") == "Running", 90, "the continued run listed as running")
     assert len([p for p in w.history.shown_paths() if p == path]) == 1  # one row, not one per segment
     w.stop_run()
     run_to_end(qtbot, w)

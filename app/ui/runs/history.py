@@ -44,6 +44,7 @@ from .run_menu import column_menu, run_menu, set_table_view, table_view
 
 REFRESH_MS = 3000  # the table follows runs that start, train and end, here or in another process
 RUN = INDEX["run"]
+MAX_COLUMN_PX = 220
 
 
 def summary_ending(r: RunSummary) -> Ending:
@@ -270,6 +271,8 @@ class HistoryPanel(QWidget):
         for i in range(len(COLUMNS)):
             if not self.tree.isColumnHidden(i):
                 self.tree.resizeColumnToContents(i)
+                if self.tree.columnWidth(i) > MAX_COLUMN_PX:  # a long fork change or note: its tooltip has it all
+                    self.tree.setColumnWidth(i, MAX_COLUMN_PX)
         self.apply_filter()
         self._show_checkpoints()
 

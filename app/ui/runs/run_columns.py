@@ -83,7 +83,7 @@ COLUMNS: tuple[Column, ...] = (
     Column("accum", "Accum", "Accumulation steps at its end, or now",
            lambda r: _count(r.run.settings.get("accum")), _setting("accum")),
     Column("micro_batch", "Micro-batch", "Micro-batch at its end, or now",
-           lambda r: _count(r.run.settings.get("micro_batch")), _setting("micro_batch")),
+           lambda r: _count(r.run.settings.get("micro_batch")), _setting("micro_batch"), shown=False),
     Column("effective_batch", "Eff. batch", "Samples per optimizer step: micro-batch x accumulation x processes",
            lambda r: _count(r.run.effective_batch), lambda r: r.run.effective_batch),
     Column("schedule", "Schedule", "The lr schedule", lambda r: r.run.schedule, lambda r: r.run.schedule or None,
