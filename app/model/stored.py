@@ -1,33 +1,9 @@
-"""Numbers read from what a run folder stores (its run table, events, parent records): input
-from disk, so anything may be there (a string, null, a float infinity that JSON allowed). One
-reading for all of them: a number, or the caller's default; never an exception."""
+"""Values read from what a run folder stores (its run table, events, parent records): input
+from disk, so anything may be there (a string, null, a list where an object was meant, an int
+past 64 bits, a float infinity that JSON allowed). The one reading is engine/store/stored.py,
+which headroom-ctl reads them with too; the app's models import it from here."""
 from __future__ import annotations
 
-import math
-from typing import Optional
+from engine.store.stored import changes, event_data, mapping, measured, moment, number, text, whole
 
-
-def number(v: object, default: Optional[float] = 0.0) -> Optional[float]:
-    """A finite float, or `default`."""
-    try:
-        f = float(v)  # type: ignore[arg-type]  # any stored value: what float() refuses is caught below
-    except (TypeError, ValueError, OverflowError):
-        return default
-    return f if math.isfinite(f) else default
-
-
-def whole(v: object, default: int = 0) -> int:
-    """An int (a float's whole part), or `default`."""
-    if isinstance(v, int):
-        return int(v)
-    f = number(v, None)
-    return default if f is None else int(f)
-
-
-def measured(v: object) -> float:
-    """A step's measured value as a float: NaN where there is none (null, text, anything not a
-    number). Infinities are kept: a non-finite loss is what the step measured."""
-    try:
-        return float(v)  # type: ignore[arg-type]  # any stored value: what float() refuses is caught below
-    except (TypeError, ValueError, OverflowError):
-        return math.nan
+__all__ = ["number", "whole", "moment", "measured", "mapping", "text", "event_data", "changes"]

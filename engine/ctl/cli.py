@@ -23,9 +23,11 @@ import argparse
 import sys
 from typing import Callable, Iterator, NoReturn, Optional
 
+from engine.declarations import limits
+
 from . import client
 from .local import SETTABLE
-from .output import ClientGone, Output
+from .output import ClientGone, Output, printable
 from .protocol import (
     EXIT_BAD_INPUT,
     EXIT_FAILED,
@@ -42,6 +44,9 @@ from .remote import PYTHON_ENV, SSH_ENV, default_python
 EPILOG = (f"RUN is a run folder, or [user@]host:path on a machine reached with ssh (set {SSH_ENV} to change "
           "the ssh command, e.g. 'ssh -F ~/work/ssh_config'). Exit codes: 0 done, 2 bad input, 3 a change "
           "refused (set --wait), 4 no live run, 5 the remote could not be reached or speaks another protocol.")
+
+
+ERROR_CHARS = 2000  # the longest `error:` line (a server's message is cut in the middle)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -72,13 +77,14 @@ def _seconds(text: str) -> float:
 
 
 def parser() -> argparse.ArgumentParser:
+    # allow_abbrev off, here and in each command: a flag is taken only as spelt in full
     p = _Parser(prog="headroom-ctl", description="See, steer and follow Headroom runs, here or on a server over ssh.",
-                epilog=EPILOG)
+                epilog=EPILOG, allow_abbrev=False)
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
 
     def command(name: str, help: str, run: bool = True) -> argparse.ArgumentParser:
-        c = sub.add_parser(name, help=help, description=help, epilog=EPILOG)
+        c = sub.add_parser(name, help=help, description=help, epilog=EPILOG, allow_abbrev=False)
         if run:
             c.add_argument("run", metavar="RUN", help="a run folder, or [user@]host:path")
         c.add_argument("--json", action="store_true", help="one JSON record per line (the protocol in README)")
@@ -258,14 +264,14 @@ def main(argv: Optional[list[str]] = None) -> int:
 
 
 def _fail(out: Output, message: str, code: int) -> int:
-    message = " ".join(message.split())
+    message = limits.one_line(message, ERROR_CHARS)  # one line, however long what a server said
     if out.as_json:
         try:
             out.write(error(message, code))
             out.flush()
         except ClientGone:
             out.silence()
-    print(f"error: {message}", file=sys.stderr)
+    print(f"error: {printable(message)}", file=sys.stderr)  # a server's or run folder's words: no escapes
     return code
 
 

@@ -9,17 +9,18 @@ yields the protocol's records (engine/ctl/protocol.py); failures raise CtlError.
 """
 from __future__ import annotations
 
+import math
 import os
 import time
 from typing import Any, Iterator, Optional
 
-from engine.declarations import limits
+from engine.declarations import checkpoint_names, limits
 from engine.declarations.commands import Command, Pause, SetPrecision, SettingCommand, Stop, Unpause, command_for
 from engine.declarations.config import ConfigError
 from engine.declarations.paths import default_runs_root
 from engine.declarations.settings import BY_NAME as SETTINGS_BY_NAME
 from engine.declarations.settings import LIVE_SETTINGS
-from engine.store import DB_NAME, RunReader, StoreError, runlock, send_command, summary
+from engine.store import DB_NAME, RunReader, StoreError, runlock, send_command, stored, summary
 
 from .protocol import EXIT_NOT_LIVE, CtlError, finite_or_none
 
@@ -55,6 +56,12 @@ def open_run(path: str) -> RunReader:
             raise CtlError(limits.one_line(e)) from None
 
 
+def has_last_checkpoint(run_dir: str) -> bool:
+    """Whether the run holds its `last` checkpoint: checkpoints/last.pt, or a sharded run's
+    checkpoints/last/ folder (by name, as the engine resumes: engine/declarations/checkpoint_names.py)."""
+    return any(checkpoint_names.name_of(path) == "last" for path in checkpoint_names.candidates(run_dir))
+
+
 def live_writer(reader: RunReader) -> Optional[dict[str, Any]]:
     try:
         info = reader.info()
@@ -85,25 +92,26 @@ def _status(reader: RunReader) -> dict[str, Any]:
     paused = False
     reason = None
     since = None  # when the run's current segment started (a run continued with --resume has several)
-    for e in events:
+    for e in events:  # stored input: the data of any shape, read through engine/store/stored.py
         if e["kind"] in ("paused", "resumed"):
             paused = e["kind"] == "paused"
         elif e["kind"] in ("run_finished", "run_failed"):
-            reason = e["data"].get("reason") or e["data"].get("error") or e["message"]
+            data = stored.event_data(e)
+            reason = stored.text(data.get("reason")) or stored.text(data.get("error")) or stored.text(e.get("message"))
         elif e["kind"] == "run_started":  # a new segment: an earlier one's pause or ending is not this one's
             paused, reason, since = False, None, finite_or_none(e.get("time"))
-    state = info.get("status") or "unknown"
+    state = stored.text(info.get("status")) or "unknown"
     if writer is not None:
         state = "paused" if paused else "running"
     elif state == "running":
         state = "interrupted"  # run.db says running, and nobody writes it: the process died
     return {
         "kind": "status", "run_dir": reader.run_dir, "live": writer is not None, "writer": writer,
-        "state": state, "status": info.get("status"), "reason": reason, "task": info.get("task"),
+        "state": state, "status": stored.text(info.get("status")), "reason": reason, "task": info.get("task"),
         "step": last.get("step"), "epoch": last.get("epoch"), "loss": last.get("loss"),
         "settings": summary.live_settings(info, events, last), "eta_s": _eta(info, reader, tail, since) if writer else None,
         "started": info.get("started"), "finished": info.get("finished"),
-        "checkpoint": os.path.exists(os.path.join(reader.run_dir, "checkpoints", "last.pt")),
+        "checkpoint": has_last_checkpoint(reader.run_dir),
     }
 
 
@@ -124,18 +132,19 @@ def _eta(info: dict[str, Any], reader: RunReader, tail: list[dict[str, Any]],
     if t1 <= t0:
         return None
     per_step = (t1 - t0) / (len(rows) - 1)
-    step = int(rows[-1][0]["step"])
-    raw = info.get("config")
-    config: dict[str, Any] = raw if isinstance(raw, dict) else {}
+    step = stored.whole(rows[-1][0].get("step"))
+    config = stored.mapping(info.get("config"))
     left: list[float] = []
-    if isinstance(config.get("max_steps"), int):
-        left.append(max(0, config["max_steps"] - step))
+    max_steps, epochs_planned = stored.number(config.get("max_steps"), None), stored.number(config.get("epochs"), None)
+    if max_steps is not None:
+        left.append(max(0.0, max_steps - step))
     epochs = reader.epochs()
-    if epochs and isinstance(config.get("epochs"), int) and epochs[-1].get("step"):
-        done = epochs[-1]
-        per_epoch = done["step"] / max(1, done["epoch"])
-        left.append(max(0.0, config["epochs"] * per_epoch - step))
-    return min(left) * per_step if left else None
+    done_step = stored.number(epochs[-1].get("step"), None) if epochs else None
+    if epochs_planned is not None and done_step:
+        per_epoch = done_step / max(1.0, stored.number(epochs[-1].get("epoch")) or 1.0)
+        left.append(max(0.0, epochs_planned * per_epoch - step))
+    eta = min(left) * per_step if left else None
+    return eta if eta is not None and math.isfinite(eta) else None
 
 
 # -- commands ----------------------------------------------------------------------------------
@@ -237,7 +246,7 @@ def _answer(reader: RunReader, row_id: int, cmd: Command, events_from: int,
     if isinstance(cmd, Stop) and not alive:
         ended = reader.events(after_id=events_from, kinds=("run_finished", "run_failed"))
         step = ended[-1]["step"] if ended else None
-        note = "" if os.path.exists(os.path.join(reader.run_dir, "checkpoints", "last.pt")) else "no checkpoint"
+        note = "" if has_last_checkpoint(reader.run_dir) else "no checkpoint"
         return dict(row, status="applied", applied_step=step, note=note)
     return None
 
@@ -272,5 +281,5 @@ def runs(root: str = "") -> Iterator[dict[str, Any]]:
         yield {"kind": "run", **found.to_record(), "step": found.steps, "loss": found.final_loss, "note": ""}
 
 
-__all__ = ["SETTABLE", "ACTIONS", "status", "parse_changes", "send", "action", "runs", "open_run", "run_path",
+__all__ = ["has_last_checkpoint", "SETTABLE", "ACTIONS", "status", "parse_changes", "send", "action", "runs", "open_run", "run_path",
            "live_writer"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import shlex
 import sys
 import time
@@ -14,6 +15,22 @@ from typing import Any, Optional, TextIO
 from engine.store import labels, summary
 
 from .protocol import encode, hello, rows_of
+
+# What a terminal acts on rather than prints: escape sequences whole (CSI such as a screen clear,
+# OSC such as a window title or OSC 52, which writes the clipboard; DCS, APC, PM, SOS; the 8-bit
+# forms), then every control character left (a lone ESC, BEL, backspace, carriage return, C1),
+# and the bidirectional overrides that make a line read other than it is. Newline and tab stay.
+_SEQUENCE = re.compile(r"(?:\x1b\[|\x9b)[0-?]*[ -/]*[@-~]?"
+                       r"|(?:\x1b[\]PX^_]|[\x90\x98\x9d\x9e\x9f])[^\x07\x1b\x9c]*(?:\x07|\x1b\\|\x9c)?"
+                       r"|\x1b[ -/]*[0-~]?")
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(text: str) -> str:
+    """Text from a run folder or a server as a terminal should show it: what it would act on
+    (escape sequences, control characters) removed. Every line headroom-ctl prints for a person
+    goes through here (Output.write, the error line)."""
+    return _CONTROL.sub("", _SEQUENCE.sub("", text))
 
 
 class ClientGone(Exception):
@@ -37,6 +54,8 @@ class Output:
         text = encode(record) if self.as_json else render(record, part)
         if text is None:
             return
+        if not self.as_json:
+            text = printable(text)
         try:
             self.stream.write(text + "\n")
             if not self.as_json and record.get("kind") not in ("rows", "event"):
@@ -68,7 +87,11 @@ def _num(v: Any, fmt: str = "{:.6g}") -> str:
         return "on" if v else "off"
     if isinstance(v, float) and not math.isfinite(v):
         return str(v)
-    return fmt.format(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else str(v)
+    try:
+        return fmt.format(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else str(v)
+    except (OverflowError, ValueError):  # an int past what a float holds (stored input): its digits, shortened
+        text = str(v) if not isinstance(v, int) or v.bit_length() < 10_000 else "a number too long to print"
+        return text if len(text) <= 24 else f"{text[:12]}...({len(text)} digits)"
 
 
 def _duration(seconds: Optional[float]) -> str:

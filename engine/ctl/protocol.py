@@ -106,9 +106,13 @@ def check_hello(line: Optional[str], peer: str) -> dict[str, Any]:
 
 def finite_or_none(value: Any) -> Optional[float]:
     """A number for a status line: None for missing or non-finite values."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-        return float(value)
-    return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        number = float(value)  # an int past what a float holds (stored input) is none
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
 
 
 def rows_of(record: dict[str, Any]) -> list[dict[str, Any]]:

@@ -21,11 +21,15 @@ import subprocess
 import threading
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Iterator, Optional
+from typing import IO, Any, Iterator, Optional
 
 from .protocol import EXIT_REMOTE, PROTOCOL, CtlError, ProtocolError, check_hello, decode
 
 SSH_ENV = "HEADROOM_SSH_COMMAND"
+# The longest line a server may write, in characters: a `rows` record of follow's PAGE rows is
+# about 1 MB; an endless line is read this far and no further (memory stays bounded).
+MAX_LINE = 32 * 2**20
+STDERR_LINE = 2000  # what is kept of one stderr line (the last few say why a command failed)
 PYTHON_ENV = "HEADROOM_REMOTE_PYTHON"  # the default of --remote-python, for the CLI and the app
 
 
@@ -136,13 +140,14 @@ class RemoteCommand:
         drain.start()
         try:
             assert self.proc.stdout is not None
-            first = self.proc.stdout.readline()
+            lines = self._lines(self.proc.stdout)
+            first = next(lines, "")
             if not first:
                 self._wait(drain)
                 raise self._failure()
             check_hello(first, self.host)
             failed: Optional[CtlError] = None
-            for line in self.proc.stdout:
+            for line in lines:
                 record = decode(line)
                 if record["kind"] == "error":
                     failed = CtlError(f"{self.host}: {record.get('message')}", int(record.get("exit") or EXIT_REMOTE))
@@ -156,11 +161,32 @@ class RemoteCommand:
         finally:
             self.close()
 
+    def _lines(self, stream: IO[str]) -> Iterator[str]:
+        """The server's lines, each at most MAX_LINE characters: a longer one is a ProtocolError
+        once that much has been read, never a line held whole in memory."""
+        while True:
+            line = stream.readline(MAX_LINE + 1)
+            if not line:
+                return
+            if len(line) > MAX_LINE and not line.endswith("\n"):
+                raise ProtocolError(f"{self.host} wrote a line longer than {MAX_LINE // 2**20} MiB: not a "
+                                    f"headroom-ctl record (the connection is closed)")
+            yield line
+
     def _read_stderr(self) -> None:
         assert self.proc is not None and self.proc.stderr is not None
-        for line in self.proc.stderr:
+        for line in self._stderr_lines(self.proc.stderr):
             if line.strip():
-                self.stderr.append(line.rstrip())
+                self.stderr.append(line.rstrip()[:STDERR_LINE])
+
+    @staticmethod
+    def _stderr_lines(stream: IO[str]) -> Iterator[str]:
+        """What the server writes on stderr, in pieces of at most STDERR_LINE (kept for the error line)."""
+        while True:
+            piece = stream.readline(STDERR_LINE)
+            if not piece:
+                return
+            yield piece
 
     def _wait(self, drain: threading.Thread) -> int:
         assert self.proc is not None

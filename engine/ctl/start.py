@@ -22,6 +22,7 @@ by the script (a tmux server started earlier would otherwise give it its own).
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -77,13 +78,10 @@ def engine_command() -> list[str]:
 def checked_start(flags: list[str]) -> EngineStart:
     """The engine's flags checked by its own parser, the run folder chosen and checked. CtlError
     (exit 2) for anything the engine would refuse as input; nothing is made."""
-    if any(f in ("-h", "--help") for f in flags):
-        raise CtlError("start: the engine's flags are listed by `python -m engine --help`")
-    if not flags:
-        raise CtlError("start: give the engine's flags after --, e.g. -- --task mlp --epochs 3")
+    check_flags(flags)
     # The engine's own parser and reading of its flags (torch-free: a --fork's checkpoint by name only).
     try:
-        ns = build_parser().parse_args(flags)
+        ns = engine_parser().parse_args(flags)
         config = config_from_args(ns)
     except ConfigError as e:
         raise CtlError(f"engine flags: {limits.one_line(e)}") from None
@@ -115,8 +113,28 @@ def checked_start(flags: list[str]) -> EngineStart:
     return EngineStart(argv, run_dir)
 
 
+def check_flags(flags: list[str]) -> None:
+    """The engine's flags as a person gave them (before a DIR adds --run-dir), checked the same
+    way wherever they come from (the command line, the app, a server's start): none, or a
+    request for help, is refused."""
+    if any(f in ("-h", "--help") for f in flags):
+        raise CtlError("start: the engine's flags are listed by `python -m engine --help`")
+    if not flags:
+        raise CtlError("start: give the engine's flags after --, e.g. -- --task mlp --epochs 3")
+
+
+def engine_parser() -> argparse.ArgumentParser:
+    """The engine's parser, taking each flag only as spelt in full: an abbreviation (`--hel`,
+    `--run-d`) is an unknown flag, never another one (argparse would print help into the
+    protocol stream, or take `--run-d` for a --run-dir that with_run_dir does not see)."""
+    p = build_parser()
+    p.allow_abbrev = False
+    return p
+
+
 def with_run_dir(flags: list[str], path: str, where: str = "") -> list[str]:
     """The engine's flags with the run folder of DIR or HOST:DIR as its --run-dir (given once)."""
+    check_flags(flags)
     if not path:
         return list(flags)
     if any(f == "--run-dir" or f.startswith("--run-dir=") for f in flags):

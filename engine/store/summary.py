@@ -9,7 +9,6 @@ every run of the runs folder every few seconds.
 """
 from __future__ import annotations
 
-import json
 import os
 import sqlite3
 from dataclasses import asdict, dataclass, field
@@ -83,7 +82,7 @@ def _num(v: Any) -> Optional[float]:
 
 
 def _int(v: Any) -> Optional[int]:
-    return v if isinstance(v, int) and not isinstance(v, bool) and abs(v) < 2**63 else None
+    return v if isinstance(v, int) and not isinstance(v, bool) and abs(v) < stored.INT64 else None
 
 
 def _text(v: Any) -> Optional[str]:
@@ -103,8 +102,8 @@ def from_record(r: dict[str, Any], path: Optional[str] = None) -> RunSummary:
     settings = r.get("settings")
     return RunSummary(
         path=path if path is not None else str(r.get("path") or ""), name=str(r.get("name") or "?"),
-        task=str(r.get("task") or "?"), status=str(r.get("status") or "unknown"), started=_num(r.get("started")),
-        steps=_int(r.get("steps", r.get("step"))), finished=_num(r.get("finished")),
+        task=str(r.get("task") or "?"), status=str(r.get("status") or "unknown"), started=stored.moment(r.get("started")),
+        steps=_int(r.get("steps", r.get("step"))), finished=stored.moment(r.get("finished")),
         finish_reason=_text(r.get("finish_reason")), nonfinite_mode=_text(r.get("nonfinite_mode")),
         rollbacks=tuple(rollbacks), final_loss=_num(r.get("final_loss", r.get("loss"))), marks=marks,
         last_row=_num(r.get("last_row")), live=r.get("live") is True,
@@ -121,13 +120,10 @@ def live_settings(info: dict[str, Any], events: Iterable[dict[str, Any]], last: 
     config: dict[str, Any] = raw if isinstance(raw, dict) else {}
     out = {s.name: config.get(s.name) for s in LIVE_SETTINGS}
     for e in events:
-        data = e.get("data")
-        if e.get("kind") == "settings_applied" and isinstance(data, dict):
-            changes = data.get("changes")
-            for change in changes if isinstance(changes, list) else ():
-                if isinstance(change, (list, tuple)) and len(change) == 3 and isinstance(change[0], str) \
-                        and change[0] in out:
-                    out[change[0]] = change[2]
+        if e.get("kind") == "settings_applied":
+            for name, _old, new in stored.changes(stored.event_data(e).get("changes")):
+                if name in out:
+                    out[name] = new
     for s in LIVE_SETTINGS:
         if s.per_step and last.get(s.name) is not None:
             out[s.name] = last[s.name]
@@ -161,8 +157,8 @@ def summarize(path: str) -> Optional[RunSummary]:
     raw_cfg = info.get("config")
     cfg = raw_cfg if isinstance(raw_cfg, dict) else {}
     return RunSummary(path=os.path.abspath(path), name=os.path.basename(os.path.normpath(path)),
-                      task=str(info.get("task") or "?"), status=status, started=_num(info.get("started")),
-                      steps=steps if steps is not None else last_step, finished=_num(info.get("finished")),
+                      task=str(info.get("task") or "?"), status=status, started=stored.moment(info.get("started")),
+                      steps=steps if steps is not None else last_step, finished=stored.moment(info.get("finished")),
                       nonfinite_mode=str(cfg.get("nonfinite") or "") or None, live=live,
                       schedule=str(cfg.get("lr_schedule") or ""), world_size=_int(info.get("world_size")) or 1,
                       size=run_labels.folder_bytes(path), labels=run_labels.read(path), **read)
@@ -188,12 +184,11 @@ def _read(reader: RunReader, info: dict[str, Any]) -> dict[str, Any]:
         if kind == "run_started":  # a continued run: how an earlier segment ended is not how the run did
             out.pop("finish_reason", None)
         elif kind == "rolled_back":
-            try:
-                rolled.append(RolledBackRow(int(data["to_step"]), int(data["from_step"]), str(data.get("reason"))))
-            except (KeyError, TypeError, ValueError, OverflowError):
-                continue
+            to, back_from = stored.whole(data.get("to_step"), -1), stored.whole(data.get("from_step"), -1)
+            if to >= 0 and back_from >= 0:
+                rolled.append(RolledBackRow(to, back_from, str(data.get("reason"))))
         elif kind in ("run_finished", "run_failed"):
-            out["finish_reason"] = str(data.get("reason" if kind == "run_finished" else "error") or "")
+            out["finish_reason"] = stored.text(data.get("reason" if kind == "run_finished" else "error")) or ""
     out["rollbacks"] = tuple(rolled)
     last: list[dict[str, Any]] = []
     try:
@@ -221,11 +216,7 @@ def _read(reader: RunReader, info: dict[str, Any]) -> dict[str, Any]:
 
 
 def _json(raw: Any) -> dict[str, Any]:
-    try:
-        data = json.loads(raw) if raw else {}
-    except (TypeError, ValueError, RecursionError):
-        return {}
-    return data if isinstance(data, dict) else {}
+    return stored.mapping(stored.decoded(raw, {}))
 
 
 def _marks(db: Any, marks: list[tuple[str, Any]]) -> tuple[tuple[str, Any, Any], ...]:

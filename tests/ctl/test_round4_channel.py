@@ -1,0 +1,177 @@
+"""What a server or a run folder says is input (issue 31, round 4), for headroom-ctl and its
+channel: a server's lines are bounded and its text reaches a terminal without the sequences a
+terminal acts on; the engine's flags are taken only as spelt in full, and none at all is refused
+however they come; a run folder's odd event rows are read, never a traceback."""
+from __future__ import annotations
+
+import os
+import re
+import sqlite3
+import subprocess
+import sys
+
+import pytest
+from ctlkit import PACED_MLP, ctl, db_rows, one_error_line, records
+
+from engine_in_process import trained
+from testkit import ROOT, subprocess_env, wait_until
+
+pytestmark = pytest.mark.slow
+
+HOSTILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hostile_server.py")
+# What a terminal acts on: ESC, BEL, CR, backspace, C1 (0x9b is CSI), the bidirectional overrides.
+ACTED_ON = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def hostile_env(mode: str, **more: str) -> dict[str, str]:
+    return {"HEADROOM_SSH_COMMAND": f"{sys.executable} {HOSTILE}", "HOSTILE": mode, **more}
+
+
+# -- 1: a server's lines are bounded; its text is printed without what a terminal acts on -------
+def test_an_endless_line_from_a_server_is_refused():
+    """A 200 MiB line: one error line naming the limit, exit 5 (before: read whole, then 'not a
+    headroom-ctl record')."""
+    r = ctl("follow", "srv:/run", env=hostile_env("long"))
+    assert r.returncode == 5, r.stderr
+    assert "longer than 32 MiB" in one_error_line(r)
+
+
+def test_peak_memory_of_a_refused_endless_line(tmp_path):
+    """The same, measured: run headroom-ctl as a child of a small python that reports its peak
+    resident size (ru_maxrss of the one child it waited for)."""
+    probe = ("import os, resource, subprocess, sys\n"
+             "p = subprocess.Popen([sys.executable, '-m', 'engine.ctl', 'follow', 'srv:/run'],"
+             " stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
+             "_, status, usage = os.wait4(p.pid, 0)\n"
+             "print(os.waitstatus_to_exitcode(status), usage.ru_maxrss)\n")
+    r = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, env=subprocess_env(hostile_env("long")),
+                       capture_output=True, text=True, timeout=180)
+    code, peak_kib = map(int, r.stdout.split())
+    assert code == 5
+    assert peak_kib < 150 * 1024, f"headroom-ctl peaked at {peak_kib // 1024} MiB reading a 200 MiB line"
+
+
+def test_a_servers_text_reaches_the_terminal_without_escape_sequences():
+    """Event text, a status, a command's note, the end and the error line: printed with nothing a
+    terminal would act on (window title, screen clear, OSC 52 clipboard, 8-bit CSI, CR, bidi)."""
+    r = ctl("follow", "srv:/run", env=hostile_env("escapes"))
+    assert r.returncode == 4, r.stderr
+    assert "evil" in r.stdout and "pwned" not in r.stdout  # text is shown as text; a window title is not text
+    assert "cm0gLXJmIH4=" not in r.stdout  # an OSC 52 payload goes with its sequence
+    assert not ACTED_ON.search(r.stdout.replace("\n", "").replace("\t", "")), repr(r.stdout)
+    line = one_error_line(r)
+    assert "broke" in line and not ACTED_ON.search(line), repr(line)
+    # --json relays the server's records as they came (escaped inside JSON strings, for a program)
+    r = ctl("follow", "srv:/run", "--json", env=hostile_env("escapes"))
+    assert not ACTED_ON.search(r.stdout.replace("\n", ""))
+    assert any(rec["kind"] == "event" and rec["event"]["message"].startswith("\x1b]0;pwned") for rec in records(r.stdout))
+
+
+# -- 5: the engine's flags as spelt in full; none is refused however they come -----------------
+def test_start_takes_no_abbreviation_of_an_engine_flag(tmp_path):
+    r = ctl("start", "--json", "--", "--hel")  # argparse printed 144 lines of help into the stream
+    assert r.returncode == 2
+    recs = records(r.stdout)
+    assert [x["kind"] for x in recs] == ["hello", "error"] and "--hel" in recs[1]["message"]
+    one_error_line(r)
+    run = tmp_path / "a"
+    r = ctl("start", run, "--", "--task", "mlp", "--run-d", tmp_path / "b")  # was silently dropped
+    assert r.returncode == 2 and "--run-d" in one_error_line(r)
+    assert not run.exists() and not (tmp_path / "b").exists()
+
+
+def test_start_with_no_engine_flags_is_refused_with_or_without_a_folder(tmp_path):
+    bare = ctl("start", "--")
+    with_dir = ctl("start", tmp_path / "run", "--")  # started the mlp demo, exit 0
+    assert bare.returncode == with_dir.returncode == 2
+    assert one_error_line(bare) == one_error_line(with_dir)
+    assert not (tmp_path / "run").exists()
+
+
+def test_headroom_ctls_own_flags_are_taken_only_in_full(tmp_path):
+    r = ctl("follow", tmp_path, "--from", "3")
+    assert r.returncode == 2 and "--from" in one_error_line(r)
+
+
+# -- 8: odd event rows are read, whatever their shape ---------------------------------------------
+@pytest.fixture(scope="module")
+def odd_run(tmp_path_factory):
+    """A real run of the engine, then event rows of every odd shape added to its run.db."""
+    folder = tmp_path_factory.mktemp("odd")
+    run = folder / "run"
+    trained(folder, "--task", "mlp", "--max-steps", "3", "--micro-batch", "16", "--run-dir", run)
+    huge = "1" + "0" * 400  # an int past 64 bits (JSON allows it)
+    odd = [("run_started", "[1, 2]", 10**30), ("settings_applied", '"lr"', None),
+           ("settings_applied", '{"changes": "lr"}', None), ("settings_applied", '{"changes": [["lr"], 1, 2]}', None),
+           ("settings_applied", '{"changes": [[["lr"], 1, 2], [{"a": 1}, 1, 2], ["lr", 1]]}', None),
+           ("settings_applied", '{"changes": [["lr", 0.001, ' + huge + '], ["clip", 1, ' + huge + '.5]]}', None),
+           ("paused", "null", None), ("resumed", "5", None), ("run_failed", '{"reason": {"a": 1}, "error": [1]}', None),
+           ("run_finished", '{"reason": ' + huge + '}', None), ("run_finished", '"done"', None),
+           ("rolled_back", '{"to_step": ' + huge + '}', None), ("rolled_back", '{"to_step": "2"}', None)]
+    db = sqlite3.connect(run / "run.db")
+    with db:
+        for kind, data, t in odd:
+            db.execute("INSERT INTO events (time, step, epoch, kind, message, data) VALUES (?, ?, ?, ?, ?, ?)",
+                       (float(t) if t else 1e300, 3, 0, kind, "odd \x1b]0;t\x07row", data))
+        db.execute("INSERT INTO events (time, step, epoch, kind, message, data) VALUES ('x', 'y', NULL, 7, 8, 9)")
+    db.close()
+    return run
+
+
+def test_status_reads_event_data_of_any_shape(odd_run):
+    for args in ((), ("--json",)):
+        r = ctl("status", odd_run, *args)
+        assert r.returncode == 0, r.stderr
+        assert "Traceback" not in r.stderr
+    status = records(ctl("status", odd_run, "--json").stdout)[-1]
+    assert status["kind"] == "status" and status["step"] == 3
+    assert isinstance(status["reason"], (str, type(None)))
+
+
+def test_follow_and_runs_read_odd_event_rows(odd_run):
+    r = ctl("follow", odd_run)
+    assert r.returncode == 0, r.stderr
+    assert "odd row" in r.stdout and "\x1b" not in r.stdout
+    r = ctl("runs", odd_run.parent)
+    assert r.returncode == 0, r.stderr
+
+
+def test_the_app_and_headroom_ctl_read_stored_values_with_one_reader():
+    from app.model import stored as app_stored
+    from engine.store import stored
+    assert app_stored.number is stored.number and app_stored.whole is stored.whole
+    assert stored.number(10**400, None) is None and stored.event_data({"data": [1]}) == {}
+
+
+# -- 6: a sharded run's checkpoint is seen -------------------------------------------------------
+@pytest.mark.ddp
+def test_stop_wait_and_status_see_a_sharded_runs_checkpoint(tmp_path):
+    """2 ranks under torchrun, --strategy fsdp: the checkpoint is the folder checkpoints/last/.
+    `stop --wait` says the run stopped (no "(no checkpoint)"), `status` says checkpoint true."""
+    run = tmp_path / "run"
+    log = open(tmp_path / "torchrun.log", "w")
+    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                             "-m", "engine", "--task", PACED_MLP, "--strategy", "fsdp", "--device", "cpu",
+                             "--micro-batch", "8", "--accum", "2", "--epochs", "200", "--run-dir", str(run)],
+                            cwd=ROOT, env=subprocess_env(), stdout=log, stderr=subprocess.STDOUT)
+    try:
+        def live() -> bool:
+            said = (tmp_path / "torchrun.log").read_text().splitlines()
+            assert proc.poll() is None, "\n".join(ln for ln in said if "rror" in ln)[-3000:]
+            try:
+                return (run / "run.db").exists() and len(db_rows(str(run))) >= 1
+            except Exception:  # run.db made, its tables not yet
+                return False
+        wait_until(live, timeout=300, what="a live fsdp run", interval=0.2)
+        r = ctl("stop", run, "--wait", "--timeout", "240", timeout=300)
+        assert r.returncode == 0, r.stderr
+        assert "stopped" in r.stdout and "no checkpoint" not in r.stdout, r.stdout
+        assert proc.wait(timeout=120) == 0
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            proc.wait(timeout=60)
+        log.close()
+    assert (run / "checkpoints" / "last").is_dir() and not (run / "checkpoints" / "last.pt").exists()
+    status = records(ctl("status", run, "--json").stdout)[-1]
+    assert status["checkpoint"] is True
