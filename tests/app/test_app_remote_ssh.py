@@ -18,6 +18,9 @@ sys.path.insert(0, os.path.join(ROOT, "tests", "ctl"))
 import sshkit  # noqa: E402 - after the sys.path set-up above
 from ctlkit import LiveRun, db_rows, written_run  # noqa: E402 - after the sys.path set-up above
 
+from engine.store import labels  # noqa: E402 - after the sys.path set-up above
+from engine.store.summary import summarize  # noqa: E402 - after the sys.path set-up above
+
 sshd = sshkit.sshd  # the shared server fixture (tests/ctl/sshkit.py)
 
 pytestmark = pytest.mark.slow
@@ -102,6 +105,23 @@ def test_run_history_lists_the_hosts_runs_and_compare_overlays_one_with_a_local_
     assert {r.name: r.steps for r in runs} == {"a": 30, "b; 'b'": 20, "c": 10}
     listed = [it.data(1, Qt.ItemDataRole.UserRole) for it in w.history.items()]
     assert f"{sshkit.HOST}:{b}" in listed and local in listed  # this machine's runs, and the host's
+
+    # The refresh button lists the host's runs again (a run written since, a tag given there), each
+    # row the server's own summary of the folder: the status, size and tags it reads there.
+    d = written_run(str(server_runs / "d"), 5)
+    labels.change(a, add=["on-server"])
+    w.history.refresh_button.click()
+    qtbot.waitUntil(lambda: any(r.name == "d" for r in w.history.remote[1]), timeout=60_000)
+    rows = {r.name: r for r in w.history.remote[1]}
+    there = summarize(a)
+    assert (rows["a"].labels.tags, rows["a"].size, rows["a"].status) == (("on-server",), there.size, there.status)
+    assert rows["d"].steps == 5 and w.history.item_for(f"{sshkit.HOST}:{d}") is not None
+    dlg = w.tree.run_action("tags", f"{sshkit.HOST}:{a}")  # right-click > Edit tags... on a host's run
+    dlg.setTextValue("on-server, from-laptop")
+    dlg.accept()
+    qtbot.waitUntil(lambda: labels.read(a).tags == ("on-server", "from-laptop"), timeout=60_000)
+    qtbot.waitUntil(lambda: not w.tree.background.busy(), timeout=60_000)  # the list again, with the new tags
+    assert {r.name: r.labels.tags for r in w.history.remote[1]}["a"] == ("on-server", "from-laptop")
 
     w.history.set_checked(f"{sshkit.HOST}:{b}", True)
     w.history.set_checked(local, True)
