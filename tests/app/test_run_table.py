@@ -261,7 +261,7 @@ def test_a_run_started_or_continued_in_the_window_is_listed_running_while_it_tra
     w.stop_run()
     run_to_end(qtbot, w)
     assert cell(w, path, "status") == "Stopped"
-    assert w.continue_run(path)
+    menu_action(w.history.run_menu(w.history.summary_of(path)), "Continue").trigger()  # right-click > Continue
     wait_until(qtbot, lambda: cell(w, path, "status") == "Running", 90, "the continued run listed as running")
     assert len([p for p in w.history.shown_paths() if p == path]) == 1  # one row, not one per segment
     w.stop_run()
