@@ -3,8 +3,9 @@
 Loading a task from a name, a file or a module is engine/tasks/loader.py."""
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import torch
 
@@ -115,3 +116,48 @@ def check_loss_output(name: str, out: Any) -> tuple[torch.Tensor, Any]:
 
 def default_collate(samples: list) -> Any:
     return torch.utils.data.default_collate(samples)
+
+
+def _inner_schedulers(sched: Any) -> Iterator[Any]:
+    """A scheduler and those it steps itself (SequentialLR, ChainedScheduler, a wrapper's
+    `scheduler`), each once."""
+    seen: set[int] = set()
+    todo = [sched]
+    while todo:
+        s = todo.pop()
+        if s is None or id(s) in seen:
+            continue
+        seen.add(id(s))
+        yield s
+        inner = getattr(s, "_schedulers", None)
+        todo += list(inner) if isinstance(inner, (list, tuple)) else []
+        wrapped = getattr(s, "scheduler", None)
+        if wrapped is not None and callable(getattr(wrapped, "step", None)):
+            todo.append(wrapped)
+
+
+def check_scheduler(name: str, sched: Any) -> None:
+    """The engine steps a task's scheduler once per optimizer step, as `step()`, with no
+    argument (engine.steering.lr.LrControl). A scheduler (or one inside it) whose step() needs
+    one, ReduceLROnPlateau's step(metrics) first of all, would pass set-up and fail at step 1
+    with a run folder written: refused here, before anything is written."""
+    for s in _inner_schedulers(sched):
+        step = getattr(s, "step", None)
+        if not callable(step):
+            raise TaskError(f"task {name}: scheduler(optimizer) must return a torch lr scheduler, "
+                            f"got {type(s).__name__}")
+        try:
+            sig = inspect.signature(step)
+        except (TypeError, ValueError):  # a step() whose signature Python cannot tell: trusted as a scheduler's
+            continue
+        try:
+            sig.bind()
+        except TypeError:
+            need = ", ".join(p.name for p in sig.parameters.values()
+                             if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD,
+                                                                    p.KEYWORD_ONLY))
+            raise TaskError(
+                f"task {name}: its scheduler {type(s).__name__} steps on a value (step({need})), but the engine "
+                "steps a task's scheduler once per optimizer step with no argument; use a schedule that "
+                "steps by itself (--lr-schedule, or a torch scheduler such as LambdaLR, OneCycleLR, "
+                "CosineAnnealingLR)") from None

@@ -39,7 +39,7 @@ from engine.steering.lr import LrControl
 from engine.store import runlock
 from engine.store.runlock import RunLock
 from engine.tasks.loader import load_task
-from engine.tasks.task import Task, TaskError, check_last_samples, check_loss_output, default_collate
+from engine.tasks.task import Task, TaskError, check_last_samples, check_loss_output, check_scheduler, default_collate
 
 from .modes import TrainModes
 
@@ -232,6 +232,7 @@ def _task_scheduler(task: Task, optimizer: torch.optim.Optimizer, cfg: TrainConf
     if not (callable(getattr(sched, "step", None)) and callable(getattr(sched, "state_dict", None))):
         raise TaskError(f"task {task.name}: scheduler(optimizer) must return a torch lr scheduler, "
                         f"got {type(sched).__name__}")
+    check_scheduler(task.name, sched)  # one the engine cannot step (ReduceLROnPlateau) is refused before any write
     return sched
 
 
