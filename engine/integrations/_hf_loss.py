@@ -5,11 +5,15 @@ model saw, independently of the Trainer's bookkeeping: cross-entropy over the la
 are not -100 (shifted by one for a causal LM, whose logits at position t predict label t+1),
 or a squared error for a regression head. `exact_loss` divides that sum by the window's
 count (the Trainer's `num_items_in_batch`): pass it as `Trainer(compute_loss_func=...)`.
+A `compute_loss_func` replaces the Trainer's own loss, label smoothing included, so
+`exact_loss` applies what the calling Trainer would have (`trainer_smoothing`), or refuses.
 `diagnose` says why a window's weights are what they are, and what fixes it.
 """
 from __future__ import annotations
 
+import sys
 from collections import abc
+from types import FrameType
 from typing import Any, Optional, Sequence
 
 import torch
@@ -87,18 +91,53 @@ def loss_sum(logits: torch.Tensor, labels: torch.Tensor, causal: bool, smoothing
     return s, flat.ne(IGNORE).sum()  # type: ignore[return-value]  # two chunks at least: the sum is a tensor
 
 
+_CALLER_FRAMES = 8  # Trainer.compute_loss calls compute_loss_func directly; a user's wrapper adds a few
+
+
+def trainer_smoothing(start: Optional[FrameType]) -> float:
+    """The label smoothing the Trainer calling a `compute_loss_func` applies itself when it has
+    none (its `label_smoother`), found from the call's frames: the nearest frame whose `self`
+    is a transformers Trainer. 0.0 outside a Trainer. A label_smoother other than transformers'
+    own LabelSmoother (whose loss is cross-entropy with label smoothing, as here) is refused by
+    name: exact_loss would drop what it does."""
+    try:
+        from transformers import Trainer
+        from transformers.trainer_pt_utils import LabelSmoother
+    except ImportError:  # no transformers: no Trainer can be calling
+        return 0.0
+    frame = start
+    for _ in range(_CALLER_FRAMES):
+        if frame is None:
+            break
+        owner = frame.f_locals.get("self")
+        if isinstance(owner, Trainer):
+            smoother = getattr(owner, "label_smoother", None)
+            if smoother is None:
+                return 0.0
+            if type(smoother) is not LabelSmoother or smoother.ignore_index != IGNORE:
+                raise TypeError(f"exact_loss cannot apply the Trainer's label_smoother {smoother!r}: a "
+                                f"compute_loss_func replaces it; drop one of the two (exact_loss applies "
+                                f"TrainingArguments(label_smoothing_factor=...) itself)")
+            return float(smoother.epsilon)
+        frame = frame.f_back
+    return 0.0
+
+
 def exact_loss(outputs: Any, labels: torch.Tensor, num_items_in_batch: Any = None, **_: Any) -> torch.Tensor:
     """A `compute_loss_func` that makes a Trainer's accumulation exact: the micro-batch's loss
     sum divided by the window's count (`num_items_in_batch`, which the Trainer counts over the
     whole window), so the accumulated gradient is the whole window's as one batch. Cross-entropy
     for classification, token classification, masked and causal LMs (labels shifted when the
     outputs are a causal LM's); squared error for a regression head. For a causal LM, the
-    Trainer must count the shifted labels too: see CAUSAL_FIX (GPT-2 built from a config)."""
+    Trainer must count the shifted labels too: see CAUSAL_FIX (GPT-2 built from a config).
+    The calling Trainer's label smoothing (label_smoothing_factor) is applied, as the Trainer
+    would without a compute_loss_func (trainer_smoothing)."""
+    smoothing = trainer_smoothing(sys._getframe(1))
     logits = logits_of(outputs)
     if logits is None:
         raise TypeError("exact_loss: the model's outputs have no `logits`")
     causal = "CausalLM" in type(outputs).__name__
-    got = loss_sum(logits, labels, causal)
+    got = loss_sum(logits, labels, causal, smoothing)
     if got is None:
         raise TypeError(f"exact_loss: logits {tuple(logits.shape)} and labels "
                         f"{tuple(getattr(labels, 'shape', ()))} are neither a classification's nor a regression's")
