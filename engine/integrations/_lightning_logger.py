@@ -19,6 +19,7 @@ from lightning.pytorch.utilities import rank_zero_only
 
 from engine.declarations.paths import default_run_dir
 
+from ._step_record import logged_index
 from .loop import HeadroomRun, clean
 
 ALONE = "this run is written by HeadroomLogger alone: add HeadroomCallback() to the Trainer's callbacks to steer it"
@@ -100,9 +101,9 @@ class HeadroomLogger(Logger):
             return  # logged after the run ended (a test() after fit, say): no run to hold it
         if run is self._own:
             run.poll(block_on_pause=False)  # a command the app sends is refused, saying why (ALONE)
-        epoch = metrics.get("epoch")
-        run.log_scalars({k: v for k, v in metrics.items() if k != "epoch"}, step=step,
-                        epoch=int(epoch) + 1 if isinstance(epoch, (int, float)) else None)
+        epoch = logged_index(metrics.get("epoch"))  # Lightning's 0-based epoch, or what the module logged as it
+        run.log_scalars({k: v for k, v in metrics.items() if k != "epoch"}, step=logged_index(step),
+                        epoch=epoch + 1 if epoch is not None else None)
 
     @rank_zero_only
     def finalize(self, status: str) -> None:

@@ -67,6 +67,30 @@ def number(v: Any, what: str, allow_none: bool = True) -> Optional[float]:
     raise IntegrationError(f"log_step: {what} must be a number or a one-element tensor, got {type(v).__name__}")
 
 
+INDEX_MAX = 2 ** 62  # a step or epoch beyond this is no index: run.db's INTEGER holds 2**63 - 1
+
+
+def logged_index(v: Any) -> Optional[int]:
+    """A step or epoch number a framework logged (Lightning's "epoch" is whatever the module
+    logged under that name), as an int, or None when it is none: NaN, inf, a string, a tensor of
+    many values, a bool, a number run.db cannot hold. Never raises: a logged value is data, and
+    the caller keeps its own index instead."""
+    if isinstance(v, bool):
+        return None
+    try:
+        item = getattr(v, "item", None)
+        if callable(item) and not isinstance(v, (int, float)):
+            if getattr(v, "numel", lambda: 1)() != 1:
+                return None
+            v = item()
+        if not isinstance(v, (int, float)) or isinstance(v, bool):
+            return None
+        i = int(v)  # NaN: ValueError, inf: OverflowError
+    except (TypeError, ValueError, OverflowError, RuntimeError):
+        return None
+    return i if -INDEX_MAX <= i <= INDEX_MAX else None
+
+
 def integer(v: Any, what: str, minimum: int = 0) -> Optional[int]:
     if type(v) is int and v >= minimum:  # the per-step fast path
         return v

@@ -489,7 +489,10 @@ class HeadroomCallback(Callback):
         if self.run is None or trainer.sanity_checking:
             return
         v = trainer.callback_metrics.get(self.val_key)
-        self._val = float(v) if v is not None else None
+        try:  # a logged value is data: one that is no number is no validation loss, never an error
+            self._val = float(v) if v is not None else None
+        except (TypeError, ValueError, RuntimeError):
+            self._val = None
         self._scalars(trainer)
         self.run.reset_timer()
 

@@ -48,7 +48,7 @@ from engine.store import DB_NAME, RunStore, runlock
 from ._loop_events import IntegrationError, LossWeighting, StepSkipped
 from ._loop_rows import StepRows
 from ._loop_steering import Steering
-from ._step_record import STEPPED, StepRecord, loop_step
+from ._step_record import STEPPED, StepRecord, logged_index, loop_step
 
 __all__ = ["HeadroomRun", "headroom_run", "set_lr", "LossWeighting", "StepSkipped", "IntegrationError",
            "batch_size", "clean"]
@@ -408,8 +408,9 @@ class HeadroomRun:
             if callable(item) and getattr(v, "numel", lambda: 1)() == 1:
                 v = item()
             plain[str(k)] = v
-        return self._need_store().log_scalars(self.step if step is None else int(step),
-                                              self.epoch if epoch is None else int(epoch), plain)
+        at_step, at_epoch = logged_index(step), logged_index(epoch)  # no index (NaN, ...): the current one
+        return self._need_store().log_scalars(self.step if at_step is None else at_step,
+                                              self.epoch if at_epoch is None else at_epoch, plain)
 
     def record(self, event: Event) -> None:
         """Write any engine event (checkpoint, scaler_skip, ...): events commit at once."""
