@@ -15,6 +15,7 @@ seed each sample's draws, start under "spawn", and fail: workers.py.
 """
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import threading
@@ -100,6 +101,9 @@ class Feeder:
         rest = [mb for share in self._shares[k + 1:] for mb in self._split(share)]
         self._sampler.batches = list(micro) + rest
         self._expected = list(self._sampler.batches)
+        if getattr(self._loader, "_iterator", None) is None:  # the workers start now: bound to this process
+            self._loader.worker_init_fn = functools.partial(
+                worker_started, bind_kernel=threading.current_thread() is threading.main_thread())
         self._it = iter(self._loader)  # persistent workers: a reset, not a new pool
         self._hold_sigchld()
 

@@ -150,11 +150,13 @@ def _rebuild(task_files: dict[str, str], payload: bytes) -> WorkerData:
     return WorkerData(dataset, seed)
 
 
-def worker_started(worker_id: int) -> None:
-    """worker_init_fn: a worker's file-descriptor server (the thread that hands the training
-    process a batch's shared memory) stays quiet when the training process stops reading mid-
-    handover (it is ending the run, and says why): no stray traceback on the console."""
+def worker_started(worker_id: int, bind_kernel: bool = False) -> None:
+    """worker_init_fn: the worker ends with the training process (bound_to_parent), and its
+    file-descriptor server (the thread that hands the training process a batch's shared memory)
+    stays quiet when the training process stops reading mid-handover (it is ending the run, and
+    says why): no stray traceback on the console."""
     import threading
+    bound_to_parent(bind_kernel)
     previous = threading.excepthook
 
     def hook(args: Any) -> None:
@@ -163,6 +165,39 @@ def worker_started(worker_id: int) -> None:
             return
         previous(args)
     threading.excepthook = hook
+
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+PARENT_CHECK_SECONDS = 0.5
+
+
+def bound_to_parent(bind_kernel: bool) -> None:
+    """A worker lives no longer than the process that started it, however that process ends:
+    an exit, an uncaught error, a second Ctrl-C (os._exit, which runs no clean-up), SIGKILL. The
+    DataLoader's own check of its parent runs only between batches, so a worker hung in a
+    sample's read (a network read, a lock, signals ignored) outlived the engine. Here a thread
+    of the worker's own kills it once its parent is gone (its parent pid changes), and on Linux
+    the kernel does it at once (PR_SET_PDEATHSIG, SIGKILL), even while the worker holds the GIL
+    in C code. The kernel's is asked for only when `bind_kernel` (the worker was started from
+    the parent's main thread): it fires when the *thread* that started the worker ends, and a
+    run trained in another thread (the app's) may end that thread and go on."""
+    import os
+    import threading
+    parent = os.getppid()
+    if bind_kernel and sys.platform.startswith("linux"):
+        try:
+            import ctypes
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+        except (OSError, AttributeError):  # no prctl in this libc: the thread below still ends it
+            pass
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(PARENT_CHECK_SECONDS)
+        os.kill(os.getpid(), signal.SIGKILL)  # not an exit: a hung main thread would hold that up
+    if os.getppid() != parent:  # gone before the kernel was asked
+        os.kill(os.getpid(), signal.SIGKILL)
+    threading.Thread(target=watch, name="headroom-parent-watch", daemon=True).start()
 
 
 # -- a worker that is gone ----------------------------------------------------------------------
