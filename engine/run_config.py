@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 
 from .declarations.checkpoint_names import split_fork
-from .declarations.config import ConfigError, TrainConfig, overlay
+from .declarations.config import ConfigError, TrainConfig, check_one_origin, overlay
 from .declarations.run_flags import given as given_flags
 from .store import RunReader, StoreError
 
@@ -24,6 +24,7 @@ def config_from_args(ns: argparse.Namespace) -> TrainConfig:
     given = given_flags(ns)
     if "task_args" in given:  # repeated KEY=VALUE pairs, the later one winning
         given["task_args"] = dict(given["task_args"])
+    check_one_origin(given.get("resume"), given.get("fork"))
     source = "resume" if "resume" in given else "fork" if "fork" in given else None
     if source is None:
         return TrainConfig.from_dict(given).validate()
@@ -49,8 +50,8 @@ def config_from_args(ns: argparse.Namespace) -> TrainConfig:
     try:
         return TrainConfig.from_dict(base).validate()
     except ConfigError as e:
-        try:  # the flags alone are fine: the value out of range came from the saved config
-            TrainConfig.from_dict({k: v for k, v in given.items() if k not in ("resume", "fork")}).validate()
+        try:  # the flags alone (all of them) are fine: the value out of range came from the saved config
+            TrainConfig.from_dict(given).validate()
         except ConfigError:
             raise e from None
         raise ConfigError(f"--{source} {folder}: the run's saved config: {e} "

@@ -273,8 +273,7 @@ class TrainConfig:
             raise ConfigError("--warmup-samples and --warmup-fraction: give one (a number of samples or a "
                               "fraction of the run)")
         check_task_args(self.task_args)
-        if self.fork is not None and self.resume is not None:
-            raise ConfigError("--fork and --resume: give one (a fork starts a new run folder, a resume continues one)")
+        check_one_origin(self.resume, self.fork)
         if self.micro_tokens is not None and self.token_budget is None:
             raise ConfigError("--micro-tokens needs --token-budget N (it bounds the micro-batches of a token-budget window)")
         if self.find_micro_batch and self.effective_batch is None:
@@ -304,6 +303,13 @@ class TrainConfig:
 # get_type_hints refuses the class's InitVar, which fields() leaves out.
 _HINTS = {f.name: eval(f.type, globals()) if isinstance(f.type, str) else f.type  # noqa: S307 - our own annotations
           for f in fields(TrainConfig)}
+
+
+def check_one_origin(resume: Any, fork: Any) -> None:
+    """--resume and --fork together are refused before either folder is read (the fault is the
+    pair of flags, never a run's saved config)."""
+    if fork is not None and resume is not None:
+        raise ConfigError("--fork and --resume: give one (a fork starts a new run folder, a resume continues one)")
 
 
 def value_type(name: str) -> type:
