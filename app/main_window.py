@@ -181,7 +181,6 @@ class MainWindow(QMainWindow):
         self.alerts.serious_added.connect(lambda: self.alerts_dock.raise_() if self.session.state.is_live else None)
         self.alerts.step_clicked.connect(lambda step: self.plots.zoom_to_step(step))
         self.history.open_requested.connect(self.open_run)
-        self.history.browse_requested.connect(self.choose_run_folder)
         drv.error.connect(self.show_error)
         drv.signals.state_changed.connect(lambda *_: self._sync_live())
         drv.signals.model_replaced.connect(lambda *_: self._sync_live())

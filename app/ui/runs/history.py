@@ -73,7 +73,6 @@ def segments_tip(rt: RunTime) -> str:
 
 class HistoryPanel(QWidget):
     open_requested = Signal(str)  # view this run folder
-    browse_requested = Signal()  # "Open folder..."
     overlay_toggled = Signal(str, bool)
     fork_requested = Signal(str, object)  # (run folder, lineage.Checkpoint): "Fork from here..."
     continue_requested = Signal(str)  # continue this run folder from its last checkpoint
@@ -136,12 +135,9 @@ class HistoryPanel(QWidget):
         open_b = QPushButton(assets.icon("open"), "View")
         open_b.setToolTip("Show the selected run's plots (double-click does the same)")
         open_b.clicked.connect(self._open_selected)
-        browse = QPushButton(assets.icon("open"), "Open folder...")
-        browse.setToolTip("Open any run folder (one holding run.db)")
-        browse.clicked.connect(self.browse_requested)
-        self.family_button = QPushButton("Compare with family")
-        self.family_button.setToolTip("Show the selected run with its parent runs, the other forks of its parent "
-                                      "and its own forks overlaid, each from its fork point")
+        self.family_button = QPushButton("Family")
+        self.family_button.setToolTip("Compare with family: the selected run with its parent runs, the other forks "
+                                      "of its parent and its own forks overlaid, each from its fork point")
         self.family_button.clicked.connect(self._family)
         self.clear_button = QPushButton("Clear compare")
         self.clear_button.setToolTip("Untick every compared run: only the run shown stays on the plots")
@@ -151,10 +147,11 @@ class HistoryPanel(QWidget):
                                        "folder by itself every few seconds")
         self.refresh_button.clicked.connect(self._refresh_all)
         # The actions above the table: the dock opens short, and what is below its fold is not found.
+        # (Any run folder opens with the window's Open run folder, Ctrl+O.)
         row = QHBoxLayout()
         row.addWidget(self.filter_box, 1)
         row.addWidget(self.show_archived)
-        for b in (open_b, browse, self.family_button, self.clear_button, self.refresh_button):
+        for b in (open_b, self.family_button, self.clear_button, self.refresh_button):
             row.addWidget(b)
 
         self.checkpoints = CheckpointsPane(self)
