@@ -262,7 +262,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         "message": win.last_error[1] if win.last_error else ""})
         QTimer.singleShot(0, show_run)
     elif not (ns.autostart or ns.screenshot or ns.quit_when_done):
-        QTimer.singleShot(0, win.open_last_run)  # day two: not an empty window
+        QTimer.singleShot(0, lambda: win.tree.open_last_run(win.preferences))  # day two: not an empty window
     if ns.autostart and not ns.open:
         def autostart() -> None:
             if not win.start_run() and ns.quit_when_done:

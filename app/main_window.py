@@ -15,12 +15,10 @@ from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtGui import QCloseEvent
 from PySide6.QtWidgets import QApplication, QMainWindow, QMessageBox
 
-from engine.ctl.client import is_remote
 from engine.declarations.paths import default_runs_root
 
 from .core import assets, logs
 from .core.preferences import Preferences
-from .core.runs import is_run_dir, list_runs
 from .model.runmodel import RunModel
 from .model.title import window_title
 from .runner.launcher import Launch
@@ -313,20 +311,6 @@ class MainWindow(QMainWindow):
         """Show a run folder's plots (finished, or training in another process), here or on
         another machine ([user@]host:path, with the python remembered for that host)."""
         return bool(path) and self.driver.open(path, remote_python=dialogs.remote_python_for(path))
-
-    def open_last_run(self) -> str:
-        """Day two: show the run still training under the runs folder (the newest, if several),
-        else the run viewed last on this machine; '' (the window stays empty) when there is
-        none, or when something is shown already."""
-        if self.views.shown_dir or self.session.busy:
-            return ""
-        live = [r.path for r in list_runs(self.history.root) if r.live]
-        viewed = [p for p in self.preferences.recent("recent_runs") if not is_remote(p) and is_run_dir(p)]
-        for path in live[:1] or viewed[:1]:
-            if self.open_run(path):
-                self.history.select(path)
-                return path
-        return ""
 
     def set_overlay(self, path: str, on: bool) -> None:
         self.tree.set_overlay(path, on)

@@ -241,12 +241,12 @@ def test_a_relaunch_opens_the_run_viewed_last_or_the_one_that_trains(qtbot, make
     assert w.open_run(b)
     assert w.close()
     w2 = make_window(restore_settings=True)
-    assert w2.open_last_run() == b and w2.views.shown_dir == b
-    assert w2.open_last_run() == ""  # something is shown: nothing replaces it
+    assert w2.tree.open_last_run(w2.preferences) == b and w2.views.shown_dir == b
+    assert w2.tree.open_last_run(w2.preferences) == ""  # something is shown: nothing replaces it
     lock = runlock.acquire(c)
     try:
         w3 = make_window(restore_settings=True)
-        assert w3.open_last_run() == c  # the run still training comes first
+        assert w3.tree.open_last_run(w3.preferences) == c  # the run still training comes first
     finally:
         lock.release()
 

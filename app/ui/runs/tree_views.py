@@ -16,6 +16,7 @@ import numpy as np
 from PySide6.QtCore import QObject
 
 from app.core.preferences import Preferences
+from app.core.runs import is_run_dir, list_runs
 from app.model import lineage
 from app.model.stored import measured
 from app.model.x_axis import columns
@@ -108,6 +109,20 @@ class RunTreeViews(QObject):
     def fork_at_step(self, step: int) -> Any:
         """A plot's "Fork from here...": the run shown, from its nearest checkpoint at or before `step`."""
         return self.forks.from_step(self.shown_run_dir(), step)
+
+    def open_last_run(self, preferences: Preferences) -> str:
+        """Day two: show the run still training under the runs folder (the newest, if several),
+        else the run viewed last on this machine; '' (the window stays empty) when there is
+        none, or when something is shown already."""
+        if self.shown_run_dir() or self.session.busy:
+            return ""
+        live = [r.path for r in list_runs(self.history.root) if r.live]
+        viewed = [p for p in preferences.recent("recent_runs") if not is_remote(p) and is_run_dir(p)]
+        for path in live[:1] or viewed[:1]:
+            if self.driver.open(path, remote_python=""):
+                self.history.select(path)
+                return path
+        return ""
 
     # -- the run table's actions ------------------------------------------------------------------
     def continue_run(self, path: str) -> bool:
