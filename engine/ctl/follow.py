@@ -5,8 +5,9 @@ The stream is resumable exactly: its cursor is (the last step received, the last
 received). Rows come in step order past the step, in `rows` records of up to PAGE rows; events in id order past the id (or, on a
 first follow from step N, those at step N or later). A client whose stream broke starts
 again with `--from-step LAST+1 --after-event ID` and receives nothing twice and misses
-nothing. A rollback (rows past a step superseded, the `rolled_back` event) is a `rewind`
-record, after which the rows from that step come again.
+nothing. Rows the client holds that a rollback or a resume superseded (run.db moves them to
+discarded_metrics) are a `rewind` record, after which the rows from that step come again; a
+follow that goes on after a crash and a resume is told too (the rows moved after its last event).
 
 The end: the run ends when no process holds its writer lock (engine/store/runlock.py). The
 engine releases the lock after its last commit, so the read that follows the lock's release
@@ -26,7 +27,7 @@ from collections import deque
 from typing import Any, Callable, Iterator, Optional
 
 from engine.declarations import limits
-from engine.store import METRIC_COLUMNS, RunReader, StoreError, runlock
+from engine.store import METRIC_COLUMNS, RunReader, StoreError, runlock, stored
 
 from .local import open_run
 from .protocol import CtlError
@@ -65,6 +66,11 @@ class _Follow:
         self.last_event = after_event or 0
         self.from_step = from_step if after_event is None else None  # the first read's event filter
         self.info: Optional[dict[str, Any]] = None
+        # Of run.db's discarded_metrics (rows a resume or a rollback superseded, only ever added
+        # to), how many the client already knows of: a first follow has no rows, so all; a
+        # resumed one, those moved before the last event it received.
+        self.discards_known = self._discards_known(after_event)
+        self.read_discards = True  # look at discarded_metrics in the next read
 
     def records(self, watch_parent: bool, idle: Optional[Callable[[], None]], poll_s: float,
                 heartbeat_s: float) -> Iterator[dict[str, Any]]:
@@ -112,6 +118,11 @@ class _Follow:
             events = [e for e in events if _step(e) >= self.from_step]
             self.from_step = None
         back = _rolled_back_to(events, self.last_step)
+        if self.read_discards or events:  # rows are discarded at a resume or a rollback, each with its event
+            discarded = self._superseded_from()
+            if discarded is not None and discarded <= self.last_step:
+                back = discarded - 1 if back is None else min(back, discarded - 1)
+        self.read_discards = False
         if back is not None:
             self.last_step = back
             yield {"kind": "rewind", "to_step": back}
@@ -135,6 +146,31 @@ class _Follow:
                 break
         while pending:
             yield {"kind": "event", "event": pending.popleft()}
+
+    def _discards_known(self, after_event: Optional[int]) -> int:
+        rows = self.reader.discarded()
+        if after_event is None:
+            return len(rows)
+        seen = self.reader.events(after_id=max(0, after_event - 1))
+        when = stored.number(seen[0].get("time"), None) if seen and seen[0].get("id") == after_event else None
+        if when is None:  # the client's last event is not there: take none as known (a rewind too many is safe)
+            return 0
+        known = 0
+        for row in rows:  # in the order they were moved
+            moved = stored.number(row.get("discarded_at"), None)
+            if moved is None or moved > when:
+                break
+            known += 1
+        return known
+
+    def _superseded_from(self) -> Optional[int]:
+        """The first step among the rows discarded since the last look (None: none were): rows
+        from it on that the client holds are superseded, whatever superseded them."""
+        rows = self.reader.discarded()
+        fresh, self.discards_known = rows[self.discards_known:], len(rows)
+        steps = [stored.whole(r.get("step"), -1) for r in fresh]
+        steps = [s for s in steps if s >= 0]
+        return min(steps) if steps else None
 
     def _final_status(self) -> str:
         status = (self.info or {}).get("status") or "unknown"

@@ -25,6 +25,7 @@ from engine.store import DB_NAME, RunReader, StoreError, runlock, send_command, 
 from .protocol import EXIT_NOT_LIVE, CtlError, finite_or_none
 
 WAIT_POLL_S = 0.1
+SAME_BOUNDARY_S = 3.0  # how long the later commands of one boundary may take to be marked after the first
 OPENING_S = 10.0  # how long a run.db whose engine is still making it is waited for
 ANSWERED = ("applied", "refused", "expired")
 # Settings `set` takes: the live ones, and precision (which the engine refuses, saying why).
@@ -222,7 +223,7 @@ def _wait(reader: RunReader, sent: dict[int, Command], timeout: Optional[float])
             row = _answer(reader, row_id, cmd, events_from, alive)
             if row is not None:
                 del waiting[row_id]
-                yield _command_record(row_id, cmd, row)
+                yield _command_record(row_id, cmd, _what_held(reader, row_id, cmd, row))
         if not waiting:
             return
         if not alive:
@@ -231,6 +232,33 @@ def _wait(reader: RunReader, sent: dict[int, Command], timeout: Optional[float])
         if deadline is not None and time.monotonic() > deadline:
             raise CtlError(f"no answer within {timeout:g} s (the command stays queued)", EXIT_NOT_LIVE)
         time.sleep(WAIT_POLL_S)
+
+
+def _what_held(reader: RunReader, row_id: int, cmd: Command, row: dict[str, Any]) -> dict[str, Any]:
+    """An applied setting as the run holds it: the engine applies the commands due at one
+    boundary oldest first, so of those that set the same setting at the same step the last one
+    holds; an earlier one with another value is `superseded` (the note says by what). Rows of
+    commands sent after this one and due at the same boundary are marked with it, a moment apart:
+    they are read again until none of them is still only received."""
+    if not isinstance(cmd, SettingCommand) or row.get("status") != "applied":
+        return row
+    step = row.get("applied_step")
+    deadline = time.monotonic() + SAME_BOUNDARY_S
+    while True:
+        later = [r for r in reader.commands() if stored.whole(r.get("id"), 0) > row_id and r.get("kind") == cmd.kind]
+        if not any(r.get("status") in ("pending", "received") for r in later) or time.monotonic() > deadline:
+            break
+        time.sleep(WAIT_POLL_S)
+    same = [r for r in later if r.get("status") == "applied" and r.get("applied_step") == step]
+    if not same:
+        return row
+    last = same[-1]
+    held = stored.mapping(stored.decoded(last.get("payload"))).get(cmd.setting)
+    if held == cmd.value:
+        return row
+    where = f" from step {step + 1}" if isinstance(step, int) else ""
+    return dict(row, status="superseded", note=f"{cmd.setting}={held} (sent after it, applied at the same step) "
+                                               f"holds{where}")
 
 
 def _answer(reader: RunReader, row_id: int, cmd: Command, events_from: int,

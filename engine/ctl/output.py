@@ -144,6 +144,8 @@ def _command(r: dict[str, Any]) -> str:
         return f"{head}: applied{where}{note}"
     if status == "refused":
         return f"{head}: refused: {r.get('note') or 'no reason given'}"
+    if status == "superseded":  # applied, and overwritten at the same boundary by a later command
+        return f"{head}: superseded: {r.get('note') or 'a later change of the same setting holds'}"
     if status == "expired":
         return f"{head}: expired: {r.get('note') or 'the engine stopped before it read it'}"
     return f"{head}: sent (the engine reads commands within about a second)"

@@ -14,7 +14,9 @@ other line is a record with a "kind":
   heartbeat  {"time": T}          follow writes one a second while nothing else comes
   end        {"status": S, "step": N, "last_event": ID}   the run ended; the stream ends here
   status     {run_dir, live, writer, status, step, epoch, loss, settings, eta_s, ...}
-  command    {id, command, payload, status, applied_step, from_step, note}
+  command    {id, command, payload, status, applied_step, from_step, note}   status: pending, received,
+             applied, refused, expired, or superseded (applied, and a later command changing the
+             same setting at the same step holds: the note says which)
   run        {path, name, status, live, step, task, started, finished, loss}   one line of `runs`
   started    {run_dir, started, pid, host, detach, session, console, command}   `start`: the engine
              holds its run folder (started false: still starting when the wait ran out)

@@ -15,6 +15,7 @@ session goes, engine/ctl/follow.py). Torch-free: a laptop follows a remote run w
 from __future__ import annotations
 
 import os
+import queue
 import re
 import shlex
 import subprocess
@@ -29,6 +30,7 @@ SSH_ENV = "HEADROOM_SSH_COMMAND"
 # The longest line a server may write, in characters: a `rows` record of follow's PAGE rows is
 # about 1 MB; an endless line is read this far and no further (memory stays bounded).
 MAX_LINE = 32 * 2**20
+FIRST_LINE_S = 60.0  # a deadline's allowance for the first line (connecting, the remote python's start)
 STDERR_LINE = 2000  # what is kept of one stderr line (the last few say why a command failed)
 PYTHON_ENV = "HEADROOM_REMOTE_PYTHON"  # the default of --remote-python, for the CLI and the app
 
@@ -113,15 +115,24 @@ def _home_word(word: str) -> str:
     return shlex.quote(word)
 
 
+# ssh's own check that the server still answers (a connection that went silent: a laptop asleep,
+# a NAT that forgot it): ends ssh (exit 255) after about 45 s of no answer. An option given in
+# HEADROOM_SSH_COMMAND comes first and so wins (ssh takes the first value of an option).
+KEEPALIVE = ("-o", "ServerAliveInterval=15", "-o", "ServerAliveCountMax=3")
+
+
 def ssh_argv(host: str, remote_python: str, ctl_args: list[str]) -> list[str]:
-    return [*ssh_command(), "-o", "BatchMode=yes", "--", host, remote_line(remote_python, ctl_args)]
+    return [*ssh_command(), "-o", "BatchMode=yes", *KEEPALIVE, "--", host, remote_line(remote_python, ctl_args)]
 
 
 class RemoteCommand:
     """One `python -m engine.ctl ...` on the remote through ssh: its records, checked."""
 
-    def __init__(self, host: str, remote_python: str, ctl_args: list[str]) -> None:
+    def __init__(self, host: str, remote_python: str, ctl_args: list[str], silence_s: Optional[float] = None) -> None:
+        """`silence_s`: the longest wait for the next line (a follow, whose server writes a
+        heartbeat every second): longer is a frozen server or connection, CtlError (exit 5)."""
         self.host = host
+        self.silence_s = silence_s
         self.remote_python = remote_python
         self.argv = ssh_argv(host, remote_python, ctl_args)
         self.stderr: "deque[str]" = deque(maxlen=40)
@@ -141,6 +152,8 @@ class RemoteCommand:
         try:
             assert self.proc.stdout is not None
             lines = self._lines(self.proc.stdout)
+            if self.silence_s is not None:
+                lines = self._in_time(lines, self.silence_s)
             first = next(lines, "")
             if not first:
                 self._wait(drain)
@@ -172,6 +185,39 @@ class RemoteCommand:
                 raise ProtocolError(f"{self.host} wrote a line longer than {MAX_LINE // 2**20} MiB: not a "
                                     f"headroom-ctl record (the connection is closed)")
             yield line
+
+    def _in_time(self, lines: Iterator[str], silence_s: float) -> Iterator[str]:
+        """`lines`, read on a thread of their own, each within `silence_s` of the one before."""
+        box: "queue.Queue[tuple[str, Any]]" = queue.Queue(maxsize=4)  # a few lines ahead, no more
+        done = threading.Event()
+
+        def read() -> None:
+            try:
+                for line in lines:
+                    while not _put(box, ("line", line), done):
+                        pass
+                _put(box, ("end", None), done)
+            except Exception as e:  # the line that was too long; a read that failed as ssh ended
+                _put(box, ("error", e), done)
+
+        threading.Thread(target=read, name="ctl-remote-read", daemon=True).start()
+        wait = max(silence_s, FIRST_LINE_S)  # the hello: ssh connects and the server's python starts first
+        try:
+            while True:
+                try:
+                    what, value = box.get(timeout=wait)
+                except queue.Empty:
+                    raise CtlError(f"no word from {self.host} for {wait:g} s (a follow hears from the server "
+                                   f"every second): the server or the connection is frozen", EXIT_REMOTE) from None
+                wait = silence_s
+                if what == "line":
+                    yield value
+                elif what == "error":
+                    raise value
+                else:
+                    return
+        finally:
+            done.set()
 
     def _read_stderr(self) -> None:
         assert self.proc is not None and self.proc.stderr is not None
@@ -228,6 +274,17 @@ class RemoteCommand:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def _put(box: "queue.Queue[tuple[str, Any]]", item: tuple[str, Any], done: threading.Event) -> bool:
+    """Put `item` unless the reader is done: True when put or no longer wanted (False: full, try again)."""
+    if done.is_set():
+        return True
+    try:
+        box.put(item, timeout=0.5)
+        return True
+    except queue.Full:
+        return False
 
 
 def records(target: RemoteRun, remote_python: str, ctl_args: list[str]) -> Iterator[dict[str, Any]]:

@@ -18,6 +18,9 @@ def line(record: dict) -> None:
 
 def main() -> None:
     mode = os.environ["HOSTILE"]
+    if os.environ.get("HOSTILE_ARGV"):  # what the client asked ssh for, for the test to read
+        with open(os.environ["HOSTILE_ARGV"], "w") as f:
+            json.dump(sys.argv[1:], f)
     line({"kind": "hello", "protocol": 1, "engine": "0.1.0"})
     if mode == "long":  # one endless line, written a MiB at a time (this process stays small)
         chunk = "x" * 2**20

@@ -39,7 +39,8 @@ def test_the_ssh_command_is_the_users_plus_batch_mode(monkeypatch):
     monkeypatch.setenv("HEADROOM_SSH_COMMAND", "ssh -F '/home/me/work dir/ssh_config' -o ProxyJump=bastion")
     argv = ssh_argv("me@gpu-box", "python3", ["status", "--", "/runs/a"])
     assert argv[:5] == ["ssh", "-F", "/home/me/work dir/ssh_config", "-o", "ProxyJump=bastion"]
-    assert argv[5:9] == ["-o", "BatchMode=yes", "--", "me@gpu-box"]
+    assert argv[5:13] == ["-o", "BatchMode=yes", "-o", "ServerAliveInterval=15", "-o", "ServerAliveCountMax=3", "--",
+                          "me@gpu-box"]  # ssh ends a connection whose server stopped answering
     assert not any("StrictHostKeyChecking" in a for a in argv)
     monkeypatch.delenv("HEADROOM_SSH_COMMAND")
     assert ssh_argv("h", "python3", ["runs"])[0] == "ssh"

@@ -4,6 +4,7 @@ terminal acts on; the engine's flags are taken only as spelt in full, and none a
 however they come; a run folder's odd event rows are read, never a traceback."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import sqlite3
@@ -11,7 +12,7 @@ import subprocess
 import sys
 
 import pytest
-from ctlkit import PACED_MLP, ctl, db_rows, one_error_line, records
+from ctlkit import PACED_MLP, LiveRun, ctl, db_rows, one_error_line, records
 
 from engine_in_process import trained
 from testkit import ROOT, subprocess_env, wait_until
@@ -175,3 +176,110 @@ def test_stop_wait_and_status_see_a_sharded_runs_checkpoint(tmp_path):
     assert (run / "checkpoints" / "last").is_dir() and not (run / "checkpoints" / "last.pt").exists()
     status = records(ctl("status", run, "--json").stdout)[-1]
     assert status["checkpoint"] is True
+
+
+# -- 4: set --wait says what the run holds for each command ---------------------------------------
+def _answers(text: str) -> list[dict]:
+    return [r for r in records(text) if r["kind"] == "command" and r["status"] != "pending"]
+
+
+def test_concurrent_set_wait_says_which_change_holds(tmp_path):
+    """Six `set lr=... --wait` at once, and three lr changes in one `set --at step --wait`: of
+    those applied at the same step, one says applied (the lr the rows then show), the others
+    superseded, naming the one that holds. Before, all said "applied from step N"."""
+    run = LiveRun(str(tmp_path / "run"))
+    try:
+        run.wait_live(2)
+        values = [f"{0.001 * (i + 2):.3f}" for i in range(6)]
+        procs = [subprocess.Popen([sys.executable, "-m", "engine.ctl", "set", run.run_dir, f"lr={v}", "--wait",
+                                   "--json", "--timeout", "200"], cwd=ROOT, env=subprocess_env(),
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for v in values]
+        answers = []
+        for p in procs:
+            out, err = p.communicate(timeout=300)
+            assert p.returncode == 0, err
+            answers += _answers(out)
+        r = ctl("set", run.run_dir, "lr=0.011", "lr=0.012", "lr=0.013", "--at", "step", "--wait", "--json")
+        assert r.returncode == 0, r.stderr
+        answers += _answers(r.stdout)
+        shown = ctl("set", run.run_dir, "lr=0.021", "lr=0.022", "--at", "step", "--wait")
+        assert shown.returncode == 0 and "superseded: lr=0.022" in shown.stdout, shown.stdout
+        run.wait_live(len(db_rows(run.run_dir)) + 3)
+    finally:
+        run.end()
+    lr_at = {row["step"]: row["lr"] for row in db_rows(run.run_dir)}
+    by_step: dict[int, list[dict]] = {}
+    for a in answers:
+        by_step.setdefault(a["applied_step"], []).append(a)
+    assert any(len(group) > 1 for group in by_step.values())  # commands that met at one boundary
+    for step, group in by_step.items():
+        applied = [a for a in group if a["status"] == "applied"]
+        assert len(applied) == 1, group
+        assert applied[0]["from_step"] == step + 1
+        assert lr_at[step + 1] == pytest.approx(applied[0]["payload"]["lr"])
+        for a in group:
+            if a is not applied[0]:
+                assert a["status"] == "superseded" and a["from_step"] is None, a
+                assert f"lr={applied[0]['payload']['lr']}" in a["note"]
+
+
+# -- 2: a silent connection ends a follow, with a clear line ---------------------------------------
+def test_a_silent_server_ends_a_follow_with_a_line_to_go_on(tmp_path):
+    """The server frozen after its hello (no heartbeat): the follow ends within its deadline, exit
+    5, one line that says so and where to go on; ssh is asked to check the server is alive."""
+    argv_file = tmp_path / "argv.json"
+    r = ctl("follow", "srv:/run", env=hostile_env("silent", HOSTILE_ARGV=str(argv_file), HOSTILE_SLEEP="65"), timeout=60)
+    assert r.returncode == 5, r.stderr
+    line = one_error_line(r)
+    assert "no word from srv for 20 s" in line and "follow --from-step 0" in line
+    asked = " ".join(json.loads(argv_file.read_text()))
+    assert "ServerAliveInterval=" in asked and "ServerAliveCountMax=" in asked
+
+
+def test_the_client_apis_follow_has_a_deadline(monkeypatch):
+    """What the app's RemoteSource reads (and reconnects on, as on any broken connection)."""
+    import time
+
+    from engine.ctl import client
+    for key, value in hostile_env("silent").items():
+        monkeypatch.setenv(key, value)
+    started = time.monotonic()
+    with pytest.raises(client.CtlError) as broke:
+        for _ in client.Following("srv:/run", silence_s=2).records():
+            pass
+    assert broke.value.code == client.EXIT_REMOTE and time.monotonic() - started < 30
+
+
+# -- 3: a follow that goes on after a crash and a resume is told of the rows the resume discarded --
+def test_a_follow_after_a_crash_and_a_resume_rewinds_the_discarded_rows(tmp_path):
+    """A run killed mid-way (its rows past the last checkpoint are then discarded by the resume):
+    the follow that goes on from its cursor gets a rewind, so the client ends with run.db's rows,
+    not the crashed run's. Before: the old rows stayed (steps past the checkpoint, old times)."""
+    from ctlkit import Stream, replay
+    run = LiveRun(str(tmp_path / "run"), "--checkpoint-every", "50")
+    run.wait_live(1)
+    stream = Stream.follow(run.run_dir)
+    try:
+        wait_until(lambda: len(stream.rows()) >= 60, timeout=120, what="60 rows followed")
+        run.proc.kill()  # a crash: no checkpoint at the end
+        run.proc.wait(timeout=60)
+        assert stream.finish() == 0
+    finally:
+        run.end()
+        if stream.proc.poll() is None:
+            stream.kill()
+    step, event = stream.cursor()
+    resumed = subprocess.run([sys.executable, "-m", "engine", "--resume", run.run_dir, "--max-steps", str(step + 4)],
+                             cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    from engine.store import RunReader
+    reader = RunReader(run.run_dir)
+    try:
+        assert any(r["step"] < step for r in reader.discarded())  # rows the client holds were discarded
+    finally:
+        reader.close()
+    args = ["--from-step", str(step)] + (["--after-event", str(event)] if event is not None else [])
+    again = records(ctl("follow", run.run_dir, "--json", *args).stdout)
+    assert any(r["kind"] == "rewind" for r in again)
+    rows, _ = replay(stream.records + again)
+    assert rows == db_rows(run.run_dir)

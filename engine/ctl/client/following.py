@@ -11,6 +11,10 @@ from ..protocol import CtlError
 from .records import AnyRecord, typed
 from .targets import Remote, Target, run_target, words
 
+# The longest silence of a remote follow: its server writes a heartbeat every second
+# (engine/ctl/follow.py HEARTBEAT_S), so this is a frozen server or connection, never a quiet run.
+SILENCE_S = 20.0
+
 
 class Following:
     """The records of one follow: `Info`, `Rows`, `Event`, `Rewind`, `CaughtUp`, `Heartbeat`,
@@ -19,7 +23,9 @@ class Following:
 
     def __init__(self, target: Target, from_step: int = 0, after_event: Optional[int] = None, *,
                  remote_python: Optional[str] = None, watch_parent: bool = False,
-                 idle: Optional[Callable[[], None]] = None) -> None:
+                 idle: Optional[Callable[[], None]] = None, silence_s: float = SILENCE_S) -> None:
+        """`silence_s`: a remote follow that hears nothing (not even the heartbeat the server
+        writes every second) for this long ends with CtlError, exit 5: follow again from the cursor."""
         self.remote, self.path = run_target(target)
         self.from_step, self.after_event = from_step, after_event
         self.watch_parent, self.idle = watch_parent, idle
@@ -28,7 +34,7 @@ class Following:
         if self.remote is not None:
             options = ["--from-step", str(from_step)]
             options += ["--after-event", str(after_event)] if after_event is not None else []
-            self._command = Remote(self.remote, words("follow", *options, "--", self.path), remote_python)
+            self._command = Remote(self.remote, words("follow", *options, "--", self.path), remote_python, silence_s)
 
     def records(self) -> Iterator[AnyRecord]:
         """The records until the run ends, or until `close`. CtlError for whatever broke it
@@ -56,4 +62,4 @@ class Following:
             self._command.close()
 
 
-__all__ = ["Following"]
+__all__ = ["Following", "SILENCE_S"]

@@ -38,8 +38,9 @@ class Remote:
     """One engine.ctl command on a remote through ssh, its records typed; `close` ends it from
     another thread (a follow the window stops reading)."""
 
-    def __init__(self, remote: RemoteRun, ctl_args: list[str], remote_python: Optional[str] = None) -> None:
-        self.command = RemoteCommand(remote.host, remote_python or default_python(), ctl_args)
+    def __init__(self, remote: RemoteRun, ctl_args: list[str], remote_python: Optional[str] = None,
+                 silence_s: Optional[float] = None) -> None:
+        self.command = RemoteCommand(remote.host, remote_python or default_python(), ctl_args, silence_s)
 
     def records(self) -> Iterator[AnyRecord]:
         for record in self.command.records():
