@@ -23,7 +23,7 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install --quiet $(TORCH_SPEC)
-	$(PY) -m pip install --quiet -c $(CONSTRAINTS) -e ".[dev,hf,lightning]"
+	$(PY) -m pip install --quiet -c $(CONSTRAINTS) -e ".[dev,hf,lightning,notify,mcp]"
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -100,7 +100,7 @@ lock:
 	rm -rf $(LOCK_VENV)
 	$(PYTHON) -m venv $(LOCK_VENV)
 	$(LOCK_VENV)/bin/python -m pip install --quiet --dry-run --report $(LOCK_VENV)/report.json $(TORCH_SPEC) \
-		-e ".[dev,hf,lightning,package]"
+		-e ".[dev,hf,lightning,notify,mcp,package]"
 	$(LOCK_VENV)/bin/python -c "$$LOCK_PY" $(LOCK_VENV)/report.json > $(LOCK_VENV)/constraints.txt
 	mv $(LOCK_VENV)/constraints.txt $(CONSTRAINTS)
 	rm -rf $(LOCK_VENV)
