@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
+import warnings
 from typing import Any, Optional, Sequence
 
 from .declarations.config import ConfigError
@@ -26,31 +26,48 @@ def export(spec: str, out: str) -> str:
     from .checkpoints import files as ckpt
     from .checkpoints.run_tree import checkpoint_for, split_fork
     run_dir, which = split_fork(spec)
+    check_out(out)  # before anything is read: a folder, a link or a device is never replaced
     if not os.path.isdir(run_dir):
         raise ConfigError(f"{run_dir}: no such run folder")
-    path = checkpoint_for(run_dir, which)
+    notes: list[str] = []
+    path = checkpoint_for(run_dir, which, notes)
+    for note in notes:
+        sys.stderr.write(f"note: {note}\n")
     if not os.path.exists(path):
         have = ", ".join(ckpt.name_of(p) for p in ckpt.candidates(run_dir)) or "none"
         raise ConfigError(f"{spec}: no checkpoint {which} in {run_dir} (it has: {have})")
     state = ckpt.load(path)
     if state.get("sharded"):
         state = {**{k: v for k, v in state.items() if k != "sharded"}, **whole_from_folder(path)}
+    check_out(out)  # again: the reading took a while
+    ckpt.save_atomic(state, out)
+    return path
+
+
+def check_out(out: str) -> None:
+    """OUT must be a new file or a regular file (replaced atomically), in a folder that exists."""
+    from .checkpoints import files as ckpt
+    ckpt.check_replaceable(out)
     folder = os.path.dirname(os.path.abspath(out))
     if not os.path.isdir(folder):
         raise ConfigError(f"{out}: the folder {folder} does not exist")
-    ckpt.save_atomic(state, out)
-    return path
 
 
 def whole_from_folder(folder: str) -> dict[str, Any]:
     """A sharded checkpoint's model and optimizer as whole CPU tensors, the optimizer's state by
     index (torch.optim's layout)."""
-    import torch
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-    with tempfile.TemporaryDirectory(prefix=".export-") as tmp:
-        flat = os.path.join(tmp, "whole.pt")
-        dcp_to_torch_save(folder, flat)  # no process group: every shard read here
-        whole = torch.load(flat, map_location="cpu", weights_only=True)
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict  # as dcp_to_torch_save reads one
+
+    from .checkpoints import dcp_input
+    from .checkpoints.sharded import CheckpointException
+    whole: dict[str, Any] = {}
+    try:  # no process group: every shard read here, as input (dcp_input.py), never DCP's plain unpickling
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*assuming the intent is to load in a single process")
+            _load_state_dict(whole, storage_reader=dcp_input.Reader(folder), planner=dcp_input.WholePlanner(folder),
+                             no_dist=True)
+    except CheckpointException as e:
+        raise dcp_input.as_error(folder, e) from None
     return {"model": whole["model"], "optimizer": by_index(whole.get("optimizer") or {})}
 
 

@@ -13,6 +13,7 @@ import os
 import pickle
 import re
 import shutil
+import stat
 import tempfile
 import warnings
 import zipfile
@@ -73,6 +74,8 @@ def swap_in(tmp: str, path: str) -> None:
     .old-<name> first and removed after (`recover` puts it back if a crash comes between)."""
     parent, name = os.path.split(path.rstrip(os.sep))
     old = None
+    if os.path.isdir(path) and not os.path.isdir(tmp):  # a file never replaces a folder
+        raise CheckpointError(f"{path}: exists and is a folder; only a regular file is replaced")
     if os.path.isdir(path):
         old = os.path.join(parent, OLD_PREFIX + name)
         shutil.rmtree(old, ignore_errors=True)
@@ -95,13 +98,32 @@ def write_error(e: BaseException) -> Optional[OSError]:
     return None
 
 
+def check_replaceable(path: str) -> None:
+    """Refuse (CheckpointError, one line) a file `path` that save_atomic must not replace: a
+    name ending in a separator, or anything there that is not a regular file (a folder, a
+    symbolic link, a device such as /dev/null, a pipe). Only a regular file is replaced, and
+    only by a rename. Changes nothing."""
+    if path.endswith((os.sep, "/")) or os.path.basename(path) in ("", ".", ".."):
+        raise CheckpointError(f"{path}: not a file name (it names a folder); give the file to write")
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError:
+        return  # nothing there (or its folder is not one): the write itself says why it fails
+    if not stat.S_ISREG(mode):
+        what = ("a symbolic link" if stat.S_ISLNK(mode) else "a folder" if stat.S_ISDIR(mode)
+                else "a device or other special file")
+        raise CheckpointError(f"{path}: exists and is {what}; only a regular file is replaced (nothing was written)")
+
+
 def save_atomic(obj: dict[str, Any], path: str) -> None:
     """torch.save to a temporary file beside `path`, fsync, then `swap_in`.
 
     A crash or a full disk leaves either the old file or the new one, never half of one. A
     write that fails raises the OSError itself (errno ENOSPC for a full disk), not torch's
-    RuntimeError around it.
+    RuntimeError around it. Only a regular file (or nothing) at `path` is replaced:
+    check_replaceable, before anything is written.
     """
+    check_replaceable(path)
     folder = os.path.dirname(path) or "."
     os.makedirs(folder, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX, suffix=".pt", dir=folder)
@@ -246,15 +268,46 @@ def step_path(run_dir: str, step: int) -> str:
     return os.path.join(run_dir, CKPT_DIR, f"step-{step}.pt")
 
 
+def step_of(path: str) -> Optional[int]:
+    """The step a checkpoint (file or sharded folder) was written at, or None if it does not load."""
+    try:
+        state = load(path, mmap=not os.path.isdir(path))
+    except CheckpointError:
+        return None
+    step = state.get("step")
+    return step if isinstance(step, int) else None
+
+
+def newest_first(paths: list[str], notes: list[str]) -> list[str]:
+    """`paths` (candidates' order) with the two checkpoints of one name (name.pt and name/: a
+    crash between writing one and removing the other, files.save_checkpoint / sharded.swap_in)
+    put newer first, by the step inside; `notes` gets a line saying so. Any other order is kept."""
+    out = list(paths)
+    for i, path in enumerate(out):
+        twin = next((j for j in range(i + 1, len(out)) if name_of(out[j]) == name_of(path)), None)
+        if twin is None:
+            continue
+        a, b = step_of(path), step_of(out[twin])
+        if a is None or b is None:
+            continue  # one does not load: the usual skip says why
+        if b > a:
+            out[i], out[twin] = out[twin], out[i]
+        newer, older = out[i], out[twin]
+        notes.append(f"checkpoints {newer} (step {max(a, b)}) and {older} (step {min(a, b)}) are both there (a "
+                     "crash between writing one and removing the other): the newer one is used")
+    return out
+
+
 def load_newest(run_dir: str, matches: Optional[Callable[[dict[str, Any]], Optional[str]]] = None,
                 map_location: Any = "cpu") -> tuple[Optional[str], Optional[dict[str, Any]], list[str]]:
     """The newest checkpoint of the run that loads and matches: (path, state, skipped), where
     `skipped` says, one line each, why newer files were passed over (damaged or truncated,
-    or `matches(state)` returned a reason). (None, None, skipped) if none is usable.
+    or `matches(state)` returned a reason), and which of two checkpoints of one name was taken
+    (newest_first). (None, None, skipped) if none is usable.
     A checkpoint that holds pickled code raises CheckpointRefused: it is a tampered file,
     not a damaged one, and is never stepped over in silence."""
     skipped: list[str] = []
-    for path in candidates(run_dir):
+    for path in newest_first(candidates(run_dir), skipped):
         try:
             state = load(path, map_location)
         except CheckpointRefused:
@@ -323,12 +376,16 @@ def recover(run_dir: str) -> list[str]:
 
 def read_meta(folder: str) -> dict[str, Any]:
     """A sharded checkpoint's meta.pt (weights_only), marked with the folder it came from:
-    state["sharded"] is the folder, and the weights stay on disk until `load_into`."""
+    state["sharded"] is the folder, and the weights stay on disk until `load_into`. Its
+    .metadata and shards are checked here (dcp_input.check): a cut or crafted folder is
+    refused as a damaged file is, before anything is loaded or written."""
     meta_path = os.path.join(folder, META)
     if not os.path.isfile(meta_path) or not os.path.isfile(os.path.join(folder, ".metadata")):
         raise CheckpointError(f"checkpoint {folder} is not a complete sharded checkpoint (no {META} "
                               "or .metadata)")
+    from . import dcp_input  # torch.distributed.checkpoint: only for a sharded run's folder
     state = _load_file(meta_path)
+    dcp_input.check(folder)  # .metadata read as input, every shard it names there: refused before any use
     state["sharded"] = folder
     return state
 

@@ -33,12 +33,17 @@ class Origin:
     parent: Optional[dict[str, Any]] = None  # a fork's parent record
 
 
-def checkpoint_for(run_dir: str, which: str) -> str:
-    """The checkpoint `which` of the run: its file, or its sharded folder."""
+def checkpoint_for(run_dir: str, which: str, notes: Optional[list[str]] = None) -> str:
+    """The checkpoint `which` of the run: its file, or its sharded folder; if both are there (a
+    crash between writing one and removing the other), the newer by the step inside, with a
+    line in `notes` saying so."""
     if which == "last":
-        return ckpt.existing(ckpt.last_path(run_dir))
-    kind, _, n = which.partition("-")
-    path = ckpt.epoch_path(run_dir, int(n)) if kind == "epoch" else ckpt.step_path(run_dir, int(n))
+        path = ckpt.last_path(run_dir)
+    else:
+        kind, _, n = which.partition("-")
+        path = ckpt.epoch_path(run_dir, int(n)) if kind == "epoch" else ckpt.step_path(run_dir, int(n))
+    if os.path.isfile(path) and os.path.isdir(path[:-3]):
+        return ckpt.newest_first([path, path[:-3]], notes if notes is not None else [])[0]
     return ckpt.existing(path)
 
 
@@ -97,7 +102,8 @@ def resume_origin(run_dir: str, model: torch.nn.Module) -> Origin:
 
 def fork_origin(spec: str, config: TrainConfig, model: torch.nn.Module) -> Origin:
     parent_dir, which = split_fork(spec)
-    path = checkpoint_for(parent_dir, which)
+    notes: list[str] = []
+    path = checkpoint_for(parent_dir, which, notes)
     if not os.path.exists(path):
         have = ", ".join(ckpt.name_of(p) for p in ckpt.candidates(parent_dir)) or "none"
         raise ConfigError(f"--fork {spec}: no checkpoint {which} in {parent_dir} (it has: {have})")
@@ -115,4 +121,4 @@ def fork_origin(spec: str, config: TrainConfig, model: torch.nn.Module) -> Origi
         changed = {k: v for k, v in mine.items()
                    if k not in NOT_SETTINGS and k in parent_config and parent_config[k] != v}
     parent = dict(run_dir=os.path.abspath(parent_dir), checkpoint=which, step=int(state["step"]), changed=changed)
-    return Origin(state=state, path=path, parent=parent)
+    return Origin(state=state, path=path, parent=parent, skipped=notes)

@@ -25,6 +25,7 @@ import torch.distributed as dist
 # Re-exported: a resume catches it as sharded.CheckpointException (engine/trainer/setup.py).
 from torch.distributed.checkpoint.api import CheckpointException as CheckpointException
 
+from . import dcp_input
 from . import files as ckpt
 
 META = ckpt.META
@@ -36,9 +37,8 @@ def is_sharded(path: str) -> bool:
 
 def tensor_shapes(folder: str) -> dict[str, tuple[int, ...]]:
     """{model state key: shape} from the folder's DCP metadata (nothing loaded)."""
-    from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-    meta = FileSystemReader(folder).read_metadata()
+    meta = dcp_input.read_metadata(folder)
     out = {}
     for key, md in meta.state_dict_metadata.items():
         if key.startswith("model.") and isinstance(md, TensorStorageMetadata):
@@ -47,8 +47,7 @@ def tensor_shapes(folder: str) -> dict[str, tuple[int, ...]]:
 
 
 def has_optimizer_state(folder: str) -> bool:
-    from torch.distributed.checkpoint import FileSystemReader
-    return any(k.startswith("optimizer.") for k in FileSystemReader(folder).read_metadata().state_dict_metadata)
+    return any(k.startswith("optimizer.") for k in dcp_input.read_metadata(folder).state_dict_metadata)
 
 
 def save(folders: list[str], model: torch.nn.Module, optimizer: torch.optim.Optimizer, meta: dict[str, Any],
@@ -110,13 +109,18 @@ def load_into(folder: str, model: torch.nn.Module, optimizer: Optional[torch.opt
 def read(state: dict[str, Any], folder: str) -> None:
     """DCP's load of `folder` into `state`. Without a process group (a sharded run forked or
     resumed in one process) every shard is read here: said with no_dist, and DCP's warning that
-    it assumes so (given even then) is not passed on to the user."""
+    it assumes so (given even then) is not passed on to the user. A damaged or crafted folder
+    raises CheckpointError (dcp_input.py), whichever rank found it."""
     from torch.distributed.checkpoint import load as dcp_load
     single = not (dist.is_available() and dist.is_initialized())
     with warnings.catch_warnings():
         if single:
             warnings.filterwarnings("ignore", message=".*assuming the intent is to load in a single process")
-        dcp_load(state, checkpoint_id=folder, no_dist=single)
+        try:  # read as input (dcp_input.py): DCP's own reader would unpickle whatever .metadata holds
+            dcp_load(state, storage_reader=dcp_input.Reader(folder), planner=dcp_input.Planner(folder),
+                     no_dist=single)
+        except CheckpointException as e:
+            raise dcp_input.as_error(folder, e) from None
 
 
 def load_weights(state: dict[str, Any], model: torch.nn.Module, optimizer: torch.optim.Optimizer,

@@ -23,6 +23,7 @@ import fcntl
 import json
 import os
 import socket
+import stat
 import threading
 import time
 import weakref
@@ -31,6 +32,12 @@ from typing import Any, Optional
 from engine.declarations.config import ConfigError
 
 LOCK_NAME = ".writer.lock"
+
+# What a writer puts in a run folder: each is a regular file (checkpoints a folder) the engine
+# made, never a symbolic link or a device someone put there (written through, it would change a
+# file outside the folder). `check_own_files` is the one check, run by `acquire` before any write.
+OWN_FILES = (LOCK_NAME, "run.db", "run.db-wal", "run.db-shm", "run.db-journal")
+OWN_FOLDERS = ("checkpoints",)
 
 
 class RunFolderBusy(ConfigError):
@@ -126,16 +133,59 @@ def describe(run_dir: str, info: dict[str, Any]) -> str:
     return f"run folder {run_dir} is being written by {who}{where}{when}"
 
 
+def _kind(mode: int) -> str:
+    if stat.S_ISLNK(mode):
+        return "a symbolic link"
+    if stat.S_ISDIR(mode):
+        return "a folder"
+    return "not a regular file"
+
+
+def check_own_files(run_dir: str) -> None:
+    """Refuse (ConfigError, one line) a run folder where a file the engine writes is a
+    symbolic link, a folder or a device, or where checkpoints/ is not a plain folder or holds a
+    link: nothing there is followed or written through. Changes nothing."""
+    for name in OWN_FILES + OWN_FOLDERS:
+        path = os.path.join(run_dir, name)
+        try:
+            mode = os.lstat(path).st_mode
+        except FileNotFoundError:
+            continue
+        except OSError as e:
+            raise ConfigError(f"run folder {run_dir}: cannot check {name} ({e.strerror or e})") from None
+        want_dir = name in OWN_FOLDERS
+        if (stat.S_ISDIR(mode) if want_dir else stat.S_ISREG(mode)):
+            continue
+        what = "a symbolic link" if stat.S_ISLNK(mode) else ("not a folder" if want_dir else _kind(mode))
+        raise ConfigError(f"run folder {run_dir}: {path} is {what}; the engine writes only its own files "
+                          f"inside the run folder and never through a link (move it away to continue)")
+    folder = os.path.join(run_dir, OWN_FOLDERS[0])
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return
+    for entry in entries:
+        if entry.is_symlink():
+            raise ConfigError(f"run folder {run_dir}: {entry.path} is a symbolic link; the engine writes only "
+                              "its own files inside the run folder and never through a link (move it away to "
+                              "continue)")
+
+
 def acquire(run_dir: str, wait: float = 0.5) -> RunLock:
     """Take the run folder for writing (the folder must exist). Raises RunFolderBusy naming
     the holder if another live process (or another RunLock in this one) has it; ConfigError
-    if the lock file cannot be opened. `wait` covers a reader's probe (holder()), which
+    if the lock file cannot be opened, or if a file the engine writes there is a link or a
+    device (check_own_files: nothing is written through one). `wait` covers a reader's probe (holder()), which
     takes the lock shared for a moment. On a file system without flock the run goes on
     unlocked, with `note` saying so."""
     path = lock_path(run_dir)
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    check_own_files(run_dir)
+    try:  # O_NOFOLLOW: a link put there since the check is refused too (ELOOP), never written through
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
     except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise ConfigError(f"run folder {run_dir}: {path} is a symbolic link; the engine writes only its own "
+                              "files inside the run folder and never through a link") from None
         raise ConfigError(f"run folder {run_dir}: cannot open {LOCK_NAME} ({e.strerror or e})") from None
     deadline = time.monotonic() + wait
     while True:
@@ -172,9 +222,9 @@ def holder(run_dir: str) -> Optional[dict[str, Any]]:
     """{pid, host, started} of the live writer of run_dir, or None if nobody writes it now.
     Never creates or changes anything (the app calls it on any folder it shows)."""
     try:
-        fd = os.open(lock_path(run_dir), os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(lock_path(run_dir), os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
-        return None  # no lock file: never written by an engine that locks, or not a run folder
+        return None  # no lock file (not a run folder, or never written by an engine that locks), or a link
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
@@ -208,17 +258,10 @@ def pid_alive(pid: Any) -> bool:
 
 
 def writer(run_dir: str, info: Optional[dict[str, Any]] = None) -> Optional[dict[str, Any]]:
-    """{pid, host, ...} of the live writer of a run folder, or None. The lock decides (the
-    kernel's, so it goes with the process); a folder no locking engine wrote (an older run, a
-    file system without flock) falls back to run.db's status and pid (`info`, RunReader.info())."""
+    """{pid, host, ...} of the live writer of a run folder, or None. The lock alone decides (the
+    kernel's, so it goes with the process): run.db's status and pid (`info`, kept for the
+    callers' sake) never do, since a folder copied from a live run, or a crashed run whose pid
+    is now another process, says running with a pid that exists."""
+    del info  # never a pid alone: see above
     held = holder(run_dir)
-    if held is not None:
-        return dict(held)
-    try:
-        if os.path.getsize(lock_path(run_dir)) > 0:
-            return None  # a locking engine wrote here, and nobody holds the lock now
-    except OSError:
-        pass
-    if info is not None and info.get("status") == "running" and pid_alive(info.get("pid")):
-        return {"pid": info.get("pid"), "host": None}
-    return None
+    return dict(held) if held is not None else None

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, ContextManager, Optional
 
 import torch
@@ -29,8 +29,10 @@ from engine.declarations.outcome import first_line
 from engine.declarations.paths import default_run_dir
 from engine.declarations.rules import CommandRules
 from engine.declarations.schedule import LrSchedule
+from engine.declarations.settings import LiveSettings
 from engine.distributed.choose import build as build_strategy
 from engine.distributed.devices import default_optimizer, resolve_device, to_device
+from engine.distributed.world import keep_effective_batch
 from engine.memory.activation_checkpointing import CheckpointSwitch, find_switch, why_no_switch
 from engine.memory.breakdown import WindowMemory
 from engine.memory.snapshot import SnapshotRecorder
@@ -93,16 +95,35 @@ class RunParts:
 
 
 def build(config: TrainConfig, task: Optional[Task], ctx: distributed.DistContext) -> RunParts:
-    claimed: list[RunLock] = []
+    claimed = Claimed()
     try:
         return _build(config, task, ctx, claimed)
     except BaseException:
-        for lock in claimed:  # bad input: the folder is free again, nothing in it was written
-            lock.release()
+        claimed.undo()  # bad input: the folder is free again, and as it was
         raise
 
 
-def _build(config: TrainConfig, task: Optional[Task], ctx: distributed.DistContext, claimed: list) -> RunParts:
+@dataclass
+class Claimed:
+    """What taking the run folder made (the lock, a lock file, folders): undone if the start is
+    refused after all, so a refusal leaves the folder as it found it."""
+    locks: list[RunLock] = field(default_factory=list)
+    made: list[str] = field(default_factory=list)  # paths this start created, in order
+
+    def undo(self) -> None:
+        for path in reversed(self.made):  # the lock file first, while the lock is still held
+            try:
+                if os.path.isdir(path) and not os.path.islink(path):
+                    os.rmdir(path)  # only if empty: never anything this start did not make
+                else:
+                    os.unlink(path)
+            except OSError:
+                pass
+        for lock in self.locks:
+            lock.release()
+
+
+def _build(config: TrainConfig, task: Optional[Task], ctx: distributed.DistContext, claimed: "Claimed") -> RunParts:
     cfg = config
     device = resolve_device(cfg.device, ctx)
     if cfg.vram_limit is not None and device.type != "cuda":
@@ -142,16 +163,19 @@ def _build(config: TrainConfig, task: Optional[Task], ctx: distributed.DistConte
     if cfg.checkpointing and switch is None:
         raise ConfigError(f"--activation-checkpointing on: {why_no_switch(task, model)}")
     check_checkpointable(task, model, optimizer, scheduler)
-    # A fork reads another run's checkpoint: checked before its own folder is made. A resume
-    # reads its own folder's checkpoints: only once the folder is ours (no writer races it).
+    # A fork reads another run's checkpoint: checked before its own folder is made (last of
+    # all, below: every check comes first). A resume reads its own folder's checkpoints: only
+    # once the folder is ours (no writer races it).
     origin = fork_origin(cfg.fork, cfg, model) if cfg.fork else Origin()
-    check_fits_data(origin, len(task.train_data), cfg)
-    run_dir, lock = _claim_folder(cfg, ctx)
-    if lock is not None:
-        claimed.append(lock)
+    check_continues(origin, len(task.train_data), cfg, ctx.world)
     if cfg.resume:
+        run_dir, lock = _claim_folder(cfg.resume, cfg, ctx, claimed)
         origin = resume_origin(run_dir, model)
-        check_fits_data(origin, len(task.train_data), cfg)
+        check_continues(origin, len(task.train_data), cfg, ctx.world)
+    else:
+        run_dir = cfg.run_dir or default_run_dir(cfg.task)
+        if ctx.is_main:
+            check_new_run_dir(run_dir)
 
     distributed.init(ctx, device)  # the process group, once the input is known good
     val = task.val_data
@@ -174,6 +198,8 @@ def _build(config: TrainConfig, task: Optional[Task], ctx: distributed.DistConte
     stepper.set_to_none = not strategy.grads_in_buckets
     if origin.state is not None:
         _load_state(origin, model, optimizer, scaler, scheduler, strategy.sharded)
+    if not cfg.resume:  # every check passed: only now is the new run's folder made
+        run_dir, lock = _claim_folder(run_dir, cfg, ctx, claimed)
     schedule = LrSchedule.for_run(cfg.lr_schedule, cfg.min_lr_ratio,
                                total_samples(cfg, len(task.train_data), ctx.world),
                                warmup_samples=cfg.warmup_samples, warmup_fraction=cfg.warmup_fraction)
@@ -305,22 +331,24 @@ def _window_policy(cfg: TrainConfig, task: Task) -> WindowPolicy:
     return TokenBudgetWindows(len(data), cfg.seed, cfg.token_budget, lengths.__getitem__, cfg.micro_tokens)
 
 
-def _claim_folder(cfg: TrainConfig, ctx: distributed.DistContext) -> tuple[str, Optional[RunLock]]:
+def _claim_folder(run_dir: str, cfg: TrainConfig, ctx: distributed.DistContext,
+                  claimed: Claimed) -> tuple[str, Optional[RunLock]]:
     """The run folder, and (rank 0) the OS lock that makes this process its one writer; a
-    killed writer's temporary files are removed once the folder is ours."""
+    killed writer's temporary files are removed once the folder is ours. What it makes is in
+    `claimed` (build undoes it if the start is refused after all)."""
     if cfg.resume:
-        run_dir = cfg.resume
         if not os.path.isfile(os.path.join(run_dir, "run.db")):
             raise ConfigError(f"--resume {run_dir}: not a run folder (no run.db)")
-    else:
-        run_dir = cfg.run_dir or default_run_dir(cfg.task)
-        if ctx.is_main:
-            check_writable_dir(run_dir)
+    elif ctx.is_main:
+        claimed.made += check_writable_dir(run_dir)
     if not ctx.is_main:
         return run_dir, None
+    new_lock_file = not os.path.lexists(runlock.lock_path(run_dir))
     lock = runlock.acquire(run_dir)
+    claimed.locks.append(lock)
+    if new_lock_file:
+        claimed.made.append(runlock.lock_path(run_dir))
     if not cfg.resume and os.path.exists(os.path.join(run_dir, "run.db")):  # another writer got in first
-        lock.release()
         raise ConfigError(f"--run-dir {run_dir}: already holds a run (use --resume {run_dir} to continue it)")
     ckpt.remove_orphans(run_dir, lock)
     return run_dir, lock
@@ -338,8 +366,28 @@ def _load_state(origin: Origin, model: torch.nn.Module, optimizer: torch.optim.O
             scaler.load_state_dict(state["scaler"])
         if scheduler is not None and state.get("scheduler"):
             scheduler.load_state_dict(state["scheduler"])
+    except ckpt.CheckpointError:
+        raise  # damaged or crafted (a sharded folder's shards are read only here): said as it is
     except (RuntimeError, ValueError, KeyError, TypeError, sharded.CheckpointException) as e:
         raise ConfigError(f"checkpoint {origin.path} does not fit the task: {first_line(e, 200)}") from None
+
+
+def check_continues(origin: Origin, samples: int, cfg: TrainConfig, world: int) -> None:
+    """A checkpoint this run continues from, checked before anything is written: it fits the
+    data (check_fits_data), and its effective batch splits over this run's ranks (what
+    trainer._open applies: keep_effective_batch, refused there only after run.db was opened)."""
+    check_fits_data(origin, samples, cfg)
+    if origin.state is None:
+        return
+    state = origin.state
+    settings = LiveSettings.from_config(cfg).updated(state.get("settings"))
+    fixed = cfg.fork_changes if origin.parent is not None else ()
+    if origin.parent is not None:
+        settings = settings.with_(**{k: getattr(cfg, k) for k in ("micro_batch", "accum") if k in fixed})
+    try:
+        keep_effective_batch(settings, state, world, cfg.token_budget, fixed, 0, 0)
+    except ConfigError as e:
+        raise ConfigError(f"checkpoint {origin.path}: {e}") from None
 
 
 def check_fits_data(origin: Origin, samples: int, cfg: TrainConfig) -> None:
@@ -358,16 +406,23 @@ def check_fits_data(origin: Origin, samples: int, cfg: TrainConfig) -> None:
                           f"data set ({samples} samples)")
 
 
-def check_writable_dir(path: str) -> None:
-    """Refuse a run folder we could not write. Creates the folder (the run is about to
-    start), and removes what it created if any part is not writable."""
-    import tempfile
-    if os.path.exists(path):
+def check_new_run_dir(path: str) -> None:
+    """A new run's folder, before anything is made: not a file, not a run already. (Whether it
+    can be written is probed when it is made, check_writable_dir.)"""
+    if os.path.lexists(path):
         if not os.path.isdir(path):
             raise ConfigError(f"--run-dir {path}: exists and is not a folder")
         if os.path.exists(os.path.join(path, "run.db")):
             raise ConfigError(f"--run-dir {path}: already holds a run (use --resume {path} to continue it)")
-    created = []
+
+
+def check_writable_dir(path: str) -> list[str]:
+    """Refuse a run folder we could not write. Creates the folder (the run is about to
+    start), and removes what it created if any part is not writable. Returns the folders it
+    made (build removes them again if the start is refused after all)."""
+    import tempfile
+    check_new_run_dir(path)
+    created: list[str] = []
     probe = os.path.join(path, ckpt.CKPT_DIR)
     try:
         missing, p = [], os.path.abspath(probe)
@@ -387,3 +442,4 @@ def check_writable_dir(path: str) -> None:
             except OSError:
                 pass
         raise ConfigError(f"--run-dir {path}: not writable ({e.strerror or e})") from None
+    return created
