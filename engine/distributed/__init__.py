@@ -3,7 +3,9 @@
 Under torchrun (WORLD_SIZE > 1) every rank starts from rank 0's model (`share_rank0_model`)
 and the run's strategy shares the windows' work (strategy.py: DistributedDataParallel or
 FSDP2, ddp.py and fsdp.py); this module reads the environment, starts the process group
-(NCCL on GPUs, gloo on CPU) and offers small helpers.
+(NCCL on GPUs, gloo on CPU) and offers small helpers. Right after the group starts every rank
+checks that the others run the same job (agree.py); a refusal there, or a failure, leaves the
+group as leaving.py says.
 """
 from __future__ import annotations
 
@@ -17,6 +19,11 @@ import torch
 import torch.distributed as dist
 
 from engine.declarations.config import ConfigError
+
+from .agree import agree_on_run as agree_on_run
+from .leaving import failed_peer as failed_peer
+from .leaving import leave_refused as leave_refused
+from .leaving import tell_rank0 as tell_rank0
 
 
 @dataclass(frozen=True)
@@ -94,37 +101,12 @@ def share_rank0_model(model: torch.nn.Module, ctx: DistContext, device: torch.de
     h = int.from_bytes(hashlib.sha256(layout.encode()).digest()[:7], "big")
     t = torch.tensor([h, -h], dtype=torch.int64, device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)  # [max h, -min h]: equal on every rank, h iff all agree
-    if int(t[0]) != h or -int(t[1]) != h:
+    if int(t[0]) != h or -int(t[1]) != h:  # every rank sees the difference
         raise ConfigError(f"under torchrun every rank must build the same model: rank {ctx.rank}'s parameters "
                           "and buffers (names, shapes, dtypes) differ from another rank's")
     with torch.no_grad():
         for _, x in named:
             in_place(broadcast_from_rank0, x)
-
-
-def check_same_data(lengths: dict[str, int], ctx: DistContext, device: torch.device) -> None:
-    """Every rank must build data sets of the same lengths (-1: none): else each cuts other
-    windows from its own length, the ranks fall out of step and one waits in a collective
-    until the timeout. One all-gather; the same one-line ConfigError on every rank if not."""
-    if not ctx.enabled:
-        return
-    names = list(lengths)
-    mine = torch.tensor([lengths[k] for k in names], dtype=torch.int64, device=device)
-    every = [torch.zeros_like(mine) for _ in range(ctx.world)]
-    dist.all_gather(every, mine)
-    table = [t.tolist() for t in every]
-    differ = []
-    for k, name in enumerate(names):
-        by_len: dict[int, list[int]] = {}
-        for rank, row in enumerate(table):
-            by_len.setdefault(int(row[k]), []).append(rank)
-        if len(by_len) > 1:
-            said = "; ".join(f"{'none' if n < 0 else f'{n} samples'} on rank{'s' if len(r) > 1 else ''} "
-                             f"{', '.join(map(str, r))}" for n, r in by_len.items())
-            differ.append(f"{name}: {said}")
-    if differ:
-        raise ConfigError("under torchrun every rank must build the same data sets (each rank cuts the "
-                          f"windows from its length): {' / '.join(differ)}")
 
 
 def broadcast_from_rank0(t: torch.Tensor) -> None:

@@ -1,6 +1,7 @@
 """What a failed run says: one line naming the cause and where it was raised (run_failed's
 message and the console's `error:` line, built here for both), and the full traceback
-(run_failed's detail in run.db).
+(run_failed's detail in run.db). Under torchrun the rank that failed leaves both for rank 0,
+which writes run.db (failure_report, engine/distributed/leaving.py).
 
 An exception raised in a DataLoader worker reaches the training process as a copy whose
 message is the worker's whole traceback as text ("Caught ValueError in DataLoader worker
@@ -40,6 +41,9 @@ def failure_message(e: BaseException, ctx: distributed.DistContext, user_errors:
     if isinstance(e, KeyboardInterrupt):
         return "interrupted"
     if ctx.enabled and isinstance(e, RuntimeError) and is_peer_failure(e):
+        peer = distributed.failed_peer(ctx)
+        if peer is not None:  # the rank that failed said why before it left
+            return f"rank {peer[0]} of this {ctx.world}-process job failed: {peer[1]}"
         first = str(e).strip().splitlines()[0][:200]
         return f"another rank of this {ctx.world}-process job died or stopped answering ({first})"
     if isinstance(e, user_errors + (ConfigError,)) and e.args:
@@ -51,12 +55,29 @@ def failure_message(e: BaseException, ctx: distributed.DistContext, user_errors:
     return f"{type(e).__name__}: {e}" + (f" (at {frame})" if frame else "")
 
 
+def failure_report(e: BaseException, ctx: distributed.DistContext, user_errors: tuple[type, ...]) -> tuple[str, str]:
+    """run_failed's message and traceback. Under torchrun a rank's own failure is also left for
+    rank 0 (which alone writes run.db), and rank 0, failing because a peer left, reports that
+    peer's message and traceback (above its own)."""
+    message, detail = failure_message(e, ctx, user_errors), failure_detail(e)
+    peer = distributed.failed_peer(ctx) if ctx.enabled and isinstance(e, RuntimeError) and is_peer_failure(e) else None
+    if peer is not None:
+        detail = _capped(f"rank {peer[0]}:\n{peer[2]}\nrank {ctx.rank} (which then lost it):\n{detail}")
+    elif not (isinstance(e, RuntimeError) and is_peer_failure(e)):
+        distributed.tell_rank0(message, detail, ctx)
+    return message, detail
+
+
 def failure_detail(e: BaseException) -> str:
     """The full traceback (with a worker's own inside its message), capped at its end."""
     try:
         text = "".join(traceback.format_exception(e))
     except Exception:  # a message that cannot be formatted
         text = f"{type(e).__name__}"
+    return _capped(text)
+
+
+def _capped(text: str) -> str:
     return text if len(text) <= DETAIL_CHARS else "…" + text[-DETAIL_CHARS:]
 
 

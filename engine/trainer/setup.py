@@ -179,8 +179,8 @@ def _build(config: TrainConfig, task: Optional[Task], ctx: distributed.DistConte
 
     distributed.init(ctx, device)  # the process group, once the input is known good
     val = task.val_data
-    distributed.check_same_data({"train_data": len(task.train_data), "val_data": len(val) if val is not None else -1},
-                      ctx, device)  # as the model is checked (strategy.build): before any window is cut
+    distributed.agree_on_run(cfg, {"train_data": len(task.train_data), "val_data": len(val) if val is not None else -1},
+                             ctx)  # every rank the same settings and data (as the model, strategy.build), or refused
     # torchrun: rank 0's model on every rank, wrapped in DDP or sharded with FSDP2 (engine/distributed)
     strategy = build_strategy(cfg.strategy, model, ctx, device, blocks=task.blocks, precision=cfg.precision,
                               fsdp_reduce=cfg.fsdp_reduce, cpu_offload=cfg.cpu_offload, unused=frozenset(unused))

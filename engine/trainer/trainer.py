@@ -53,10 +53,10 @@ from engine.steering.inbox import CommandInbox
 from engine.store import RunStore
 from engine.tasks.task import Task
 
-from . import closing, opening, run_state
+from . import closing, notify, opening, run_state
 from .autopilot import MAX_IN_A_ROW, Autopilot, roll_back
 from .evaluate import validation_loss
-from .failure import failure_detail, failure_message, is_peer_failure
+from .failure import failure_message, failure_report, is_peer_failure
 from .finder import NothingFits, find_micro_batch
 from .progress import Progress
 from .report import Launched, skip_events, skip_kind, step_metrics
@@ -75,6 +75,9 @@ class Trainer(TrainerViews):
                  commands: Optional["queue.Queue[Command]"] = None,
                  dist_ctx: Optional[distributed.DistContext] = None, *, db_interval: float = 1.0) -> None:
         config = config.validate()
+        urls = notify.notify_urls(config.notify)
+        notify.checked(urls)  # before torchrun's group forms: every rank refuses a bad URL alike
+        self.notifier: Optional[notify.Notifier] = None  # rank 0, once the run is built
         self.config = config.with_(task=resolve_task_spec(config.task))  # resumable from any folder
         self.sink = sink
         self.commands: "queue.Queue[Command]" = commands if commands is not None else queue.Queue()
@@ -91,7 +94,11 @@ class Trainer(TrainerViews):
         self._in_flight: deque[Launched] = deque()
         self._losses: list[float] = []  # the loss of every applied step, for RunResult
         self._store_problems: list[str] = []  # from the store's flusher thread, emitted by this one
-        self.parts = parts = build(self.config, task, self.ctx)
+        try:
+            self.parts = parts = build(self.config, task, self.ctx)
+        except BaseException:  # refused: under torchrun every rank that refused too leaves the group together
+            distributed.leave_refused(self.ctx)
+            raise
         self.saver = Checkpointer(parts)
         self._store_lost = ""  # what run.db did not take, said at the end (RunResult.store_lost)
         self.inbox = CommandInbox(self.commands, self._stop, self.ctx, self._emit, db_interval=db_interval)
@@ -99,6 +106,8 @@ class Trainer(TrainerViews):
         parts.window.commands_waiting = self.inbox.has_step_commands
         self.boundaries = Boundaries(self.inbox, parts.rules(), self._emit)
         self.watchers: list[Watcher] = run_watchers(parts, self.memory_model)
+        if urls and self.ctx.is_main:
+            self.notifier = notify.Notifier(urls, parts.run_dir)
 
     # -- control from other threads -------------------------------------------------------
     def send(self, command: Command) -> None:
@@ -415,7 +424,7 @@ class Trainer(TrainerViews):
             self._emit(CheckpointSaved(self.step, self.epoch, path=path))
 
     def _fail(self, e: BaseException) -> None:
-        msg = failure_message(e, self.ctx, (TrainingError,))
+        msg, detail = failure_report(e, self.ctx, (TrainingError,))  # a peer's own, or ours told to rank 0
         try:
             # StepNotRedoable: that rank's state is half-stepped. Sharded: saving needs every rank, and
             # some may be gone: the last checkpoint is kept. CheckpointFailed: saving is what failed.
@@ -424,10 +433,13 @@ class Trainer(TrainerViews):
                 self._save_checkpoint()
         except Exception as save_error:  # the disk may be the problem: say so, keep the old checkpoint
             msg += f" (checkpoint not written: {save_error})"
-        self._emit(RunFailed(self.step, self.epoch, error=msg, detail=failure_detail(e)), safe=True)
+        self._emit(RunFailed(self.step, self.epoch, error=msg, detail=detail), safe=True)
         self._finish("failed", safe=True)
 
     def _finish(self, status: str, safe: bool = False) -> None:
+        if self.notifier is not None:  # the last message goes, or its failure is written, before run.db closes
+            self.notifier.close()
+            self._notify_failure()
         try:
             if self.store is not None:
                 closing.close_inbox(self.inbox, self.ctx, self.step, self.epoch)
@@ -453,6 +465,14 @@ class Trainer(TrainerViews):
                 raise
         if self.sink is not None and self.ctx.is_main:
             self.sink(event)
+        if self.notifier is not None:
+            self.notifier.on_event(event)  # queued: the sending happens on the notifier's thread
+            self._notify_failure()
+
+    def _notify_failure(self) -> None:
+        failed = self.notifier.failure(self.step, self.epoch) if self.notifier is not None else None
+        if failed is not None:  # once a run: the notifier gives it only once
+            self._emit(failed, safe=True)
 
     def _drain_store_problems(self) -> None:
         while self._store_problems:

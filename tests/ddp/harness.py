@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -204,6 +205,11 @@ def single_process(run_dir: Path, micro: int = 8, accum: int = 1, epochs: int = 
             else:
                 os.environ[k] = v
     return {k: v.detach() for k, v in t.model.state_dict().items()}
+
+
+def exit_codes(torchrun_stderr: str) -> list[int]:
+    """Each failed rank's exit code, from torchrun's summary (a rank that exited 0 is not listed)."""
+    return [int(c) for c in re.findall(r"^\s*exitcode\s*:\s*(-?\d+) \(pid", torchrun_stderr, re.MULTILINE)]
 
 
 def max_diff(a: Weights, b: Weights) -> float:

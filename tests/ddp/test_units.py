@@ -95,3 +95,23 @@ def test_config_refuses_fsdp_flags_without_fsdp():
         TrainConfig(strategy="fsdp", precision="fp16").validate()
     with pytest.raises(ConfigError, match="rollback"):
         TrainConfig(strategy="fsdp", nonfinite="rollback").validate()
+
+
+def test_what_ranks_disagree_on_is_said_by_flag_with_each_value_and_its_ranks(tmp_path):
+    """On 4 ranks: every differing setting by its flag, each value with the ranks that hold it; a
+    task file compared by its content (two nodes may hold the same checkout in other folders)."""
+    from engine.distributed.agree import differences, settings_said
+    a, b = tmp_path / "a", tmp_path / "b"
+    for d in (a, b):
+        d.mkdir()
+        (d / "task.py").write_text("def build_task(seed): ...\n")
+    said = [settings_said(TrainConfig(task=str(a / "task.py"), lr=0.001)),
+            settings_said(TrainConfig(task=str(b / "task.py"), lr=0.5)),
+            settings_said(TrainConfig(task=str(a / "task.py"), lr=0.5, task_args={"n": 3}, max_steps=9)),
+            settings_said(TrainConfig(task=str(b / "task.py"), lr=0.5))]
+    assert differences(said) == [("--task-arg", [("none", [0, 1, 3]), ("n=3", [2])]),
+                                 ("--max-steps", [("no limit", [0, 1, 3]), ("9", [2])]),
+                                 ("--lr", [("0.001", [0]), ("0.5", [1, 2, 3])])]
+    (b / "task.py").write_text("def build_task(seed): return None\n")
+    assert [name for name, _ in differences([settings_said(TrainConfig(task=str(d / "task.py"))) for d in (a, b)])] \
+        == ["--task"]

@@ -5,11 +5,13 @@ Behaviour switches come from environment variables so the same file serves every
   HEADROOM_TEST_OOM_AT=R:C   rank R raises out-of-memory on its C-th loss call if the micro-batch > 1
   HEADROOM_TEST_BACKWARD_OOM_AT=R:C   the same, raised in the backward of that call's loss
   HEADROOM_TEST_STEP_OOM_AT=R:S   rank R's optimizer raises out-of-memory in its S-th step
+  HEADROOM_TEST_RAISE_AT=R:C rank R's task raises ValueError on its C-th loss call (the task's own bug)
   HEADROOM_TEST_SLOW=SEC     sleep SEC in every loss call (to give a test time to act)
   HEADROOM_TEST_BATCH_NORM=1 the model has a BatchNorm (buffers each rank updates from its own data)
   HEADROOM_TEST_RANK_INIT=1  each rank initialises its model from its own seed (seed + rank)
   HEADROOM_TEST_RANK_WIDTH=1 rank 1 builds a wider model than rank 0 (not the same model)
   HEADROOM_TEST_PIDS=DIR     write DIR/rank-R.pid
+  HEADROOM_TEST_BAD_BLOCKS=1 the task's blocks(model) returns the model itself (fsdp refuses it while it shards)
   HEADROOM_TEST_SAMPLES=N    the data set holds N samples (default 64)
   HEADROOM_TEST_MOMENTUM=1   SGD with momentum 0.9 (optimizer state a checkpoint must carry)
 """
@@ -68,6 +70,7 @@ def build_task(seed: int) -> Task:
     oom_at = os.environ.get("HEADROOM_TEST_OOM_AT")
     backward_oom_at = os.environ.get("HEADROOM_TEST_BACKWARD_OOM_AT")
     slow = float(os.environ.get("HEADROOM_TEST_SLOW", "0"))
+    raise_at = os.environ.get("HEADROOM_TEST_RAISE_AT")
     calls = {"n": 0}
 
     def loss(model, batch):
@@ -79,6 +82,8 @@ def build_task(seed: int) -> Task:
             r, c = map(int, oom_at.split(":"))
             if r == rank and calls["n"] == c and len(x) > 1:
                 raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.00 GiB (injected)")
+        if raise_at and tuple(map(int, raise_at.split(":"))) == (rank, calls["n"]):
+            raise ValueError(f"sample shard of rank {rank} is corrupt (injected)")
         logits = model(x)
         s = F.cross_entropy(logits.reshape(-1, VOCAB), y.reshape(-1), ignore_index=IGNORE, reduction="sum")
         if backward_oom_at:
@@ -110,7 +115,8 @@ def build_task(seed: int) -> Task:
     model = TinyLM(os.environ.get("HEADROOM_TEST_BATCH_NORM") == "1", width)
     return Task(model=model, train_data=make_samples(int(os.environ.get("HEADROOM_TEST_SAMPLES", "64"))), loss=loss, collate=collate,
                 optimizer=lambda p, lr: SGD(p, lr=lr, momentum=0.9 if os.environ.get("HEADROOM_TEST_MOMENTUM") else 0),
-                sample_length=lambda s: len(s) - 1, name="varlen")
+                sample_length=lambda s: len(s) - 1, name="varlen",
+                blocks=(lambda m: [m]) if os.environ.get("HEADROOM_TEST_BAD_BLOCKS") == "1" else None)
 
 
 class _OomInBackward(torch.autograd.Function):

@@ -15,8 +15,11 @@ exits. Each rank prints what each scenario took to stderr.
 Options: task=varlen|config, strategy=ddp|fsdp, fsdp_reduce=last|every, micro=, accum=, epochs=,
 samples= (data set size), momentum=1 (SGD with momentum), clip=C, count_hook=1 (record how each
 micro-batch ran), run= (the run folder, under the scenario's folder unless absolute), fork=,
-resume=1, max_steps=, checkpoint_every=, nonfinite=, nan_by_call=1, and the negative controls
-local_count=1, no_share=1, no_buffer_sync=1, no_sum_hook=1, local_norm=1 (fsdp).
+resume=1, max_steps=, checkpoint_every=, nonfinite=, nan_by_call=1, lr=, find_micro_batch=N (with
+that effective batch), by_rank={option: [rank 0's, rank 1's, ...]} (JSON: each rank its own value),
+refused=1 (the run must be refused on every rank while it is built: each rank writes the message
+to refused-R.txt once it checked that the process group and its threads are gone), and the
+negative controls local_count=1, no_share=1, no_buffer_sync=1, no_sum_hook=1, local_norm=1 (fsdp).
 """
 from __future__ import annotations
 
@@ -38,7 +41,7 @@ from torch.distributed import distributed_c10d  # noqa: E402 - after the sys.pat
 from torch.nn.parallel import DistributedDataParallel  # noqa: E402 - after the sys.path set-up above
 
 from engine import distributed  # noqa: E402 - after the sys.path set-up above
-from engine.declarations.config import TrainConfig  # noqa: E402 - after the sys.path set-up above
+from engine.declarations.config import ConfigError, TrainConfig  # noqa: E402 - after the sys.path set-up above
 from engine.trainer.trainer import Trainer  # noqa: E402 - after the sys.path set-up above
 from tests.ddp import config_task, varlen_task  # noqa: E402 - after the sys.path set-up above
 
@@ -176,16 +179,19 @@ def train_config(out: str, opts: dict[str, str]) -> TrainConfig:
     for key in ("nonfinite", "fork", "strategy", "fsdp_reduce"):
         if key in opts:
             extra[key] = opts[key]
+    if "find_micro_batch" in opts:
+        extra.update(find_micro_batch=True, effective_batch=int(opts["find_micro_batch"]))
     run_dir = run_folder(out, opts)
     if opts.get("resume") == "1":
         extra["resume"] = run_dir
     return TrainConfig(task=TASKS[opts.get("task", "varlen")][0], micro_batch=int(opts.get("micro", 2)),
-                       accum=int(opts.get("accum", 2)), epochs=int(opts.get("epochs", 1)), lr=0.05,
+                       accum=int(opts.get("accum", 2)), epochs=int(opts.get("epochs", 1)), lr=float(opts.get("lr", 0.05)),
                        clip=float(opts.get("clip", 0.0)), run_dir=run_dir, device="cpu", seed=3, **extra)
 
 
 def run_scenario(undo: ExitStack, out: str, opts: dict[str, str], env: dict[str, str]) -> None:
     rank = int(os.environ["RANK"])
+    opts.update({k: str(v[rank]) for k, v in json.loads(opts.get("by_rank", "{}")).items()})
     threads_before = os_threads()  # before the process group: gloo's threads must be gone again after the run
     switches = dict(env)
     if "samples" in opts:
@@ -199,6 +205,8 @@ def run_scenario(undo: ExitStack, out: str, opts: dict[str, str], env: dict[str,
     negative_controls(undo, opts)
     cfg = train_config(out, opts)
     varlen_task._window[0] = 0
+    if opts.get("refused") == "1":
+        return refused(undo, out, cfg, opts, threads_before)
     trainer = Trainer(cfg, task=TASKS[opts.get("task", "varlen")][1].build_task(cfg.seed))
     undo.callback(signal.signal, signal.SIGTERM, signal.signal(signal.SIGTERM, lambda *_: trainer.request_stop()))
     log = []
@@ -253,6 +261,28 @@ def run_scenario(undo: ExitStack, out: str, opts: dict[str, str], env: dict[str,
     with open(os.path.join(out, f"log-{rank}.json"), "w") as f:
         json.dump(dict(steps=log, checkpoints=sorted(os.listdir(checkpoints)) if os.path.isdir(checkpoints) else []),
                   f)
+
+
+def refused(undo: ExitStack, out: str, cfg: TrainConfig, opts: dict[str, str], threads_before: int) -> None:
+    """A run every rank must refuse while it is built: refused together, the process group torn
+    down (no gloo thread left to abort the process at its exit), nothing in the run folder."""
+    rank = int(os.environ["RANK"])
+    undo.callback(signal.signal, signal.SIGTERM, signal.getsignal(signal.SIGTERM))  # a refusal ignores it
+    try:
+        Trainer(cfg, task=TASKS[opts.get("task", "varlen")][1].build_task(cfg.seed))
+    except ConfigError as e:
+        message = str(e)
+    else:
+        raise AssertionError(f"rank {rank}: the run was not refused")
+    assert not dist.is_initialized(), f"rank {rank}: the refusal left the process group up"
+    left = threads_left(threads_before)
+    assert left <= threads_before, f"rank {rank}: {left} OS threads after the refusal, {threads_before} before"
+    assert not os.path.exists(os.path.join(run_folder(out, opts), "run.db"))
+    with open(os.path.join(out, f"refused-{rank}.txt"), "w") as f:
+        f.write(message)
+    torch.save({}, os.path.join(out, f"weights-{rank}.pt"))
+    with open(os.path.join(out, f"log-{rank}.json"), "w") as f:
+        json.dump(dict(steps=[], checkpoints=[]), f)
 
 
 def os_threads() -> int:
