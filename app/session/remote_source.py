@@ -191,7 +191,7 @@ def step_columns(record: client.Rows) -> Optional[StepColumns]:
         col = values[names.index(c)]
         try:
             a = np.array(col, dtype=np.float64)  # None -> NaN
-        except (TypeError, ValueError):  # text where a number belongs (a damaged run.db): NaN, like a local read
+        except (TypeError, ValueError, OverflowError):  # text, or an int past a float (damaged or hostile): NaN
             a = np.array([_number(v) for v in col], dtype=np.float64)
         columns[c] = a.astype(COLUMN_DTYPES.get(c, np.float64))
     return StepColumns(columns)

@@ -36,6 +36,7 @@ POLL_S = 0.25  # how often run.db is read (the engine commits about once a secon
 HEARTBEAT_S = 1.0  # the longest silence: how soon a follow whose client went away finds out
 PAGE = 2000  # rows read at once (and sent in one record) while catching up with a long run
 COLUMNS = list(METRIC_COLUMNS)
+SCALAR_COLUMNS = ("step", "epoch", "name", "value", "time")  # of a `scalars` record (run.db's scalars table)
 STEP = COLUMNS.index("step")
 
 
@@ -71,6 +72,8 @@ class _Follow:
         # resumed one, those moved before the last event it received.
         self.discards_known = self._discards_known(after_event)
         self.read_discards = True  # look at discarded_metrics in the next read
+        self.scalars_after = 0  # the last rowid of run.db's scalars sent
+        self.scalars_from: Optional[int] = from_step  # the first read: scalars at the cursor's step or later
 
     def records(self, watch_parent: bool, idle: Optional[Callable[[], None]], poll_s: float,
                 heartbeat_s: float) -> Iterator[dict[str, Any]]:
@@ -93,10 +96,10 @@ class _Follow:
                 yield record
             if writer is not None and not caught_up:
                 caught_up = True  # what the run held when the follow began has all been sent
-                yield {"kind": "caught_up", "step": self.last_step if self.last_step >= 0 else None}
+                yield {"kind": "caught_up", "step": self._run_step()}
             if writer is None:
-                yield {"kind": "end", "status": self._final_status(), "step": self.last_step if self.last_step >= 0
-                       else None, "last_event": self.last_event}
+                yield {"kind": "end", "status": self._final_status(), "step": self._run_step(),
+                       "last_event": self.last_event}
                 return
             now = time.monotonic()
             if sent:
@@ -146,6 +149,28 @@ class _Follow:
                 break
         while pending:
             yield {"kind": "event", "event": pending.popleft()}
+        yield from self._scalars()
+
+    def _scalars(self) -> Iterator[dict[str, Any]]:
+        """What a framework logged besides the loss (run.db's scalars) since the last read, in
+        `scalars` records of up to PAGE rows, in the order logged."""
+        rows = self.reader.scalars(after_rowid=self.scalars_after)
+        if rows:
+            self.scalars_after = max(self.scalars_after, *(stored.whole(r.get("rowid"), 0) for r in rows))
+        if self.scalars_from is not None:
+            rows = [r for r in rows if stored.whole(r.get("step"), -1) >= self.scalars_from]
+            self.scalars_from = None
+        for i in range(0, len(rows), PAGE):
+            yield {"kind": "scalars", "columns": list(SCALAR_COLUMNS),
+                   "rows": [[r.get(c) for c in SCALAR_COLUMNS] for r in rows[i:i + PAGE]]}
+
+    def _run_step(self) -> Optional[int]:
+        """The run's last step as run.db holds it: the cursor's when rows were sent, else the last
+        row's (a follow --from-step past the run's end did not reach step from_step - 1)."""
+        tail = self.reader.last_metrics(1)
+        last = stored.whole(tail[-1].get("step"), -1) if tail else -1
+        step = min(self.last_step, last) if self.last_step >= 0 else last
+        return step if step >= 0 else None
 
     def _discards_known(self, after_event: Optional[int]) -> int:
         rows = self.reader.discarded()

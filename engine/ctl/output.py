@@ -12,7 +12,7 @@ import sys
 import time
 from typing import Any, Optional, TextIO
 
-from engine.store import labels, summary
+from engine.store import labels, stored, summary
 
 from .protocol import encode, hello, rows_of
 
@@ -108,16 +108,16 @@ def _settings(settings: dict[str, Any]) -> str:
 
 
 def _status(r: dict[str, Any]) -> str:
-    w = r.get("writer") or {}
+    w = stored.mapping(r.get("writer"))  # a server's record is input: any shape
     who = f" (pid {w.get('pid')}{' on ' + w['host'] if w.get('host') else ''})" if r.get("live") else ""
-    state = r.get("state") or "unknown"
+    state = str(r.get("state") or "unknown")
     if r.get("reason") and not r.get("live"):
         state += f" ({r['reason']})"
-    lines = [r.get("run_dir") or "", f"  state     {state}{who}",
+    lines = [str(r.get("run_dir") or ""), f"  state     {state}{who}",
              f"  step      {_num(r.get('step'))} (epoch {_num(r.get('epoch'))})",
-             f"  loss      {_num(r.get('loss'))}", f"  settings  {_settings(r.get('settings') or {})}"]
+             f"  loss      {_num(r.get('loss'))}", f"  settings  {_settings(stored.mapping(r.get('settings')))}"]
     if r.get("live"):
-        lines.append(f"  eta       {_duration(r.get('eta_s'))}")
+        lines.append(f"  eta       {_duration(stored.number(r.get('eta_s'), None))}")
     if r.get("task"):
         lines.append(f"  task      {r['task']}")
     return "\n".join(lines)
@@ -128,9 +128,9 @@ DONE = {"stop": ("stopped", "at"), "pause": ("paused", "after"), "unpause": ("re
 
 
 def _command(r: dict[str, Any]) -> str:
-    payload = r.get("payload") or {}
+    payload = stored.mapping(r.get("payload"))
     what = r.get("command", "")
-    values = " ".join(f"{k}={v}" for k, v in payload.items() if k != "at")
+    values = " ".join(f"{k}={v}" for k, v in payload.items() if k not in ("at", "sent_by"))  # bookkeeping, not values
     head = f"{what} {values}".strip() + (f" (at {payload['at']})" if "at" in payload else "")
     status = r.get("status")
     if status == "applied":
@@ -182,7 +182,7 @@ def _run(r: dict[str, Any]) -> str:
 
 
 def _started(r: dict[str, Any]) -> str:
-    where = r.get("target") or r.get("run_dir") or ""
+    where = str(r.get("target") or r.get("run_dir") or "")
     if not r.get("started"):
         return (f"starting: {where} (the engine has not taken its folder yet; what it says is in "
                 f"{r.get('console')})")
@@ -199,7 +199,8 @@ def _started(r: dict[str, Any]) -> str:
 def _labels(r: dict[str, Any], part: str) -> Optional[str]:
     """`tag`: the tags, one a line; `note`: the note as written (nothing for none: a script reads
     them); `archive`: what the run is now; else all three under the run's folder."""
-    tags = [str(t) for t in r.get("tags") or ()]
+    given = r.get("tags")
+    tags = [str(t) for t in given] if isinstance(given, list) else []
     note = str(r.get("note") or "")
     if part == "tags":
         return "\n".join(tags) or None
@@ -222,8 +223,11 @@ def render(record: dict[str, Any], part: str = "") -> Optional[str]:
         return _command(record)
     if kind == "rows":
         return "\n".join(_row(r) for r in rows_of(record)) or None
+    if kind == "scalars":
+        return "\n".join(f"step {r.get('step')}  [scalar] {r.get('name')} {_num(r.get('value'))}"
+                         for r in rows_of(record)) or None
     if kind == "event":
-        return _event(record.get("event") or {})
+        return _event(stored.mapping(record.get("event")))
     if kind == "rewind":
         return f"(rolled back to step {record.get('to_step')}: the rows after it are superseded)"
     if kind == "end":

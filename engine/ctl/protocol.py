@@ -9,6 +9,8 @@ other line is a record with a "kind":
              each as run.db holds it (the values in the order of "columns")
   event      {"event": {id, time, step, epoch, kind, message, data}}
   info       {"info": {run table}, "live": bool, "writer": {pid, host, started} | null}
+  scalars    {"columns": [step, epoch, name, value, time], "rows": [[...], ...]}   what a framework
+             logged besides the loss (run.db's scalars table), in the order logged
   rewind     {"to_step": S}       rows past S were superseded (a rollback): drop them, rows follow
   caught_up  {"step": N}          follow of a live run: everything it held at the start was sent
   heartbeat  {"time": T}          follow writes one a second while nothing else comes
@@ -119,5 +121,7 @@ def finite_or_none(value: Any) -> Optional[float]:
 
 def rows_of(record: dict[str, Any]) -> list[dict[str, Any]]:
     """The metrics rows a `rows` record carries, each as {column: value}."""
-    columns = record.get("columns") or []
-    return [dict(zip(columns, values)) for values in record.get("rows") or ()]
+    columns, rows = record.get("columns"), record.get("rows")
+    if not isinstance(columns, (list, tuple)) or not isinstance(rows, (list, tuple)):  # a server's record is input
+        return []
+    return [dict(zip(map(str, columns), values)) for values in rows if isinstance(values, (list, tuple))]

@@ -40,6 +40,20 @@ def main() -> None:
         line({"kind": "end", "status": "finished" + ESCAPES, "step": 3, "last_event": 1})
         line({"kind": "error", "message": "broke" + ESCAPES, "exit": 4})
         sys.exit(4)
+    elif mode == "shapes":  # every field of another shape than the protocol says
+        huge = 10**400
+        for record in ({"kind": "info", "info": [1], "live": "yes", "writer": "me"},
+                       {"kind": "rows", "columns": "step", "rows": "many"}, {"kind": "rows", "columns": ["step"],
+                                                                            "rows": [5, [huge], ["x"]]},
+                       {"kind": "scalars", "columns": 3, "rows": {"a": 1}}, {"kind": "event", "event": [1, 2]},
+                       {"kind": "event", "event": {"id": huge, "step": [1], "kind": {}, "message": huge}},
+                       {"kind": "status", "writer": "w", "settings": [1], "eta_s": huge, "live": True, "state": 5},
+                       {"kind": "command", "payload": "lr", "status": "applied", "applied_step": "x"},
+                       {"kind": "heartbeat", "time": huge}, {"kind": "rewind", "to_step": "x"},
+                       {"kind": "started", "command": 5, "started": True, "target": 7},
+                       {"kind": "labels", "tags": "abc", "note": 5},
+                       {"kind": "end", "status": "finished", "step": 3, "last_event": huge}):
+            line(record)
     elif mode == "silent":  # alive, holding the connection, saying nothing more
         time.sleep(float(os.environ.get("HOSTILE_SLEEP", "120")))
 

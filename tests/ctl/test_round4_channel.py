@@ -283,3 +283,44 @@ def test_a_follow_after_a_crash_and_a_resume_rewinds_the_discarded_rows(tmp_path
     assert any(r["kind"] == "rewind" for r in again)
     rows, _ = replay(stream.records + again)
     assert rows == db_rows(run.run_dir)
+
+
+# -- 7: the end says the run's step; follow carries what a framework logged ------------------------
+def test_follow_past_the_end_says_the_runs_last_step(odd_run):
+    r = ctl("follow", odd_run, "--from-step", "100000")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip().splitlines()[-1] == "run ended: finished at step 3"  # was "at step 99999"
+    end = records(ctl("follow", odd_run, "--json", "--from-step", "100000").stdout)[-1]
+    assert end["kind"] == "end" and end["step"] == 3
+
+
+def test_follow_carries_the_scalars_a_framework_logged(tmp_path):
+    """run.db's scalars table (what HeadroomCallback and headroom_run log) in `scalars` records,
+    in the order logged; a follow that goes on from step N gets those at N or later."""
+    from ctlkit import written_run
+
+    from engine.ctl.client import Scalars, typed
+    from engine.store import RunStore
+    run = written_run(str(tmp_path / "run"), 4)
+    store = RunStore(run)
+    for step in (2, 4):
+        store.log_scalars(step, 1, {"eval_accuracy": 0.5 + step / 10, "eval_f1": step / 10})
+    store.close()
+    recs = records(ctl("follow", run, "--json").stdout)
+    scalars = [typed(r) for r in recs if r["kind"] == "scalars"]
+    got = [row for r in scalars if isinstance(r, Scalars) for row in r.dicts()]
+    assert [(g["step"], g["name"], g["value"]) for g in got] == [
+        (2, "eval_accuracy", 0.7), (2, "eval_f1", 0.2), (4, "eval_accuracy", 0.9), (4, "eval_f1", 0.4)]
+    assert scalars and all(isinstance(r, Scalars) for r in scalars)
+    later = records(ctl("follow", run, "--json", "--from-step", "3").stdout)
+    assert [row[0] for r in later if r["kind"] == "scalars" for row in r["rows"]] == [4, 4]
+    shown = ctl("follow", run).stdout
+    assert "step 4  [scalar] eval_accuracy 0.9" in shown
+
+
+def test_records_of_any_shape_from_a_server_are_shown_or_left_out(tmp_path):
+    """A server's record with fields of the wrong shape (a list for the event, text for the rows,
+    ints past 64 bits) prints what it can, never a traceback."""
+    r = ctl("follow", "srv:/run", env=hostile_env("shapes"))
+    assert r.returncode == 0, r.stderr
+    assert "Traceback" not in r.stderr and r.stdout.strip().endswith("run ended: finished at step 3")

@@ -9,7 +9,7 @@ server through the system's OpenSSH client, with typed records. The app imports 
   `Following` (a follow, closable from another thread), `start` and `start_on` (detached there),
   `label` and `label_run` (a run's tags, note, archived: read or changed);
 - records (records.py): `Status`, `RunListing`, `CommandAnswer`, `Started`, `Labelled`, and a
-  follow's `Info`, `Rows`, `Event`, `Rewind`, `CaughtUp`, `Heartbeat`, `End`; `Other` for a kind
+  follow's `Info`, `Rows`, `Scalars`, `Event`, `Rewind`, `CaughtUp`, `Heartbeat`, `End`; `Other` for a kind
   a newer engine added. Each keeps the protocol record it was read from (`raw`);
 - failures: `CtlError` with the exit code (`EXIT_REMOTE`: the remote not reached, or the
   connection broke), `ProtocolError` (the other side speaks another protocol).
@@ -37,6 +37,7 @@ from .records import (
                       Rewind,
                       Rows,
                       RunListing,
+                      Scalars,
                       Started,
                       Status,
                       typed,
@@ -53,6 +54,7 @@ __all__ = [
     "START_WAIT_S", "label", "label_run",
     # records
     "Record", "AnyRecord", "typed", "Status", "RunListing", "CommandAnswer", "Started", "Labelled", "Info", "Rows",
+    "Scalars",
     "Event", "Rewind", "CaughtUp", "Heartbeat", "End", "Other",
     # failures
     "CtlError", "ProtocolError", "PROTOCOL", "EXIT_BAD_INPUT", "EXIT_REFUSED", "EXIT_NOT_LIVE", "EXIT_REMOTE",

@@ -20,7 +20,12 @@ def _int(value: Any) -> Optional[int]:
 
 def _float(value: Any) -> Optional[float]:
     """A number as it came (NaN and infinities too: a loss may be one); None for anything else."""
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return None
+    try:
+        return float(value)
+    except OverflowError:  # an int past what a float holds (a server's record is input)
+        return None
 
 
 def _finite(value: Any) -> Optional[float]:
@@ -69,6 +74,17 @@ class Rows(Record):
         if not self.rows or "step" not in self.columns:
             return None
         return _int(self.rows[-1][self.columns.index("step")])
+
+
+@dataclass(frozen=True)
+class Scalars(Record):
+    """What a framework logged besides the loss (run.db's scalars), in the order logged."""
+    columns: tuple[str, ...]
+    rows: tuple[tuple[Any, ...], ...]
+
+    def dicts(self) -> list[dict[str, Any]]:
+        """Each row as {step, epoch, name, value, time}."""
+        return rows_of(self.raw)
 
 
 @dataclass(frozen=True)
@@ -192,13 +208,24 @@ class Other(Record):
     """A kind this side does not know (a newer engine's): ignored by a client, relayed by headroom-ctl."""
 
 
-AnyRecord = Union[Rows, Event, Info, Rewind, CaughtUp, Heartbeat, End, Status, CommandAnswer, RunListing, Started,
+AnyRecord = Union[Rows, Scalars, Event, Info, Rewind, CaughtUp, Heartbeat, End, Status, CommandAnswer, RunListing, Started,
                   Labelled, Other]
 
 
+def _list(value: Any) -> list[Any]:
+    """A list as a server sent it (a tuple from a follow here); [] for anything else (a server's
+    records are input)."""
+    return list(value) if isinstance(value, (list, tuple)) else []
+
+
+def _table(r: dict[str, Any]) -> tuple[tuple[str, ...], tuple[tuple[Any, ...], ...]]:
+    """The columns and rows of a `rows` or `scalars` record (rows that are not lists left out)."""
+    return tuple(str(c) for c in _list(r.get("columns"))), tuple(tuple(row) for row in _list(r.get("rows"))
+                                                                  if isinstance(row, (list, tuple)))
+
+
 def _rows(r: dict[str, Any]) -> Rows:
-    columns = tuple(str(c) for c in r.get("columns") or ())
-    return Rows(columns, tuple(tuple(row) for row in r.get("rows") or ()), raw=r)
+    return Rows(*_table(r), raw=r)
 
 
 def _status(r: dict[str, Any]) -> Status:
@@ -224,7 +251,7 @@ def _run(r: dict[str, Any]) -> RunListing:
 def _started(r: dict[str, Any]) -> Started:
     return Started(_text(r.get("run_dir")), bool(r.get("started")), _int(r.get("pid")), _maybe_text(r.get("host")),
                    _text(r.get("detach")), _maybe_text(r.get("session")), _text(r.get("console")),
-                   tuple(str(w) for w in r.get("command") or ()), _maybe_text(r.get("target")), raw=r)
+                   tuple(str(w) for w in _list(r.get("command"))), _maybe_text(r.get("target")), raw=r)
 
 
 def _labelled(r: dict[str, Any]) -> Labelled:
@@ -238,6 +265,8 @@ def typed(record: dict[str, Any]) -> AnyRecord:
     kind = record.get("kind")
     if kind == "rows":
         return _rows(record)
+    if kind == "scalars":
+        return Scalars(*_table(record), raw=record)
     if kind == "event":
         return Event(_dict(record.get("event")), raw=record)
     if kind == "info":
@@ -264,5 +293,5 @@ def typed(record: dict[str, Any]) -> AnyRecord:
     return Other(raw=record)
 
 
-__all__ = ["Record", "Rows", "Event", "Info", "Rewind", "CaughtUp", "Heartbeat", "End", "Status", "CommandAnswer",
+__all__ = ["Record", "Rows", "Scalars", "Event", "Info", "Rewind", "CaughtUp", "Heartbeat", "End", "Status", "CommandAnswer",
            "RunListing", "Started", "Labelled", "Other", "AnyRecord", "typed"]
