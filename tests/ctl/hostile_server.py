@@ -56,6 +56,10 @@ def main() -> None:
             line(record)
     elif mode == "silent":  # alive, holding the connection, saying nothing more
         time.sleep(float(os.environ.get("HOSTILE_SLEEP", "120")))
+    elif mode == "freezes":  # a live run's follow that catches up, then freezes (each connection)
+        line({"kind": "info", "info": {"status": "running"}, "live": True, "writer": {"pid": 1}})
+        line({"kind": "caught_up", "step": None})
+        time.sleep(float(os.environ.get("HOSTILE_SLEEP", "120")))
 
 
 if __name__ == "__main__":

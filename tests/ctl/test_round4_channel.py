@@ -324,3 +324,22 @@ def test_records_of_any_shape_from_a_server_are_shown_or_left_out(tmp_path):
     r = ctl("follow", "srv:/run", env=hostile_env("shapes"))
     assert r.returncode == 0, r.stderr
     assert "Traceback" not in r.stderr and r.stdout.strip().endswith("run ended: finished at step 3")
+
+
+def test_the_app_reconnects_when_a_followed_server_freezes(monkeypatch):
+    """The window's RemoteSource: a server that caught up and then froze is 'reconnecting' once the
+    follow's deadline passes (before: 'connected' for good, waiting on a silent connection)."""
+    import time
+
+    from app.session.remote_source import RemoteSource
+    for key, value in hostile_env("freezes", HOSTILE_SLEEP="60").items():
+        monkeypatch.setenv(key, value)
+    source = RemoteSource("srv:/run", timeout=60)
+    try:
+        assert source.connection == "connected"
+        deadline = time.monotonic() + 50
+        while source.connection != "reconnecting" and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert source.connection == "reconnecting"
+    finally:
+        source.close()
