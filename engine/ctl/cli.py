@@ -10,6 +10,7 @@ machine or on another through ssh.
     headroom-ctl tag RUN [TAG...] [--remove TAG...] [--clear]
     headroom-ctl note RUN [TEXT... | --clear]
     headroom-ctl archive|unarchive RUN
+    headroom-ctl mcp
 
 RUN is a run folder or `[user@]host:path` (engine/ctl/remote.py). Built on the client API
 (engine/ctl/client), as the app is. Exit codes: 0 done, 2 bad
@@ -105,6 +106,8 @@ def parser() -> argparse.ArgumentParser:
         c.add_argument("--wait", action="store_true",
                        help="wait for the engine's answer (exit 0 applied, 3 refused, 4 no live run)")
         c.add_argument("--timeout", type=_seconds, default=None, metavar="S", help="give up waiting after S seconds")
+        # Which client sends the command (client.SteerRequest.client): the run's rows record it.
+        c.add_argument("--sent-by", default="", help=argparse.SUPPRESS)
     f = command("follow", "stream every metrics row and event as the run commits them, until it ends")
     f.add_argument("--from-step", type=_non_negative, default=0, metavar="N", help="start at step N (default 0)")
     f.add_argument("--after-event", type=_non_negative, default=None, metavar="ID",
@@ -124,6 +127,9 @@ def parser() -> argparse.ArgumentParser:
                     help=f"wait at most S seconds for the engine to take its folder (default {client.START_WAIT_S:g})")
     st.set_defaults(engine_flags=[])
     _label_commands(command)
+    sub.add_parser("mcp", help="serve the Model Context Protocol over stdio, for agents (the mcp extra)",
+                   description="serve the Model Context Protocol over stdio: tools that list, read and steer runs "
+                               "(README: headroom-ctl mcp)", allow_abbrev=False)
     return p
 
 
@@ -166,7 +172,8 @@ def _records(args: argparse.Namespace, out: Output) -> Iterator[client.AnyRecord
     elif args.command == "status":
         yield from client.status(args.run, remote_python=python)
     elif args.command in client.ACTIONS:
-        request = client.SteerRequest(args.command, tuple(getattr(args, "changes", ())), getattr(args, "at", "epoch"))
+        request = client.SteerRequest(args.command, tuple(getattr(args, "changes", ())), getattr(args, "at", "epoch"),
+                                      client=args.sent_by)
         yield from client.steer(args.run, request, wait=args.wait, timeout=args.timeout, remote_python=python)
     elif args.command in LABEL_PART:
         yield from _label(args)
@@ -251,6 +258,10 @@ def main(argv: Optional[list[str]] = None) -> int:
             raise CtlError(f"unrecognized arguments: {' '.join(unknown)}{hint}")
         if engine_flags is not None:
             args.engine_flags = engine_flags
+        if args.command == "mcp":
+            from . import agent  # the MCP SDK only for this command
+            agent.serve()
+            return EXIT_OK
         return _run(args, out)
     except CtlError as e:
         return _fail(out, str(e), e.code)

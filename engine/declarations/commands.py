@@ -16,14 +16,27 @@ from .config import ConfigError, check_value
 from .settings import BY_NAME as SETTINGS_BY_NAME
 from .settings import LIVE_SETTINGS, Setting
 
+SENDER_CHARS = 40  # the longest name of who sent a command
+
 
 @dataclass(frozen=True)
 class Command:
+    """`sent_by`: who sent it when not the window or a person at headroom-ctl ("agent": an MCP
+    client through headroom-ctl mcp); the row, the command_received event and the answers keep it."""
+    sent_by: str = field(default="", kw_only=True)
     kind: ClassVar[str] = "command"
     at_epoch_boundary: ClassVar[bool] = True
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.sent_by, str) or len(self.sent_by) > SENDER_CHARS:
+            raise ConfigError(f"{self.kind} sent_by must be text of at most {SENDER_CHARS} characters, "
+                              f"got {limits.quote(self.sent_by)}")
+
     def to_json(self) -> str:
-        return json.dumps(asdict(self))
+        data = asdict(self)
+        if not self.sent_by:  # a row an older engine still reads
+            del data["sent_by"]
+        return json.dumps(data)
 
 
 APPLY_AT = ("epoch", "step")
@@ -43,6 +56,7 @@ class SettingCommand(Command):
         def __getattr__(self, name: str) -> Any: ...  # that field (cmd.lr, cmd.accum, ...)
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if not isinstance(self.at, str) or self.at not in APPLY_AT:
             raise ConfigError(f"{self.kind} at must be one of {', '.join(APPLY_AT)}, got {limits.quote(self.at)}")
         self.check()

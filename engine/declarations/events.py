@@ -169,7 +169,9 @@ class CommandReceived(Event):
 
     def message(self) -> str:
         when = {"epoch": f"at epoch {self.target_epoch}", "step": "at the next step", "now": "now"}
-        return f"{self.command} received: applies {when.get(self.applies, self.applies)}"
+        sender = self.payload.get("sent_by") if isinstance(self.payload, dict) else None  # Command.sent_by
+        by = f" (sent by {'an agent' if sender == 'agent' else sender})" if isinstance(sender, str) and sender else ""
+        return f"{self.command} received{by}: applies {when.get(self.applies, self.applies)}"
 
 
 @dataclass(frozen=True)

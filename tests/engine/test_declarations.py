@@ -213,7 +213,7 @@ def test_old_resume_command_and_resumed_event_are_unpause():
 
 def test_the_old_kwarg_accum_steps_is_not_an_optimizer_step_count_any_more():
     """SetAccum's field is the setting's: accum (micro-batches per optimizer step)."""
-    assert [f.name for f in dataclasses.fields(SetAccum)] == ["at", "accum"]
+    assert [f.name for f in dataclasses.fields(SetAccum)] == ["sent_by", "at", "accum"]  # sent_by: who sent it (Command)
     with pytest.raises(ConfigError, match="set_accum accum"):
         SetAccum(0)
     assert math.isclose(SetClip(clip=0.5).clip, 0.5) and SetAccum(accum=4).accum == 4

@@ -4,10 +4,11 @@ request goes to the run folder's store here (engine/ctl/local.py) or, as KEY=VAL
 engine.ctl on a server, which validates them as headroom-ctl here does. Torch-free."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Iterator, Literal, Optional
 
 from engine.declarations.commands import Command, Pause, SetPrecision, Stop, Unpause, setting_change
+from engine.declarations.config import ConfigError
 
 from .. import local
 from ..protocol import CtlError
@@ -20,10 +21,12 @@ ACTIONS: tuple[Action, ...] = ("set", "pause", "unpause", "stop")
 
 @dataclass(frozen=True)
 class SteerRequest:
-    """`set` with KEY=VALUE changes applied at the next step or epoch, or pause, unpause, stop."""
+    """`set` with KEY=VALUE changes applied at the next step or epoch, or pause, unpause, stop.
+    `client`: who sends it ("agent": headroom-ctl mcp), kept in each command row (Command.sent_by)."""
     action: Action
     changes: tuple[str, ...] = ()
     at: Literal["step", "epoch"] = "epoch"
+    client: str = ""
 
 
 def _value_word(value: object) -> str:
@@ -62,6 +65,7 @@ def steer(target: Target, request: SteerRequest, *, wait: bool = False, timeout:
         options = ["--at", request.at] if request.action == "set" else []
         options += ["--wait"] if wait else []
         options += ["--timeout", repr(timeout)] if timeout is not None else []
+        options += ["--sent-by", request.client] if request.client else []
         yield from Remote(remote, words(request.action, *options, "--", path, *request.changes),
                           remote_python).records()
         return
@@ -69,6 +73,11 @@ def steer(target: Target, request: SteerRequest, *, wait: bool = False, timeout:
         commands = local.parse_changes(list(request.changes), request.at)
     else:
         commands = [local.action(request.action)]
+    if request.client:
+        try:
+            commands = [replace(c, sent_by=request.client) for c in commands]
+        except ConfigError as e:
+            raise CtlError(f"{request.action}: {e}") from None
     for record in local.send(path, commands, wait, timeout):
         yield typed(record)
 
