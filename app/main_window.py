@@ -35,6 +35,7 @@ from .ui.runs.views import RunViews
 from .ui.runs.what_fits import LeversPanel
 from .ui.shell import dialogs, keys, layout, wheel, window_prefs
 from .ui.shell.close_question import CloseQuestion, stop_engine
+from .ui.shell.desktop_notices import DesktopNotices
 from .ui.shell.field_notices import FieldNotices
 from .ui.shell.loading import PlotsArea
 from .ui.shell.pacing import TICK_MS
@@ -129,6 +130,7 @@ class MainWindow(QMainWindow):
         self.view_prefs = ViewPrefs(self.preferences, restore_settings)
         self.close_question = CloseQuestion(self, self.preferences, aa.ask_close, restore_settings)
         self.field_notices = FieldNotices(self.controls)  # a field says what it refused
+        self.desktop_notices = DesktopNotices(self, self.driver.signals)  # when the window is not in front
         self.view_prefs.bind_controls(self.controls)
         self.view_prefs.bind_log_action(self.log_action)
         self.view_prefs.bind_history(self.history)

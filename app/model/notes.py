@@ -16,7 +16,7 @@ from .stored import number, whole
 ALERT_KINDS = ("nonfinite", "clip_saturation", "vram_low", "batchnorm_small_batch", "lr_hint",
                "oom_recovered", "command_refused", "scaler_skip", "run_failed", "micro_batch_found",
                "run_damaged", "rolled_back", "memory_snapshot", "run_ended", "loss_weighting", "step_skipped",
-               "store_problem", "framework_checkpoints", "window_error")
+               "store_problem", "framework_checkpoints", "window_error", "notify_failed")
 # Every other kind the engine or an integration writes, and where the app shows it instead
 # (tests/app/test_alert_kinds.py fails for a kind in neither list).
 NOT_SHOWN = {

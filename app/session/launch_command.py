@@ -38,8 +38,10 @@ def _setting_flags(s: Setting, v: Any) -> list[str]:
         return [s.option, s.none_means] if s.default is not None and s.none_means else []
     if s.switch:
         return [s.option] if v else []
-    if s.repeat:  # --task-arg KEY=VALUE, the value as JSON (the engine reads it back as JSON)
-        return [part for key, val in dict(v).items() for part in (s.option, f"{key}={json.dumps(val)}")]
+    if s.repeat and isinstance(v, dict):  # --task-arg KEY=VALUE, the value as JSON (the engine reads it back as JSON)
+        return [part for key, val in v.items() for part in (s.option, f"{key}={json.dumps(val)}")]
+    if s.repeat:  # --notify URL: once per value
+        return [part for val in v for part in (s.option, str(val))]
     return [s.option, _flag_value(v)]
 
 

@@ -40,13 +40,14 @@ TITLES = {
     "memory_snapshot": "Memory snapshot", "run_ended": "Run ended", "loss_weighting": "Not the exact step",
     "step_skipped": "Micro-batches skipped", "store_problem": "run.db problem",
     "framework_checkpoints": "Checkpoints", "window_error": "Window error",
+    "notify_failed": "Notification not sent",
 }
 SEVERITY = {"nonfinite": "error", "run_failed": "error", "oom_recovered": "alert", "vram_low": "alert",
             "clip_saturation": "alert", "command_refused": "alert", "batchnorm_small_batch": "info",
             "lr_hint": "info", "scaler_skip": "info", "micro_batch_found": "info",
             "run_damaged": "error", "rolled_back": "alert", "memory_snapshot": "alert", "run_ended": "info",
             "loss_weighting": "alert", "step_skipped": "alert", "store_problem": "alert",
-            "framework_checkpoints": "info", "window_error": "error"}
+            "framework_checkpoints": "info", "window_error": "error", "notify_failed": "alert"}
 # A run_ended row as bad news: the run gave up or stopped at a non-finite step.
 ENDED_BADLY = ("gave_up", "nonfinite")
 

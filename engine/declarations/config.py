@@ -232,6 +232,11 @@ class TrainConfig:
     run_dir: Optional[str] = setting(
         None, OUTPUT, "folder for run.db and checkpoints",
         metavar="DIR", none_means="a new folder under $HEADROOM_RUNS")
+    notify: tuple[str, ...] = setting(
+        (), OUTPUT, "send a message when the run ends, rolls back or first runs out of memory, to an Apprise URL "
+        "(ntfy://, slack://, discord://, mailto://, json://, ...; repeatable; without it $HEADROOM_NOTIFY, URLs "
+        "separated by spaces; the extra headroom[notify])",
+        label="Notify", metavar="URL", repeat=True)
 
     # Not flags: set in code or kept in a saved config
     # the free fraction of the card below which VRAM is called low (an alert)
@@ -244,6 +249,9 @@ class TrainConfig:
     warmup: InitVar[Optional[float]] = None
 
     def __post_init__(self, warmup: Optional[float]) -> None:
+        if isinstance(self.notify, (list, str)):  # the flag's list, a saved config's, or one string of URLs
+            urls = self.notify.split() if isinstance(self.notify, str) else self.notify
+            object.__setattr__(self, "notify", tuple(urls))
         if warmup is None:
             return
         if self.warmup_samples or self.warmup_fraction:
@@ -281,8 +289,11 @@ class TrainConfig:
         return self
 
     def to_dict(self) -> dict[str, Any]:
+        """The config as saved (run.db, checkpoints, run_started): never the --notify URLs, which
+        hold tokens and passwords; a resumed run is given them again (the flag or HEADROOM_NOTIFY)."""
         d = asdict(self)
         d["fork_changes"] = list(self.fork_changes)
+        d["notify"] = []
         return d
 
     @classmethod

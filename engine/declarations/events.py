@@ -334,6 +334,16 @@ class RolledBack(Event):
 
 
 @dataclass(frozen=True)
+class NotifyFailed(Event):
+    """A --notify message was not delivered (said once a run; the run goes on, at full speed)."""
+    reason: str
+    kind: ClassVar[str] = "notify_failed"
+
+    def message(self) -> str:
+        return f"notification not sent: {self.reason}"
+
+
+@dataclass(frozen=True)
 class StoreProblem(Event):
     """Something on disk is not as it should be, and the run goes on: run.db busy or failing
     (rows kept in memory until it takes them), or a damaged checkpoint passed over."""

@@ -53,7 +53,7 @@ from engine.steering.inbox import CommandInbox
 from engine.store import RunStore
 from engine.tasks.task import Task
 
-from . import closing, opening, run_state
+from . import closing, notify, opening, run_state
 from .autopilot import MAX_IN_A_ROW, Autopilot, roll_back
 from .evaluate import validation_loss
 from .failure import failure_message, failure_report, is_peer_failure
@@ -75,6 +75,10 @@ class Trainer(TrainerViews):
                  commands: Optional["queue.Queue[Command]"] = None,
                  dist_ctx: Optional[distributed.DistContext] = None, *, db_interval: float = 1.0) -> None:
         config = config.validate()
+        urls = notify.notify_urls(config.notify)
+        # before torchrun's group forms: every rank refuses a bad URL alike
+        notify.checked(urls, "--notify" if config.notify else notify.ENV)
+        self.notifier: Optional[notify.Notifier] = None  # rank 0, once the run is built
         self.config = config.with_(task=resolve_task_spec(config.task))  # resumable from any folder
         self.sink = sink
         self.commands: "queue.Queue[Command]" = commands if commands is not None else queue.Queue()
@@ -103,6 +107,8 @@ class Trainer(TrainerViews):
         parts.window.commands_waiting = self.inbox.has_step_commands
         self.boundaries = Boundaries(self.inbox, parts.rules(), self._emit)
         self.watchers: list[Watcher] = run_watchers(parts, self.memory_model)
+        if urls and self.ctx.is_main:
+            self.notifier = notify.Notifier(urls, parts.run_dir)
 
     # -- control from other threads -------------------------------------------------------
     def send(self, command: Command) -> None:
@@ -432,6 +438,9 @@ class Trainer(TrainerViews):
         self._finish("failed", safe=True)
 
     def _finish(self, status: str, safe: bool = False) -> None:
+        if self.notifier is not None:  # the last message goes, or its failure is written, before run.db closes
+            self.notifier.close()
+            self._notify_failure()
         try:
             if self.store is not None:
                 closing.close_inbox(self.inbox, self.ctx, self.step, self.epoch)
@@ -457,6 +466,14 @@ class Trainer(TrainerViews):
                 raise
         if self.sink is not None and self.ctx.is_main:
             self.sink(event)
+        if self.notifier is not None:
+            self.notifier.on_event(event)  # queued: the sending happens on the notifier's thread
+            self._notify_failure()
+
+    def _notify_failure(self) -> None:
+        failed = self.notifier.failure(self.step, self.epoch) if self.notifier is not None else None
+        if failed is not None:  # once a run: the notifier gives it only once
+            self._emit(failed, safe=True)
 
     def _drain_store_problems(self) -> None:
         while self._store_problems:

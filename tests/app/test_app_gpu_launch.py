@@ -99,7 +99,7 @@ def test_every_declared_setting_reaches_the_launched_engine(tmp_path):
                       warmup_samples=64, min_lr_ratio=0.2, workers=2, task_args={"n": 3, "name": "a b", "f": [1.5]},
                       checkpointing=True, memory_snapshot="on-oom", checkpoint_every=5, keep_checkpoints=2,
                       keep_epoch_checkpoints=None, rollback_lr_factor=0.25, reference_batch=64, strategy="fsdp",
-                      fsdp_reduce="every", cpu_offload=True)
+                      fsdp_reduce="every", cpu_offload=True, notify=("json://127.0.0.1:9/a", "ntfy://topic"))
     # what fsdp refuses, and the other warmup (one at a time), in a ddp run
     both = (cfg, cfg.with_(strategy="ddp", fsdp_reduce="last", cpu_offload=False, nonfinite="rollback",
                            spike_factor=4.0, warmup_samples=0, warmup_fraction=0.1, keep_epoch_checkpoints=5))

@@ -120,12 +120,15 @@ class RunFields(QGroupBox):
                                "separated by spaces, VALUE read as JSON where it parses (hidden=256 name=\"my data\")")
         self.task_args.setToolTip(self._task_args_tip)
         self.task_args.textChanged.connect(self._check_task_args)
+        self.notify = QLineEdit()  # kept with the form's last values: the runs this window starts send there
+        self.notify.setObjectName("notify")
+        self.notify.setPlaceholderText("ntfy://topic  mailto://...  (Apprise URLs)")
         form = form_layout(self)
         setting_row(form, "task", self.task)
         if task_args.AVAILABLE:
             setting_row(form, "task_args", self.task_args)
         for name in ("precision", "epochs", "device", "workers", "token_budget", "micro_tokens",
-                     "keep_epoch_checkpoints"):
+                     "keep_epoch_checkpoints", "notify"):
             setting_row(form, name, getattr(self, name))
         self._numbers = (self.epochs, self.workers, self.token_budget, self.micro_tokens, self.keep_epoch_checkpoints)
         self.folding = Folding(form)
@@ -170,7 +173,8 @@ class RunFields(QGroupBox):
         out = {"task": self.task_spec(), "precision": self.precision.currentData(), "epochs": self.epochs.given(),
                "device": self.device.currentText().strip(), "workers": self.workers.given(),
                "token_budget": self.token_budget.given(), "micro_tokens": self.micro_tokens.given(),
-               "keep_epoch_checkpoints": self.keep_epoch_checkpoints.given()}
+               "keep_epoch_checkpoints": self.keep_epoch_checkpoints.given(),
+               "notify": tuple(self.notify.text().split())}
         if task_args.AVAILABLE:
             try:
                 out["task_args"] = task_args.parse(self.task_args.text())
@@ -190,6 +194,8 @@ class RunFields(QGroupBox):
         for name in ("workers", "token_budget", "micro_tokens", "keep_epoch_checkpoints"):  # None is a value: auto, off, all
             if name in d:
                 getattr(self, name).set_given(d[name])
+        if isinstance(d.get("notify"), (list, tuple)) and d["notify"]:  # a run's saved config has none
+            self.notify.setText(" ".join(map(str, d["notify"])))
         if "task_args" in d and task_args.AVAILABLE:
             self.task_args.setText(task_args.format_args(d["task_args"]))
         self.folding.show(self.summary())
@@ -221,6 +227,6 @@ class RunFields(QGroupBox):
 
     def set_running(self, running: bool) -> None:
         for w in (self.task, self.precision, self.epochs, self.device, self.workers, self.token_budget,
-                  self.micro_tokens, self.keep_epoch_checkpoints, self.task_args):
+                  self.micro_tokens, self.keep_epoch_checkpoints, self.task_args, self.notify):
             w.setEnabled(not running)
         self.folding.fold(running, self.summary())
