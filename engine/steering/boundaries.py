@@ -43,6 +43,8 @@ class Boundaries:
             if isinstance(item.cmd, (Pause, Resume)):
                 self.paused = life.pause_or_resume(item, self.paused, step, epoch, Paused(step, epoch - 1),
                                                    Resumed(step, epoch), idle_resume=NOTHING_PAUSED)
+            elif isinstance(item.cmd, Stop):  # its flag ends the wait and the run here: taken, it is applied
+                life.applied(item, step)
         return self.apply(settings, [r for r in batch if not isinstance(r.cmd, (Pause, Resume, Stop))],
                           step, epoch, "epoch")
 
