@@ -26,7 +26,7 @@ import numpy as np
 from .metrics import MetricsBuffer
 from .run_time import MARK_KINDS, STARTED, Mark, RunTime, run_time
 from .runmodel import RunModel
-from .stored import whole
+from .stored import number, whole
 from .x_axis import columns, fmt_clock
 
 RATE_STEPS = 50  # seconds per window: the median pace of the last 50 steps
@@ -90,8 +90,8 @@ class ProgressTracker:
             self._marks, self.time = [], RunTime()
         marks = len(self._marks)
         for note in model.notes[self._notes:]:
-            if note.kind == "lr_planned" and note.data.get("total_samples"):
-                self.total_samples = float(note.data["total_samples"])
+            if note.kind == "lr_planned" and number(note.data.get("total_samples"), None):
+                self.total_samples = number(note.data.get("total_samples"), None)
             elif note.kind in MARK_KINDS:
                 self._marks.append(self._mark(note.kind, note.time, model.metrics))
         self._notes = len(model.notes)

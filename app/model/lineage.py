@@ -21,7 +21,7 @@ from engine.declarations.settings import LIVE_NAMES
 from engine.store import DB_NAME, RunReader, StoreError
 
 from .fields import fmt_value, words
-from .stored import whole
+from .stored import changes, event_data, number, whole
 
 # Config keys that say where a run is, not how it trains (engine/checkpoints/run_tree.py NOT_SETTINGS,
 # with what the CLI drops from a saved config for --fork).
@@ -248,22 +248,21 @@ def settings_at(run_dir: str, step: int, config: dict[str, Any]) -> dict[str, An
     finally:
         reader.close()
     for e in events:
-        d, at = e.get("data") or {}, e.get("step")
+        d, at = event_data(e), e.get("step")  # stored input: read through app/model/stored.py
         if not isinstance(at, int):
             continue
         kind = e.get("kind")
         if kind == "settings_applied":
-            first = d.get("from_step") or at + 1
-            if isinstance(first, int) and first <= step:
-                for c in d.get("changes") or ():
-                    if isinstance(c, (list, tuple)) and len(c) == 3 and c[0] in LIVE_NAMES:
-                        out[c[0]] = c[2]
+            if (whole(d.get("from_step")) or at + 1) <= step:  # from_step 0: not recorded
+                for name, _old, new in changes(d.get("changes")):
+                    if name in LIVE_NAMES:
+                        out[name] = new
         elif kind == "oom_recovered" and at < step:
             out.update(micro_batch=d.get("new_micro_batch", out.get("micro_batch")),
                        accum=d.get("new_accum", out.get("accum")))
         elif kind == "micro_batch_found" and at <= step:
             out.update(micro_batch=d.get("micro_batch", out.get("micro_batch")), accum=d.get("accum", out.get("accum")))
-        elif kind == "rolled_back" and step > int(d.get("to_step", at)) and isinstance(d.get("new_lr"), (int, float)):
+        elif kind == "rolled_back" and step > whole(d.get("to_step"), at) and number(d.get("new_lr"), None) is not None:
             out["lr"] = d["new_lr"]
     return out
 

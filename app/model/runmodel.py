@@ -24,6 +24,7 @@ from .fields import fmt_value, words
 from .metrics import MetricsBuffer, StepColumns
 from .notes import Note
 from .state import RunState
+from .stored import changes as stored_changes
 from .stored import measured, whole
 
 PER_STEP_LIVE = tuple(s for s in LIVE_SETTINGS if s.per_step)  # every metrics row records these
@@ -72,13 +73,6 @@ class Rollback:
     @property
     def label(self) -> str:
         return f"rolled back to step {self.to_step} ({self.reason}), lr {fmt_value(self.new_lr)}"
-
-
-def _changes(raw: Any) -> tuple:
-    """settings_applied's (name, old, new) triples; anything else in a damaged row is left out."""
-    if not isinstance(raw, (list, tuple)):
-        return ()
-    return tuple(tuple(c) for c in raw if isinstance(c, (list, tuple)) and len(c) == 3)
 
 
 def marker_label(changes: Sequence[Sequence[Any]]) -> str:
@@ -192,7 +186,7 @@ class RunModel:
         delta.info = True
 
     def _settings_applied(self, note: Note, delta: Delta) -> None:
-        changes = _changes(note.data.get("changes"))
+        changes = stored_changes(note.data.get("changes"))  # its (name, old, new) triples only
         if changes:
             self.markers.append(Marker(note.step + 0.5, marker_label(changes), changes))
             delta.markers = True
@@ -205,15 +199,10 @@ class RunModel:
         delta.markers = True
 
     def _rolled_back(self, note: Note, delta: Delta) -> None:
-        d = note.data
-
-        def whole(name: str, default: int) -> int:  # a damaged row: what the note itself says
-            v = measured(d.get(name))
-            return int(v) if math.isfinite(v) else default
-
-        self.rollbacks.append(Rollback(whole("to_step", note.step), whole("from_step", note.step),
+        d = note.data  # a damaged row: what the note itself says
+        self.rollbacks.append(Rollback(whole(d.get("to_step"), note.step), whole(d.get("from_step"), note.step),
                                        str(d.get("reason") or "?"), measured(d.get("new_lr")),
-                                       whole("windows_skipped", 0)))
+                                       whole(d.get("windows_skipped"), 0)))
         delta.markers = True
 
     def _memory_levers(self, note: Note, delta: Delta) -> None:

@@ -11,6 +11,7 @@ from typing import Callable, Optional
 from PySide6.QtCore import QObject, Signal
 
 from app.model.notes import Note
+from app.model.stored import whole
 from app.session.session import RunSession, Update
 
 
@@ -18,7 +19,8 @@ class SessionSignals(QObject):
     model_replaced = Signal(object)  # RunModel: a new run or folder; views start over
     state_changed = Signal(object)  # RunState (also when only `busy` changed)
     run_started = Signal(dict)  # run_started's fields: device, world_size, config, ...
-    micro_batch_found = Signal(int, int, int, int)  # micro-batch, accum, probes, peak bytes
+    # micro-batch, accum, probes, peak bytes: Python ints (a Qt int is 32 bits: a GPU's peak bytes are more)
+    micro_batch_found = Signal(object, object, object, object)
     memory_forecast = Signal(dict)  # memory_forecast's fields
     memory_levers = Signal(dict)  # the latest memory_levers' fields and step (the "what fits" table), once per update
     engine_values = Signal(dict)  # live settings the engine has now (the form follows them)
@@ -31,9 +33,9 @@ class SessionSignals(QObject):
         # The notes a view shows as they come, each to its own typed signal.
         self._relay: dict[str, Callable[[Note], None]] = {
             "run_started": lambda n: self.run_started.emit(dict(n.data)),
-            "micro_batch_found": lambda n: self.micro_batch_found.emit(
-                int(n.data.get("micro_batch") or 1), int(n.data.get("accum") or 1),
-                int(n.data.get("probes") or 0), int(n.data.get("peak_bytes") or 0)),
+            "micro_batch_found": lambda n: self.micro_batch_found.emit(  # stored input: app/model/stored.py
+                whole(n.data.get("micro_batch"), 1) or 1, whole(n.data.get("accum"), 1) or 1,
+                whole(n.data.get("probes"), 0), whole(n.data.get("peak_bytes"), 0)),
             "memory_forecast": lambda n: self.memory_forecast.emit(dict(n.data)),
         }
 

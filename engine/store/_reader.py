@@ -6,7 +6,6 @@ older engine open. Torch-free: the app reads run folders with it without loading
 """
 from __future__ import annotations
 
-import json
 import os
 import sqlite3
 import time
@@ -14,6 +13,7 @@ from typing import Any, Iterable, Optional
 
 from engine.declarations.commands import Command
 
+from . import stored
 from ._tables import DB_NAME, DISCARD_COLUMNS, METRIC_COLUMNS, SCALAR_COLUMNS, StoreError
 
 
@@ -117,13 +117,9 @@ class RunReader:
         return ",".join(f'"{c}"' if c in have else "NULL" for c in wanted)
 
     def info(self) -> dict[str, Any]:
-        out = {}
-        for k, v in self._query("SELECT key, value FROM run"):
-            try:
-                out[k] = json.loads(v)
-            except (TypeError, ValueError, RecursionError):
-                out[k] = v
-        return out
+        """The run table, each value as engine/store/stored.py's run_value reads it (JSON-shaped,
+        no int past 64 bits): what a caller then reads of it goes through stored's accessors."""
+        return {k: stored.run_value(v) for k, v in self._query("SELECT key, value FROM run") if isinstance(k, str)}
 
     def metrics(self, after_step: int = -1, limit: Optional[int] = None) -> list[dict[str, Any]]:
         """Rows past `after_step`, in step order; at most `limit` of them (a reader that pages
@@ -161,16 +157,13 @@ class RunReader:
     def events(self, after_id: int = 0, kinds: Optional[Iterable[str]] = None) -> list[dict[str, Any]]:
         rows = self._query("SELECT id, time, step, epoch, kind, message, data FROM events WHERE id > ? ORDER BY id",
                            (after_id,))
-        out = []
-        for r in rows:
-            if kinds is not None and r[4] not in kinds:
-                continue
-            try:
-                data = json.loads(r[6]) if r[6] else {}
-            except (TypeError, ValueError, RecursionError):
-                data = {}
-            out.append(dict(id=r[0], time=r[1], step=r[2], epoch=r[3], kind=r[4], message=r[5], data=data))
-        return out
+        wanted = None if kinds is None else set(kinds)
+        # data: an object whose declared fields have their declared shapes (stored.row_data): text
+        # that is not JSON, a list where an object was written, a count that is 1e300 or text, is
+        # read as absent, so no reader has to guess.
+        return [dict(id=r[0], time=r[1], step=r[2], epoch=r[3], kind=r[4], message=r[5],
+                     data=stored.row_data(r[4], r[6]))
+                for r in rows if wanted is None or r[4] in wanted]
 
     _COMMAND_COLUMNS = ("id", "time", "kind", "payload", "status", "applied_step", "note")
 

@@ -13,8 +13,11 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import fields, is_dataclass
 from datetime import datetime
-from typing import Any, Optional
+from functools import lru_cache
+from types import UnionType
+from typing import Any, Optional, Union, get_args, get_origin, get_type_hints
 
 INT64 = 2**63
 MAX_DEPTH = 32  # deeper than anything the engine writes: junk, cut off (None) below this
@@ -65,7 +68,9 @@ def run_value(raw: object) -> Any:
 
 
 def number(v: object, default: Optional[float] = 0.0) -> Optional[float]:
-    """A finite float, or `default`."""
+    """A finite float (a number, or text that spells one), or `default` (a bool is no number)."""
+    if isinstance(v, bool):
+        return default
     try:
         f = float(v)  # type: ignore[arg-type]  # any stored value: what float() refuses is caught below
     except (TypeError, ValueError, OverflowError):
@@ -119,6 +124,69 @@ def event_data(event: object) -> dict[str, Any]:
     return mapping(event.get("data")) if isinstance(event, dict) else {}
 
 
+def _fits(v: object, tp: Any) -> bool:
+    """Whether a decoded JSON value has the shape a declared field type says (a tuple is a JSON
+    list; a float field takes an int; an annotation this does not know takes anything)."""
+    if tp is Any:
+        return True
+    if tp is type(None):
+        return v is None
+    if tp is bool:
+        return isinstance(v, bool)
+    if tp is int:
+        return isinstance(v, int) and not isinstance(v, bool)
+    if tp is float:
+        return isinstance(v, (int, float)) and not isinstance(v, bool)
+    if tp is str:
+        return isinstance(v, str)
+    origin, args = get_origin(tp), get_args(tp)
+    if origin is Union or origin is UnionType:
+        return any(_fits(v, a) for a in args)
+    if tp in (dict, list, tuple) or origin in (dict, list, tuple):
+        if not isinstance(v, dict if dict in (tp, origin) else list):
+            return False
+        if origin is tuple and args and args[-1] is not Ellipsis:
+            return isinstance(v, list) and len(v) == len(args) and all(_fits(x, a) for x, a in zip(v, args))
+        if origin in (tuple, list) and args:
+            return isinstance(v, list) and all(_fits(x, args[0]) for x in v)
+        return True
+    return True
+
+
+@lru_cache(maxsize=None)
+def _declared_fields() -> dict[str, dict[str, Any]]:
+    """Each event kind the engine declares (engine/declarations/events.py) -> its data fields' types."""
+    from engine.declarations import events
+    out: dict[str, dict[str, Any]] = {}
+    todo = [events.Event]
+    while todo:
+        cls = todo.pop()
+        todo.extend(cls.__subclasses__())
+        if cls is events.Event or not is_dataclass(cls):
+            continue
+        hints = get_type_hints(cls)
+        out[cls.kind] = {f.name: hints.get(f.name, Any) for f in fields(cls) if f.name not in ("step", "epoch")}
+    return out
+
+
+def declared(kind: object, data: object) -> dict[str, Any]:
+    """An event's data as its kind declares it: an object, each field the engine declares for
+    `kind` kept only where its value has the declared shape (a count that is text or 1e300,
+    a list where a number was written, is left out: a reader's .get() gives its default).
+    Fields the declaration does not name, and kinds it does not know (an integration's), are
+    kept as they are."""
+    out = mapping(data)
+    types = _declared_fields().get(kind) if isinstance(kind, str) else None
+    if types:
+        out = {k: v for k, v in out.items() if k not in types or _fits(v, types[k])}
+    return out
+
+
+def row_data(kind: object, raw: object) -> dict[str, Any]:
+    """An events row's `data` column, read: decoded (not JSON: {}), then `declared`."""
+    return declared(kind, decoded(raw, {}))
+
+
 def changes(v: object) -> tuple[tuple[str, Any, Any], ...]:
     """A settings_applied event's `changes`: its (name, old, new) triples whose name is text;
     anything else in them ("x", [1, 2], {"a": 1}, a pair) is left out."""
@@ -129,4 +197,4 @@ def changes(v: object) -> tuple[tuple[str, Any, Any], ...]:
 
 
 __all__ = ["INT64", "MAX_DEPTH", "plain", "decoded", "run_value", "number", "whole", "moment", "measured", "mapping", "text",
-           "event_data", "changes"]
+           "event_data", "changes", "declared", "row_data"]

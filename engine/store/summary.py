@@ -174,7 +174,7 @@ def _read(reader: RunReader, info: dict[str, Any]) -> dict[str, Any]:
     try:
         rows = db.execute("SELECT kind, data, time FROM events WHERE kind IN ('run_started', 'run_finished', "
                           "'run_failed', 'rolled_back', 'settings_applied') ORDER BY id").fetchall()
-        decoded = [(kind, _json(raw), t) for kind, raw, t in rows]
+        decoded = [(kind, stored.row_data(kind, raw), t) for kind, raw, t in rows]
         out["marks"] = _marks(db, [(kind, t) for kind, _d, t in decoded
                                    if kind in ("run_started", "run_finished", "run_failed")])
     except (sqlite3.Error, AttributeError):
@@ -213,10 +213,6 @@ def _read(reader: RunReader, info: dict[str, Any]) -> dict[str, Any]:
     if out.get("marks") and out["marks"][-1][0] == "run_started":  # the last segment said no end (yet)
         out["last_row"] = _last_row_before(db, None)
     return out
-
-
-def _json(raw: Any) -> dict[str, Any]:
-    return stored.mapping(stored.decoded(raw, {}))
 
 
 def _marks(db: Any, marks: list[tuple[str, Any]]) -> tuple[tuple[str, Any, Any], ...]:
