@@ -51,6 +51,14 @@ class SettingChange:
     reason: str = ""  # why it was refused
     by_rule: bool = False  # the engine's lr scaling rule changed it, nobody sent it
     elsewhere: bool = False  # another client sent it (headroom-ctl, another window): the run's events say so
+    sent_by: str = ""  # the sender its command row names ("agent": headroom-ctl mcp), when it says one
+
+    @property
+    def who(self) -> str:
+        """' (sent by an agent)', ' (sent by another client)', or '' for this window's own change."""
+        if not self.elsewhere:
+            return ""
+        return " (sent by an agent)" if self.sent_by == "agent" else " (sent by another client)"
 
     @property
     def pending(self) -> bool:
@@ -69,10 +77,9 @@ class SettingChange:
         if s is ChangeStatus.RECEIVED:
             when = WHEN.get(self.applies or "", str(self.applies)).format(epoch=self.target_epoch)
             paused = " (now: the run is paused)" if self.while_paused and self.applies == "epoch" else ""
-            who = " (sent by another client)" if self.elsewhere else ""
-            return f"pending: {v} applies {when}{paused}{who}"
+            return f"pending: {v} applies {when}{paused}{self.who}"
         if s is ChangeStatus.APPLIED:
-            how = " (by the lr scaling rule)" if self.by_rule else " (sent by another client)" if self.elsewhere else ""
+            how = " (by the lr scaling rule)" if self.by_rule else self.who
             return f"applied: {v} from epoch {self.epoch}, after step {self.step}{how}"
         if s is ChangeStatus.UNCHANGED:
             return f"unchanged: {v}"
@@ -165,8 +172,10 @@ class PendingChanges:
         elif c is not None and c.pending:  # this window's, already received: a newer receipt is not its
             return []
         else:
+            sender = payload.get("sent_by")
             self.changes[f.name] = SettingChange(f.name, value, ChangeStatus.RECEIVED, applies=applies,
-                                                 target_epoch=target_epoch, while_paused=paused, elsewhere=True)
+                                                 target_epoch=target_epoch, while_paused=paused, elsewhere=True,
+                                                 sent_by=sender if isinstance(sender, str) else "")
         return [f.name]
 
     def applied(self, changes: Iterable[Any], step: int, epoch: int, by_rule: Iterable[Any] = ()) -> list[str]:
@@ -184,9 +193,10 @@ class PendingChanges:
                 continue
             self.engine[name] = new
             prev = self.changes.get(name)
+            elsewhere = prev is not None and prev.pending and prev.elsewhere
             self.changes[name] = SettingChange(name, new, ChangeStatus.APPLIED, step=step, epoch=epoch,
-                                               by_rule=name in rule,
-                                               elsewhere=prev is not None and prev.pending and prev.elsewhere)
+                                               by_rule=name in rule, elsewhere=elsewhere,
+                                               sent_by=prev.sent_by if elsewhere and prev is not None else "")
             touched.append(name)
         # A value sent that equals what the engine has now changes nothing: nothing to wait for.
         return touched + self._settle(lambda c: True)

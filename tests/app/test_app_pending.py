@@ -129,3 +129,15 @@ def test_the_run_ending_first_drops_what_was_on_its_way():
     assert p.text("accum") == "not applied: the run ended first (8)" and p.get("accum").style == "refused"
     assert p.text("lr").startswith("applied")
     assert p.clear() == ["accum", "lr"] and p.text("accum") == "" and p.engine == {}
+
+
+def test_a_change_an_agent_sent_says_so_and_another_clients_does_not():
+    """headroom-ctl mcp's command rows name their sender ("sent_by": "agent"): the Controls panel
+    says "sent by an agent" from receipt to applied; a row without it stays another client's."""
+    p = _model()
+    p.received("set_lr", {"lr": 5e-4, "sent_by": "agent"}, "step", None, paused=False)
+    assert p.text("lr") == "pending: 0.0005 applies at the next step (sent by an agent)"
+    p.applied([("lr", 1e-3, 5e-4)], step=8, epoch=1)
+    assert p.text("lr") == "applied: 0.0005 from epoch 1, after step 8 (sent by an agent)"
+    p.received("set_clip", {"clip": 2.0, "sent_by": ["agent"]}, "step", None, paused=False)  # any shape stored
+    assert p.text("clip").endswith("(sent by another client)")
