@@ -28,7 +28,7 @@ from torch.distributed.checkpoint.planner import ReadItem
 
 from engine.declarations.outcome import first_line
 
-from .files import CheckpointError, CheckpointRefused
+from .errors import CheckpointError, CheckpointRefused
 
 METADATA = ".metadata"
 

@@ -24,10 +24,10 @@ import torch
 
 # What a run folder holds, by name (torch-free, shared with the app): re-exported from here.
 from engine.declarations.checkpoint_names import CKPT_DIR, LAST, candidates, name_of  # noqa: F401 - re-exported: the engine reads the names from here
-from engine.declarations.config import ConfigError
 from engine.declarations.outcome import first_line
 
 from . import contents
+from .errors import CheckpointError, CheckpointInvalid, CheckpointRefused  # raised here; callers name them files.*
 
 if TYPE_CHECKING:
     from engine.store.runlock import RunLock
@@ -36,19 +36,6 @@ TMP_PREFIX = ".tmp-"  # save_atomic's temporary files (and sharded.save's tempor
 OLD_PREFIX = ".old-"  # sharded.swap_in: the folder being replaced, for a moment
 META = "meta.pt"  # a sharded checkpoint's state besides model and optimizer
 PROBE_PREFIX = ".probe-"  # check_writable_dir's probe files
-
-
-class CheckpointError(ConfigError):
-    pass
-
-
-class CheckpointRefused(CheckpointError):
-    """The file holds more than weights (pickled code): never loaded, never skipped silently."""
-
-
-class CheckpointInvalid(CheckpointRefused):
-    """The file loads, but holds values no run can hold (contents.py): a damaged or edited
-    file, refused like pickled code (never trained from, never passed over in silence)."""
 
 
 # A write that failed because the disk (or the quota, or the file-size limit) is full.
