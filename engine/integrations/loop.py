@@ -37,13 +37,16 @@ import os
 import tempfile
 import time
 import weakref
-from typing import Any, Callable, Literal, Mapping, Optional
+from typing import Any, Callable, Literal, Mapping, Optional, Sequence
 
 from engine.declarations.commands import Command
 from engine.declarations.events import CheckpointSaved, EpochEnd, Event, RunFailed, RunFinished, RunStarted, StepMetrics
 from engine.declarations.paths import default_run_dir
 from engine.steering.lr import base_lrs, rescale
 from engine.store import DB_NAME, RunStore, runlock
+from engine.trainer.notify import ENV as NOTIFY_ENV
+from engine.trainer.notify import Notifier, notify_urls
+from engine.trainer.notify import checked as notify_checked
 
 from ._loop_events import IntegrationError, LossWeighting, StepSkipped
 from ._loop_rows import StepRows
@@ -157,7 +160,8 @@ class HeadroomRun:
     def __init__(self, run_dir: Optional[str] = None, *, task: str = "loop",
                  config: Optional[Mapping[str, Any]] = None, device: Any = None, world_size: int = 1,
                  steering: str = "", integration: str = "loop", commit_interval: float = 1.0,
-                 poll_interval: float = 0.05, refusal: Optional[Callable[[Command], str]] = None) -> None:
+                 poll_interval: float = 0.05, refusal: Optional[Callable[[Command], str]] = None,
+                 notify: Sequence[str] = ()) -> None:
         if run_dir is not None and not isinstance(run_dir, (str, os.PathLike)):
             raise TypeError(f"run_dir must be a folder path (str or os.PathLike) or None, got {type(run_dir).__name__}")
         if not isinstance(task, str) or not task.strip():
@@ -175,6 +179,10 @@ class HeadroomRun:
         for name, v in (("commit_interval", commit_interval), ("poll_interval", poll_interval)):
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not v >= 0:
                 raise TypeError(f"{name} must be seconds >= 0, got {v!r}")
+        # Apprise URLs (else HEADROOM_NOTIFY's): checked now, before anything is written
+        self._notify_urls = notify_urls([notify] if isinstance(notify, str) else list(notify))
+        notify_checked(self._notify_urls, "notify" if notify else NOTIFY_ENV)
+        self._notifier: Optional[Notifier] = None
         self.run_dir = os.fspath(run_dir) if run_dir is not None else None
         self.task = task
         self.config = dict(config or {})
@@ -275,6 +283,9 @@ class HeadroomRun:
         self._rows.open(dev)
         store = RunStore(self.run_dir, commit_interval=self.commit_interval)
         self._store = self._rows.store = store
+        if self._notify_urls:  # every event the run records, its steps' losses too, reaches the notifier
+            self._notifier = Notifier(self._notify_urls, self.run_dir)
+            store.listener = self._notifier.on_event
         _OPEN.add(self)
         name = _device_name(dev)
         config = {"task": self.task, **self.config}
@@ -300,6 +311,7 @@ class HeadroomRun:
         self._commands.end()
         self.flush_epoch_gap()
         self._store.record(RunFinished(self.step, self.epoch, reason=reason))
+        self._notified()
         self._close("finished")
 
     def fail(self, error: str) -> None:
@@ -309,9 +321,21 @@ class HeadroomRun:
             return
         try:
             self._store.record(RunFailed(self.step, self.epoch, error=str(error)))
+            self._notified()
         except Exception:
             pass
         self._close("failed", safe=True)
+
+    def _notified(self) -> None:
+        """The run's last message gets its time to go (Notifier.close); one that was not
+        delivered is said as a notify_failed event before run.db closes."""
+        notifier, self._notifier = self._notifier, None
+        if notifier is None or self._store is None:
+            return
+        notifier.close()
+        failed = notifier.failure(self.step, self.epoch)
+        if failed is not None:
+            self._store.record(failed)
 
     def _close(self, status: str, safe: bool = False) -> None:
         self.finished = True

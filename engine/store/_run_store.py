@@ -93,6 +93,9 @@ class RunStore:
         self._expired_upto = 0  # command rows up to this id belong to an earlier engine
         self._read_db: Optional[sqlite3.Connection] = None
         self._writer = StoreWriter(self.path, commit_interval, on_problem)
+        # Told every event recorded, steps included (a run's notifier: engine/trainer/notify.py);
+        # it must be cheap and never raise: it runs on the training thread.
+        self.listener: Optional[Callable[[Event], None]] = None
 
     @property
     def on_problem(self) -> Optional[Callable[[str], None]]:
@@ -121,6 +124,8 @@ class RunStore:
         """Queue a step's metrics (written when a second has passed since the last write);
         queue and write any other event at once."""
         now = time.time()
+        if self.listener is not None:
+            self.listener(event)
         if isinstance(event, StepMetrics):  # the hot path: one tuple, no asdict(), no call per value
             self._writer.push_metrics(_plain_row(_step_values(event)) + (now,))
             return

@@ -2,7 +2,9 @@
 Slack, Discord, Telegram, Matrix, e-mail and the rest of Apprise's services.
 
 Sent when a run ends (completed, stopped, max steps, failed, gave up, non-finite stop: with the
-final loss and the duration), on a rollback, and on the first out-of-memory alert. Each message
+final loss and the duration), on a rollback, and on the first out-of-memory or loss-weighting
+alert (the latter from the framework integrations: engine/integrations/loop.py listens to its
+store, RunStore.listener). Each message
 names the run and its folder as host:path (the host says where a server run lives).
 
 Sending never touches the training thread: the trainer hands events to `Notifier.on_event`,
@@ -80,6 +82,7 @@ class Notifier:
         self._loss: Optional[float] = None  # the last applied step's
         self._rollbacks = 0
         self._oom_said = False
+        self._weighting_said = False
         self._thread = threading.Thread(target=self._send_all, name="headroom-notify", daemon=True)
         self._thread.start()
 
@@ -123,6 +126,9 @@ class Notifier:
             self._oom_said = True
             return self._said_as("ran out of memory", e.message() + " (later out-of-memory alerts are not sent)",
                                  "warning", e)
+        if kind == "loss_weighting" and not self._weighting_said:  # a framework's loss, off the exact one
+            self._weighting_said = True
+            return self._said_as("has a loss weighting alert", e.message() + " (later ones are not sent)", "warning", e)
         if kind == "run_finished":
             reason = getattr(e, "reason", "")
             word = {"completed": "completed", "max_steps": "reached its step limit", "stopped": "was stopped"}.get(

@@ -173,3 +173,28 @@ def test_without_the_extra_notify_is_refused_before_anything_is_written(tmp_path
     assert not run.exists()
     monkeypatch.undo()
     assert engine(*QUICK, "--run-dir", tmp_path / "without", "--max-steps", "1").returncode == 0  # no URL: no need
+
+
+def test_a_plain_loops_run_sends_its_first_loss_weighting_alert_and_its_end(server, tmp_path):
+    """The integrations write their own events (HeadroomRun's store): the notifier listens to the
+    store, so a hand-written loop's first loss-weighting alert (its framework loss 2x the
+    count-weighted one) and its end reach the service, each once, naming the run."""
+    from engine.integrations.loop import HeadroomRun
+    url, received = server
+    run_dir = tmp_path / "my-loop"
+    with HeadroomRun(str(run_dir), task="my-loop", notify=[url], device="cpu") as run:
+        for _ in range(4):
+            run.log_step(loss=1.0, framework_loss=2.0, accum=2, micro_batch=4)
+    titles = [r["title"] for r in received]
+    assert titles == ["Headroom: run my-loop has a loss weighting alert", "Headroom: run my-loop completed"], titles
+    assert "final loss 1.0000" in received[-1]["message"] and str(run_dir) in received[-1]["message"]
+    # two alerts in run.db (the first step's and the epoch's summary), one message
+    assert kinds(run_dir).count("loss_weighting") == 2 and "notify_failed" not in kinds(run_dir)
+
+
+def test_a_plain_loop_with_a_url_apprise_cannot_read_writes_nothing(tmp_path):
+    from engine.declarations.config import ConfigError
+    from engine.integrations.loop import HeadroomRun
+    with pytest.raises(ConfigError, match="not a URL Apprise can send to"):
+        HeadroomRun(str(tmp_path / "r"), notify=["nosuchservice://x"], device="cpu")
+    assert not (tmp_path / "r").exists()
