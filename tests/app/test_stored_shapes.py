@@ -182,6 +182,9 @@ DAMAGE: dict[str, Callable[[sqlite3.Connection], None]] = {
     "events-numbers-minus-5": event_leaves(lambda v: -5),
     "events-numbers-text": event_leaves(lambda v: "yesterday"),
     "events-dicts-as-lists": event_shapes(dicts_as_lists),
+    "events-time-1e300": lambda db: db.execute("UPDATE events SET time = 1e300"),
+    "events-time-minus-1e300": lambda db: db.execute("UPDATE events SET time = -1e300"),
+    "events-time-text": lambda db: db.execute("UPDATE events SET time = 'yesterday', step = 'x', epoch = 1e300"),
     "events-lists-as-dicts": event_shapes(lists_as_dicts),
     # the run table
     "started-1e300": run_key("started", "1e300"),
