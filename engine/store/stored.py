@@ -145,8 +145,9 @@ def _fits(v: object, tp: Any) -> bool:
     if tp in (dict, list, tuple) or origin in (dict, list, tuple):
         if not isinstance(v, dict if dict in (tp, origin) else list):
             return False
-        if origin is tuple and args and args[-1] is not Ellipsis:
-            return isinstance(v, list) and len(v) == len(args) and all(_fits(x, a) for x, a in zip(v, args))
+        if origin is tuple and args and args[-1] is not Ellipsis:  # a row: its items each of its type
+            # (not its length: an older engine's rows may have fewer items, a newer one's more)
+            return isinstance(v, list) and all(_fits(x, a) for x, a in zip(v, args))
         if origin in (tuple, list) and args:
             return isinstance(v, list) and all(_fits(x, args[0]) for x in v)
         return True
