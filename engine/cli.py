@@ -150,6 +150,9 @@ class ConsoleSink:
             return
         if event.kind == "checkpoint":
             return
+        if event.kind == "settings_applied":  # the run's length changed while it trains: "epoch 2/N" follows
+            self.total_epochs = next((new for name, _old, new in event.changes if name == "epochs"),
+                                     self.total_epochs)
         _ERR.write(("\r\033[K" if self.tty else "") + f"[{event.kind}] {limits.one_line(event.message(), 2000)}\n")
 
 

@@ -3,7 +3,9 @@
 The engine counts an epoch as len(train_data) samples. The app does not load the task, so it
 reads that size off the engine's `lr_planned` event: the schedule spans epochs x the data
 set, or, with --max-steps, the smaller of that and max steps x the starting effective batch
-(engine/trainer/setup.py total_samples). Where the max-steps term is the smaller, the data set size
+(engine/trainer/setup.py total_samples); a run whose epochs or max steps changed while it trains
+counts to the engine's last settings_applied of them and its re-planned lr_planned total (the
+config's length otherwise). Where the max-steps term is the smaller, the data set size
 is known only once an epoch has ended (RunModel.samples_per_epoch). Windows left = samples
 left / the samples of the latest window (accumulation can change mid-epoch), never past
 --max-steps. Seconds per window are the median pace of the last steps (seconds_per_window), so
@@ -19,14 +21,16 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 import numpy as np
+
+from engine.declarations.settings import LENGTH_NAMES
 
 from .metrics import MetricsBuffer
 from .run_time import MARK_KINDS, STARTED, Mark, RunTime, run_time
 from .runmodel import RunModel
-from .stored import number, whole
+from .stored import changes, number, whole
 from .x_axis import columns, fmt_clock
 
 RATE_STEPS = 50  # seconds per window: the median pace of the last 50 steps
@@ -81,17 +85,21 @@ class ProgressTracker:
         self._model: Optional[RunModel] = None
         self._notes = 0
         self.total_samples: Optional[float] = None  # the whole run's samples, as the engine counts them
+        self.length: dict[str, Any] = {}  # epochs and max steps as the engine last changed them (settings_applied)
         self._marks: list[Mark] = []  # the run's segments' starts and ends (run_started, run_finished...)
         self.time = RunTime()
 
     def _read(self, model: RunModel) -> None:
         if model is not self._model or len(model.notes) < self._notes:
-            self._model, self._notes, self.total_samples = model, 0, None
+            self._model, self._notes, self.total_samples, self.length = model, 0, None, {}
             self._marks, self.time = [], RunTime()
         marks = len(self._marks)
         for note in model.notes[self._notes:]:
             if note.kind == "lr_planned" and number(note.data.get("total_samples"), None):
                 self.total_samples = number(note.data.get("total_samples"), None)
+            elif note.kind == "settings_applied":  # a run whose length changed while it trains
+                self.length.update({name: new for name, _old, new in changes(note.data.get("changes"))
+                                    if name in LENGTH_NAMES})
             elif note.kind in MARK_KINDS:
                 self._marks.append(self._mark(note.kind, note.time, model.metrics))
         self._notes = len(model.notes)
@@ -114,16 +122,21 @@ class ProgressTracker:
             until = last_row_before(model.metrics, None)
         return self.time.seconds(until)
 
+    def planned(self, model: RunModel, name: str) -> Any:
+        """The run's epochs or max steps now: the config's, or the engine's last change of it."""
+        self._read(model)
+        return self.length[name] if name in self.length else model.config.get(name)
+
     def epoch_samples(self, model: RunModel) -> Optional[float]:
         """Samples in one epoch (len(train_data) x the ranks' share), if it can be told yet."""
         self._read(model)
         if model.samples_per_epoch:
             return float(model.samples_per_epoch)
         cfg = model.config
-        epochs = whole(cfg.get("epochs"))
+        epochs = whole(self.planned(model, "epochs"))
         if self.total_samples is None or epochs <= 0:
             return None
-        max_steps = cfg.get("max_steps")
+        max_steps = self.planned(model, "max_steps")
         if max_steps:
             world = whole(model.info.get("world_size") or 1, 1)
             by_steps = whole(max_steps) * whole(cfg.get("micro_batch")) * whole(cfg.get("accum")) * world
@@ -144,8 +157,7 @@ class ProgressTracker:
         done = n - first
         done_samples = float(seen[-1] - (seen[first - 1] if first > 0 else 0.0))
         window = float(buf.view("samples")[-1]) or 1.0
-        cfg = model.config
-        max_steps = whole(cfg.get("max_steps")) or None
+        max_steps = whole(self.planned(model, "max_steps")) or None
         steps_left = max(0, max_steps - model.step) if max_steps else None
         per_epoch = self.epoch_samples(model)
         secs = seconds_per_window(model, self.time.last_started)
@@ -157,7 +169,7 @@ class ProgressTracker:
             left = min(left, steps_left)
         eta = left * secs if secs is not None else None
         run_eta = None
-        epochs = whole(cfg.get("epochs"))
+        epochs = whole(self.planned(model, "epochs"))
         if secs is not None and epochs:
             run_left = left + max(0, epochs - epoch) * math.ceil(per_epoch / window)
             if steps_left is not None:

@@ -102,6 +102,7 @@ def _status(reader: RunReader) -> dict[str, Any]:
         elif e["kind"] == "run_started":  # a new segment: an earlier one's pause or ending is not this one's
             paused, reason, since = False, None, finite_or_none(e.get("time"))
     state = stored.text(info.get("status")) or "unknown"
+    settings = summary.live_settings(info, events, last)  # epochs and max steps too: the run's length now
     if writer is not None:
         state = "paused" if paused else "running"
     elif state == "running":
@@ -110,16 +111,17 @@ def _status(reader: RunReader) -> dict[str, Any]:
         "kind": "status", "run_dir": reader.run_dir, "live": writer is not None, "writer": writer,
         "state": state, "status": stored.text(info.get("status")), "reason": reason, "task": info.get("task"),
         "step": last.get("step"), "epoch": last.get("epoch"), "loss": last.get("loss"),
-        "settings": summary.live_settings(info, events, last), "eta_s": _eta(info, reader, tail, since) if writer else None,
+        "settings": settings, "eta_s": _eta(info, reader, tail, since, settings) if writer else None,
         "started": info.get("started"), "finished": info.get("finished"),
         "checkpoint": has_last_checkpoint(reader.run_dir),
     }
 
 
 def _eta(info: dict[str, Any], reader: RunReader, tail: list[dict[str, Any]],
-         since: Optional[float] = None) -> Optional[float]:
-    """Seconds left, from the recent steps' pace and the steps left: --max-steps, or the epochs
-    left at the steps an epoch took so far. The pace is that of the current segment's rows (those
+         since: Optional[float] = None, settings: Optional[dict[str, Any]] = None) -> Optional[float]:
+    """Seconds left, from the recent steps' pace and the steps left: max steps, or the epochs
+    left at the steps an epoch took so far (the run's length now: `settings`, a change made
+    while it trains included). The pace is that of the current segment's rows (those
     since its run_started at `since`: a continued run's rows before it, and the hours between, are
     not its pace), past the segment's first WARMUP_STEPS; None until MIN_PACED steps say it (as
     the app's status bar, app/model/epoch_progress.py), or when the steps left cannot be told."""
@@ -134,7 +136,7 @@ def _eta(info: dict[str, Any], reader: RunReader, tail: list[dict[str, Any]],
         return None
     per_step = (t1 - t0) / (len(rows) - 1)
     step = stored.whole(rows[-1][0].get("step"))
-    config = stored.mapping(info.get("config"))
+    config = {**stored.mapping(info.get("config")), **(settings or {})}  # a length changed while it trained
     left: list[float] = []
     max_steps, epochs_planned = stored.number(config.get("max_steps"), None), stored.number(config.get("epochs"), None)
     if max_steps is not None:

@@ -94,10 +94,11 @@ class TrainConfig:
         "(repeatable)",
         label="Task args", flag="--task-arg", read=read_task_arg, metavar="KEY=VALUE", repeat=True)
     epochs: int = setting(
-        3, TASK, "passes over the training data", label="Epochs", metavar="E", low=1, high=limits.MAX_EPOCHS)
+        3, TASK, "passes over the training data", label="Epochs", live=True, metavar="E", low=1,
+        high=limits.MAX_EPOCHS)
     max_steps: Optional[int] = setting(
         None, TASK, "stop after N optimizer steps",
-        metavar="N", none_means="no limit", low=1, high=limits.MAX_STEPS)
+        label="Max steps", live=True, short="max steps", metavar="N", none_means="no limit", low=1, high=limits.MAX_STEPS)
     seed: int = setting(
         0, TASK, "seeds the model, the sample order and the data workers",
         metavar="S", low=0, high=limits.WHOLE_INT)
@@ -338,6 +339,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     f.name: f.metadata[SETTING].choices for f in fields(TrainConfig)
     if SETTING in f.metadata and f.metadata[SETTING].choices}
 _DEFAULTS: dict[str, Any] = {f.name: default_of(f) for f in fields(TrainConfig)}
+_FIELDS_BY_NAME = {f.name: f for f in fields(TrainConfig)}
 
 
 def _may_be_none(f: Any) -> bool:
@@ -390,6 +392,8 @@ def check_value(name: str, value: Any, who: Optional[str] = None) -> Any:
     """A value of TrainConfig field `name` against what it may hold: its range (RANGES), its
     choices (CHOICES) or, for a switch, true or false. ConfigError with one line if not."""
     said = who or "--" + name.replace("_", "-")
+    if value is None and name in _FIELDS_BY_NAME and _may_be_none(_FIELDS_BY_NAME[name]):
+        return None  # max steps None: no limit (a live setting's value, as validate() takes it)
     if name in RANGES:
         return RANGES[name].check(value, who, ConfigError)
     if name in CHOICES:

@@ -185,11 +185,21 @@ class LrPlanned(Event):
     min_lr_ratio: float
     samples_now: int
     curve: tuple[tuple[float, float], ...]  # (samples seen, lr)
+    # The run's length changed while it trained: the schedule was re-planned for the new
+    # total_samples at samples_now (False: the plan made at the start, or a new peak).
+    replanned: bool = False
     kind: ClassVar[str] = "lr_planned"
 
     def message(self) -> str:
-        return (f"lr schedule {self.schedule}: peak {self.peak:.3g}, warmup {self.warmup_samples:.0f} of "
+        head = (f"lr schedule {self.schedule}: peak {self.peak:.3g}, warmup {self.warmup_samples:.0f} of "
                 f"{self.total_samples:.0f} samples")
+        if not self.replanned:
+            return head
+        if self.schedule == "constant":
+            return f"{head} (re-planned at {self.samples_now} samples: the run's length changed)"
+        return (f"{head} (re-planned at {self.samples_now} samples for the new length: the samples trained keep "
+                f"their lr, the warmup its length, and from here the {self.schedule} decay ends at "
+                f"{self.min_lr_ratio:g} x peak at sample {self.total_samples:.0f})")
 
 
 @dataclass(frozen=True)

@@ -109,6 +109,10 @@ PROGRESS_RANGES: dict[str, Range] = {r.name: r for r in (
     Range("epoch_loss", float, -_FINITE, _FINITE, note="the epoch's sum of loss x count"),
     Range("epoch_count", float, 0.0, _FINITE),
     Range("world_size", int, 1, 2**20),  # ranks: far past any cluster
+    # the lr schedule re-planned when the run's length changed (LrSchedule.replanned); 0: as planned
+    Range("plan_total", float, 0.0, _FINITE),
+    Range("plan_from", float, 0.0, _FINITE),
+    Range("plan_factor", float, 0.0, 1.0),
 )}
 
 

@@ -49,7 +49,8 @@ class CommandRules:
                 notes.append(refusal)  # else pause, resume, stop: nothing to apply here
                 continue
             setting, value = change
-            note = self.refusal(setting.name) or self._out_of_range(setting.name, value)
+            note = self.refusal(setting.name) or self._out_of_range(setting.name, value) \
+                or length_passed(setting.name, value, step, epoch)
             if note:
                 events.append(CommandRefused(step, epoch, command=cmd.kind, reason=note))
             else:
@@ -70,6 +71,19 @@ class CommandRules:
         if name == "micro_batch" and isinstance(value, int) and value > self.data_len:
             return f"micro-batch {value} is larger than the data set ({self.data_len} samples)"
         return ""
+
+
+def length_passed(name: str, value: object, step: int, epoch: int) -> str:
+    """Why a new run length is one the run has already passed ('' if it is not): epochs below
+    the epoch being trained (or about to start, at an epoch boundary), max steps at or below
+    the steps done. The run ends at a length it has yet to reach, never mid-way through it."""
+    if name == "epochs" and isinstance(value, int) and value < epoch:
+        done = epoch - 1
+        return f"epochs={value} refused: the run has finished {done} epoch{'s' if done != 1 else ''}; " \
+               f"give at least {epoch}"
+    if name == "max_steps" and isinstance(value, int) and value <= step:
+        return f"max_steps={value} refused: the run has done {step} steps; give at least {step + 1}"
+    return ""
 
 
 def _scale_lr(before: LiveSettings, after: LiveSettings, explicit_lr: bool, step: int, epoch: int,

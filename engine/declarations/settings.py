@@ -87,9 +87,13 @@ SETTINGS: tuple[Setting, ...] = tuple(
     Setting(name=f.name, **{d.name: getattr(f.metadata[SETTING], d.name) for d in fields(Declared)})
     for f in fields(TrainConfig) if SETTING in f.metadata)
 BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}
+# The live settings that say where a run ends: a change re-plans the lr schedule from where the
+# run is (engine/declarations/schedule.py LrSchedule.replanned); one the run has passed is refused.
+LENGTH_NAMES = ("epochs", "max_steps")
 # The live settings, in the order a batch of changes is applied (micro-batch and accumulation
-# before lr, so lr scaling sees the new batch).
-LIVE_SETTINGS: tuple[Setting, ...] = tuple(s for s in SETTINGS if s.live)
+# before lr, so lr scaling sees the new batch; the run's length last, planned with the new batch).
+LIVE_SETTINGS: tuple[Setting, ...] = (tuple(s for s in SETTINGS if s.live and s.name not in LENGTH_NAMES)
+                                      + tuple(s for s in SETTINGS if s.live and s.name in LENGTH_NAMES))
 LIVE_NAMES: tuple[str, ...] = tuple(s.name for s in LIVE_SETTINGS)
 # The flag's old spellings: --warmup W is one of two settings by its value (config.split_warmup).
 OLD_WARMUP_FLAG = "--warmup"

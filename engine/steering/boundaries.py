@@ -10,13 +10,19 @@ from __future__ import annotations
 
 from typing import Callable
 
-from engine.declarations.commands import Pause, Resume, Stop
+from engine.declarations.commands import Command, Pause, Resume, SettingCommand, Stop
 from engine.declarations.events import Event, Paused, Resumed
 from engine.declarations.rules import CommandRules
-from engine.declarations.settings import LiveSettings
+from engine.declarations.settings import LENGTH_NAMES, LiveSettings
 
 from .inbox import CommandInbox
 from .lifecycle import Received, while_paused
+
+
+def is_length(cmd: Command) -> bool:
+    """A change of the run's length (epochs, max steps)."""
+    return isinstance(cmd, SettingCommand) and cmd.setting in LENGTH_NAMES
+
 
 NOTHING_PAUSED = "nothing is paused (a pause takes effect at the end of the epoch)"
 
@@ -58,6 +64,18 @@ class Boundaries:
         elif not self.inbox.has_step_commands():
             return settings
         return self.apply(settings, self.inbox.take(at="step"), step, epoch, "step")
+
+    def at_end(self, step: int, epoch: int, settings: LiveSettings) -> LiveSettings:
+        """The run reached its length (its last epoch, or max steps): a change of that length
+        still waiting for its boundary applies here, whatever boundary it asked for, so a run
+        extended in its last epoch goes on. Nothing else is taken (a pause waits for none)."""
+        self.inbox.poll(step, epoch, epoch, force=True)
+        life = self.inbox.life
+        now = [r for r in life.pending if is_length(r.cmd)]
+        if not now:
+            return settings
+        life.pending = [r for r in life.pending if not is_length(r.cmd)]
+        return self.apply(settings, now, step, epoch, "end")
 
     def apply(self, settings: LiveSettings, batch: list[Received], step: int, epoch: int, at: str) -> LiveSettings:
         if not batch:

@@ -64,10 +64,24 @@ class LrControl:
         """The optimizer's state was loaded (a rollback): the next window writes its lr again."""
         self._in_use = None
 
-    def planned(self, step: int, epoch: int, peak: float, samples_seen: int) -> LrPlanned:
+    def new_length(self, total_samples: float, samples_seen: int) -> None:
+        """The run's length changed to `total_samples`: the schedule is re-planned from where
+        the run is (LrSchedule.replanned); the next window writes its lr."""
+        self.schedule = self.schedule.replanned(samples_seen, total_samples)
+        self._in_use = None
+
+    def resumed(self, total: float, from_samples: float, from_factor: float) -> None:
+        """A checkpoint's re-planned schedule (Progress.plan_*, checked by the checkpoint's
+        ranges): the run goes on with the curve it had. total 0: the plan made at the start."""
+        if total > 0:
+            s = self.schedule
+            self.schedule = LrSchedule(s.kind, s.warmup, total, s.min_ratio, from_samples, from_factor, s)
+            self._in_use = None
+
+    def planned(self, step: int, epoch: int, peak: float, samples_seen: int, replanned: bool = False) -> LrPlanned:
         s = self.schedule
         return LrPlanned(step, epoch, schedule=s.kind, peak=peak, warmup_samples=s.warmup, total_samples=s.total,
-                         min_lr_ratio=s.min_ratio, samples_now=samples_seen, curve=s.curve(peak))
+                         min_lr_ratio=s.min_ratio, samples_now=samples_seen, curve=s.curve(peak), replanned=replanned)
 
 
 def rescale(optimizer: Any, factor: Optional[float], lr: float, scheduler: Any = None) -> None:

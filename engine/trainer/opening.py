@@ -16,7 +16,7 @@ from engine.checkpoints import files as ckpt
 from engine.declarations.commands import Command
 from engine.declarations.config import TrainConfig
 from engine.declarations.events import EpochEnd, Event, RunStarted, SettingsApplied, StoreProblem
-from engine.declarations.settings import LiveSettings
+from engine.declarations.settings import LENGTH_NAMES, LiveSettings
 from engine.distributed.devices import device_name
 from engine.store import RunStore
 
@@ -61,6 +61,15 @@ def resumed_changes(parts: RunParts, state: dict[str, Any], step: int, epoch: in
     if not isinstance(saved, dict) or saved == now:
         return []
     return [SettingsApplied(step, epoch, changes=(("task_args", saved, now),), at="start", from_step=step + 1)]
+
+
+def changed_length(config: TrainConfig, settings: LiveSettings, step: int, epoch: int) -> Optional[SettingsApplied]:
+    """A continued run whose length is not its config's (a change made while it trained, kept by
+    its checkpoint): said as a settings change from the start, so what reads run.db (the
+    window's progress bar and ETA, headroom-ctl status) counts to that length."""
+    changes = tuple((name, getattr(config, name), getattr(settings, name)) for name in LENGTH_NAMES
+                    if getattr(config, name) != getattr(settings, name))
+    return SettingsApplied(step, epoch, changes=changes, at="start", from_step=step + 1) if changes else None
 
 
 def record_start(store: RunStore, parts: RunParts, step: int) -> None:

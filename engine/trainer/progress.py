@@ -24,6 +24,12 @@ class Progress:
     nonfinite_steps: int = 0
     scaler_skips: int = 0
     samples: int = 0  # samples seen by optimizer steps so far (all ranks): the lr schedule's clock
+    # The lr schedule as re-planned when the run's length changed while it trained (its total
+    # samples, and where and at which factor of the peak the new decay starts); 0: as planned at
+    # the start. Saved so that a resume goes on with the same curve (LrControl.resumed).
+    plan_total: float = 0.0
+    plan_from: float = 0.0
+    plan_factor: float = 1.0
     # The last finished epoch's row (epoch, step, train_loss, val_loss, seconds), saved with the
     # checkpoint written at its end: a crash between that checkpoint and run.db's epochs row
     # loses nothing, a resume writes the row from here (opening.py).

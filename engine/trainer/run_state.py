@@ -9,7 +9,7 @@ import torch
 from engine.checkpoints import files as ckpt
 from engine.checkpoints import retention, sharded
 from engine.declarations.commands import Command, command_for
-from engine.declarations.settings import LIVE_SETTINGS, LiveSettings
+from engine.declarations.settings import LENGTH_NAMES, LIVE_SETTINGS, LiveSettings
 
 from .progress import Progress
 from .setup import RunParts
@@ -120,8 +120,13 @@ def restore(parts: RunParts, state: dict[str, Any]) -> tuple[Progress, LiveSetti
         settings, commands = settings.with_(**changes), []
     else:
         saved = state.get("config") or {}
+        # The run's length: the checkpoint's (a change made while it trained holds), unless
+        # --epochs is given anew; max steps only as given now (the limit that stopped the run
+        # is not one for its continuation, engine/run_config.py). From the first step.
+        settings = settings.with_(max_steps=asked.max_steps, **(
+            {"epochs": asked.epochs} if saved.get("epochs", asked.epochs) != asked.epochs else {}))
         commands = [command_for(s.name, getattr(asked, s.name)) for s in LIVE_SETTINGS
-                    if s.name in saved and saved[s.name] != getattr(asked, s.name)
+                    if s.name in saved and saved[s.name] != getattr(asked, s.name) and s.name not in LENGTH_NAMES
                     and getattr(settings, s.name) != getattr(asked, s.name)]
     return progress, settings, commands  # the lr: the first window writes it (LrControl), from these settings
 

@@ -271,6 +271,15 @@ def total_samples(cfg: TrainConfig, data_len: int, world: int) -> int:
     return min(by_epochs, cfg.max_steps * cfg.micro_batch * cfg.accum * world)
 
 
+def samples_left_total(settings: LiveSettings, data_len: int, world: int, step: int, samples: int) -> int:
+    """The run's total samples once its length changed while it trained: epochs x data set, or
+    with max steps, the samples seen so far plus the steps left x the effective batch now."""
+    by_epochs = settings.epochs * data_len
+    if settings.max_steps is None:
+        return by_epochs
+    return min(by_epochs, samples + max(0, settings.max_steps - step) * settings.window_samples * world)
+
+
 def check_warmup(cfg: TrainConfig, data_len: int, world: int) -> None:
     """A warmup in samples longer than the whole run would train every step below the peak lr
     (at 1e-9 of it, for a warmup of millions on a small run) without a word: refused."""

@@ -45,7 +45,7 @@ from engine.declarations.outcome import (
     TrainingError,
 )
 from engine.declarations.paths import resolve_task_spec
-from engine.declarations.settings import LiveSettings, scaled_to_reference
+from engine.declarations.settings import LENGTH_NAMES, LiveSettings, scaled_to_reference
 from engine.distributed.world import keep_effective_batch
 from engine.memory.what_fits.forecast import MemoryModel
 from engine.steering.boundaries import Boundaries
@@ -61,7 +61,7 @@ from .finder import NothingFits, find_micro_batch
 from .progress import Progress
 from .report import Launched, skip_events, skip_kind, step_metrics
 from .saving import Checkpointer
-from .setup import RunParts, build
+from .setup import RunParts, build, samples_left_total
 from .views import TrainerViews
 from .watchers import BatchNormWatcher, Watcher, run_watchers
 
@@ -125,11 +125,17 @@ class Trainer(TrainerViews):
         """Open the run folder (rank 0) and continue from the checkpoint, if any (opening.py)."""
         if self.ctx.is_main:
             self.store = self.inbox.store = opening.open_store(parts, self._store_problems.append)
-        resized = None
+        resized = length = None
         if parts.origin.state is not None:
             self.progress, self.settings, asked = opening.continue_from(parts, parts.origin.state)
             for cmd in asked:
                 self.commands.put(cmd)
+            length = opening.changed_length(self.config, self.settings, self.step, self.epoch)
+            p, saved = self.progress, parts.origin.state.get("settings") or {}
+            if p.plan_total:  # the curve a change of length planned while it trained, as it was
+                parts.lr.resumed(p.plan_total, p.plan_from, p.plan_factor)
+                if any(saved.get(n) != getattr(self.settings, n) for n in LENGTH_NAMES):
+                    self._new_length()  # and a length given anew with --resume: planned from here
             self.settings, resized = keep_effective_batch(  # on another number of ranks
                 self.settings, parts.origin.state, self.ctx.world, self.config.token_budget,
                 self.config.fork_changes if parts.origin.parent else (), self.step, self.epoch)
@@ -138,6 +144,8 @@ class Trainer(TrainerViews):
             self._emit_all(opening.restore_epoch_row(self.store, parts, self.progress))
         if parts.origin.state is not None:
             self._emit_all(opening.resumed_changes(parts, parts.origin.state, self.step, self.epoch))
+            if length is not None:
+                self._emit(length)
         if resized is not None:
             self._emit(resized)
         for note in parts.origin.skipped:
@@ -199,9 +207,9 @@ class Trainer(TrainerViews):
 
     def _train_epochs(self, parts: RunParts) -> str:
         cfg, p = self.config, self.progress
-        if cfg.max_steps is not None and p.step >= cfg.max_steps:  # resumed at or past the limit
+        if self._at_max_steps():  # resumed at or past the limit
             return "max_steps"
-        while p.epoch <= cfg.epochs:
+        while p.epoch <= self.settings.epochs or self._extended():  # epochs and max steps are live settings
             if p.epoch_offset == 0:
                 self._epoch_boundary()  # pending settings apply here; waits while paused
                 p.start_epoch()  # (a run resumed mid-epoch keeps the epoch's loss so far)
@@ -215,7 +223,7 @@ class Trainer(TrainerViews):
                         return self._stopped()
                     p.window += 1
                     p.epoch_offset += len(window)
-                    if cfg.max_steps is not None and p.step >= cfg.max_steps:
+                    if self._at_max_steps():
                         return self._stopped("max_steps")
                     self.inbox.poll(p.step, p.epoch, p.epoch + 1)
                     self._drain_store_problems()
@@ -237,6 +245,28 @@ class Trainer(TrainerViews):
             self._save_checkpoint(epoch_done=p.epoch - 1)  # before the event: what is seen is saved
             self._emit(done)
         return "completed"
+
+    def _at_max_steps(self) -> bool:
+        """The run reached its max steps (a change of its length still waiting applies first)."""
+        limit = self.settings.max_steps
+        if limit is None or self.step < limit:
+            return False
+        self._settings_changed(self.boundaries.at_end(self.step, self.epoch, self.settings))
+        return self.settings.max_steps is not None and self.step >= self.settings.max_steps
+
+    def _extended(self) -> bool:
+        """The last epoch is done: True if a change of the run's length waiting for its boundary
+        extended it."""
+        self._settings_changed(self.boundaries.at_end(self.step, self.epoch, self.settings))
+        return self.progress.epoch <= self.settings.epochs
+
+    def _new_length(self) -> None:
+        """The run's length changed: the lr schedule re-planned from here (LrSchedule.replanned),
+        kept in the progress a checkpoint saves."""
+        p, lr = self.progress, self.parts.lr
+        lr.new_length(samples_left_total(self.settings, len(self.parts.task.train_data), self.ctx.world,
+                                         self.step, p.samples), p.samples)
+        p.plan_total, p.plan_from, p.plan_factor = lr.schedule.total, lr.schedule.from_samples, lr.schedule.from_factor
 
     def _rest_of_epoch(self, parts: RunParts) -> list[list[int]]:
         """The windows of the epoch from the first sample not yet trained, as the current
@@ -406,7 +436,11 @@ class Trainer(TrainerViews):
             switch(after.checkpointing)
         if "lr" in changed:
             self.parts.lr.new_peak(before.lr, after.lr)
-            self._emit(self._lr_planned())
+        if changed & {"epochs", "max_steps"}:
+            self._new_length()
+        if changed & {"lr", "epochs", "max_steps"}:
+            self._emit(self.parts.lr.planned(self.step, self.epoch, after.lr, self.progress.samples,
+                                             replanned=bool(changed & {"epochs", "max_steps"})))
         for w in self.watchers:
             self._emit_all(w.on_settings(self.step, self.epoch, after, changed))
         if self.store is not None:

@@ -19,7 +19,7 @@ def test_changes_apply_exactly_at_the_next_epoch_boundary(qtbot, make_window, tm
     wait_until(qtbot, lambda: len(w.model.epochs) >= 1, 90, "the first epoch to end")
     c = w.controls
     assert c.engine == {"micro_batch": 64, "accum": 2, "lr": 1e-3, "clip": 1.0, "lr_scaling": "none",
-                        "checkpointing": False}
+                        "checkpointing": False, "epochs": 3}  # max steps: none (no limit), not shown
     c.accum.setValue(4)
     c.lr.setText("0.002")
     c.clip.setText("0.5")

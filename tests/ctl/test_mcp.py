@@ -64,14 +64,16 @@ def test_an_agent_lists_reads_and_steers_a_live_run(tmp_path):
     live = LiveRun(run_dir)
     try:
         live.wait_live(rows=12)
-        names, (listed, status, applied, invalid, unknown, not_sent, engine_refused, stopped, bad, forked) = session(
+        names, (listed, status, applied, invalid, unknown, not_sent, engine_refused, passed, stopped, bad,
+                forked) = session(
             ("list_runs", {"where": str(tmp_path / "runs")}),
             ("run_status", {"run": run_dir, "rows": 10}),
             ("set_settings", {"run": run_dir, "changes": {"lr": 0.0005}, "at": "step", "timeout_s": 120}),
             ("set_settings", {"run": run_dir, "changes": {"accum": 0}, "at": "step"}),
-            ("set_settings", {"run": run_dir, "changes": {"epochs": 3}}),
+            ("set_settings", {"run": run_dir, "changes": {"seed": 3}}),
             ("set_settings", {"run": run_dir, "changes": {"lr": 0.001, "clip": -1}}),
             ("set_settings", {"run": run_dir, "changes": {"precision": "bf16"}, "at": "step", "timeout_s": 120}),
+            ("set_settings", {"run": run_dir, "changes": {"max_steps": 1}, "at": "step", "timeout_s": 120}),
             ("stop", {"run": run_dir, "timeout_s": 120}),
             ("fork", {"run": run_dir, "changes": {"accum": 0}, "run_dir": bad_fork}),
             ("fork", {"run": run_dir, "checkpoint": "last", "changes": {"accum": 4, "lr": 0.0002},
@@ -103,13 +105,13 @@ def test_an_agent_lists_reads_and_steers_a_live_run(tmp_path):
         assert any(e["kind"] == "settings_applied" and "lr" in e["message"] for e in db_events(run_dir))
 
         # Invalid as `headroom-ctl set` finds them: its reason, word for word, as the tool error; nothing sent.
-        for result, word in ((invalid, "accum=0"), (unknown, "epochs=3"), (not_sent, "clip=-1")):
+        for result, word in ((invalid, "accum=0"), (unknown, "seed=3"), (not_sent, "clip=-1")):
             said = ctl("set", run_dir, "lr=0.001", word)
             assert said.returncode == 2
             reason = one_error_line(said).removeprefix("error: ")
             assert result.is_error and text(result) == f"Error executing tool set_settings: {reason}"
         assert "accum must be an integer from 1" in text(invalid)
-        assert "'epochs' is not a setting a run changes while it trains" in text(unknown)
+        assert "'seed' is not a setting a run changes while it trains" in text(unknown)
         assert "clip (0 = off) must be a finite number from 0" in text(not_sent)
 
         # Refused by the engine (sent, answered refused): the engine's reason, as set --wait's exit 3.
@@ -117,10 +119,13 @@ def test_an_agent_lists_reads_and_steers_a_live_run(tmp_path):
         rows = commands(run_dir)
         assert [(r["kind"], r["status"]) for r in rows][:2] == [("set_lr", "applied"), ("set_precision", "refused")]
         assert json.loads(rows[1]["payload"])["sent_by"] == "agent"
+        # A run length it has passed (the run is past step 12): the engine's reason, nothing changed.
+        assert passed.is_error and "max_steps=1 refused: the run has done" in text(passed), text(passed)
+        assert (rows[2]["kind"], rows[2]["status"]) == ("set_max_steps", "refused")
 
         # Stopped with a checkpoint, then forked from it with changes; an invalid change starts nothing.
         assert not stopped.is_error and [a["status"] for a in stopped.structured_content["commands"]] == ["applied"]
-        assert [(r["kind"], r["status"]) for r in commands(run_dir)][2:] == [("stop", "applied")]
+        assert [(r["kind"], r["status"]) for r in commands(run_dir)][3:] == [("stop", "applied")]
         assert live.proc.wait(timeout=60) == 0
         assert bad.is_error and "set accum: set_accum accum must be an integer from 1" in text(bad), text(bad)
         assert not os.path.exists(bad_fork)

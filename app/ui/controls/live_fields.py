@@ -29,7 +29,8 @@ BATCH_GROUP = "Batch and accumulation"  # after its live settings: the effective
 
 def live_widget(s: Setting) -> QWidget:
     """The field of a live setting, by what it holds: a list of its words, a check box for a
-    switch, a spin box for a whole number, a line for a number."""
+    switch, a spin box for a whole number, a line for a number (or a whole number a spin box
+    cannot hold, or one that may be left empty)."""
     w: QWidget
     if s.choices:
         w = QComboBox()
@@ -39,8 +40,10 @@ def live_widget(s: Setting) -> QWidget:
     elif s.type is bool:
         w = QCheckBox(s.label)
         w.setChecked(bool(s.default))
-    elif s.type is int:
+    elif s.type is int and not s.none_means and s.range is not None and s.range.high < 2**31:
         w = LimitedSpin(s.name, s.default)
+    elif s.type is int:  # past a spin box's 2**31, or None allowed (max steps: empty is no limit)
+        w = LimitedLine(s.name, s.default, optional=bool(s.none_means))
     else:
         w = LimitedLine(s.name, s.default)
     w.setObjectName(s.name)
