@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import pytest
 import torch
 
-from engine.declarations.commands import SetLr
+from engine.declarations.commands import SETTING_COMMANDS, SetLr
 from engine.store import RunReader
 from tests.ddp.harness import ROOT, TORCHRUN, Launch, Scenario, env, exit_codes, max_diff, scenario
 
@@ -44,6 +44,8 @@ def two_rank_scenarios(base: Path, request: pytest.FixtureRequest) -> dict[str, 
         "rollback": scenario({"HEADROOM_TEST_NAN_AT": "1:5,1:6"}, epochs=2, checkpoint_every=2,
                              nonfinite="rollback", nan_by_call=1),
         "fork": scenario(epochs=2, fork=f"{base / 'rollback' / 'run'}@step-8", run="fork"),
+        # In the last of 2 epochs: extended to 3, applied where the run would have ended (issue 32).
+        "length": scenario({"HEADROOM_TEST_SLOW": "0.2"}, send=(9, SETTING_COMMANDS["epochs"](3)), epochs=2),
     }
 
 
@@ -135,6 +137,16 @@ def test_command_in_run_db_applies_on_both_ranks_at_the_same_boundary(two_ranks:
     assert (changed[0] - 1) % 8 == 0 and changed[0] > 1  # the first step of an epoch (8 steps per epoch)
     applied = RunReader(str(out / "run")).events(kinds={"settings_applied"})
     assert len(applied) == 1 and applied[0]["step"] == changed[0] - 1
+    assert RunReader(str(out / "run")).commands()[0]["status"] == "applied"
+
+
+def test_a_run_extended_in_its_last_epoch_goes_on_on_both_ranks(two_ranks: Launch) -> None:
+    logs, _, _, out = two_ranks["length"]
+    assert [[(e["step"], e["epoch"]) for e in log] for log in logs] == [[(s, 1 + (s - 1) // 8)
+                                                                         for s in range(1, 25)]] * 2
+    assert [e["lr"] for e in logs[0]] == [e["lr"] for e in logs[1]]
+    applied = RunReader(str(out / "run")).events(kinds={"settings_applied"})
+    assert [e["step"] for e in applied] == [16]  # after epoch 2's last step, on both ranks alike
     assert RunReader(str(out / "run")).commands()[0]["status"] == "applied"
 
 

@@ -133,3 +133,18 @@ def test_the_console_line_counts_to_the_new_epochs(tmp_path):
     for e in r.events:
         sink(e)
     assert sink.total_epochs == 3
+
+
+def test_the_rule_in_the_warmup_and_for_a_linear_decay():
+    """Pure LrSchedule: in the warmup the warmup keeps its length and the decay spans the new
+    total; past it a linear decay goes on from the lr it is at, with no jump, to the min."""
+    warm = LrSchedule.for_run("cosine", MIN, 100, warmup_samples=20)
+    longer = warm.replanned(10, 200)
+    assert (longer.warmup, longer.total, longer.from_samples) == (20.0, 200.0, 0.0)
+    assert longer.factor(10) == warm.factor(10) and longer.factor(200) == pytest.approx(MIN)
+    lin = LrSchedule.for_run("linear", MIN, 100)
+    cut = lin.replanned(40, 60)
+    assert cut.factor(40) == pytest.approx(lin.factor(40)) and cut.factor(60) == pytest.approx(MIN)
+    assert cut.factor(50) == pytest.approx((lin.factor(40) + MIN) / 2)  # a straight line from here
+    assert cut.factor(20) == lin.factor(20)  # the samples trained keep their lr (the plot's past)
+    assert LrSchedule.for_run("constant", MIN, 100).replanned(40, 300).factor(250) == 1.0
