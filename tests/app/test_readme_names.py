@@ -55,8 +55,15 @@ def window_names(w) -> set[str]:
 @pytest.mark.slow
 def test_the_readme_names_only_what_the_app_has(qtbot, make_window, tmp_path):
     w = make_window()
-    assert w.open_run(synthetic_run(tmp_path / "run"))
+    run = synthetic_run(tmp_path / "run")
+    (tmp_path / "run" / "checkpoints").mkdir(exist_ok=True)
+    (tmp_path / "run" / "checkpoints" / "last.pt").write_bytes(b"")  # listed by name: its right-click menu
+    assert w.open_run(run)
     w.plots.point_menu.remember(10.0)  # a plot's right-click menu names the step: "Fork from step 10..."
+    w.history.refresh()  # the run table's right-click menus, a run's and a checkpoint's, as a click makes them
+    w.history.select(run)
+    w.history.run_menu(w.history.summary_of(run))
+    w.history.checkpoints.menu()
     have = window_names(w)
     missing = []
     for name in sorted(readme_names()):
