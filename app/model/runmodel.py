@@ -23,6 +23,7 @@ from .ending import Ending, ending
 from .fields import fmt_value, words
 from .metrics import MetricsBuffer, StepColumns
 from .notes import Note
+from .scalars import Scalars
 from .state import RunState
 from .stored import changes as stored_changes
 from .stored import measured, whole
@@ -88,6 +89,9 @@ class RunModel:
         self.discarded = DiscardedSteps()  # steps thrown away (rollbacks, resumes): drawn greyed
         self.memory_levers: Optional[Note] = None  # the latest "what fits" table (memory_levers)
         self.notes: list[Note] = []
+        # What a framework logged, when a follow pushes it (a run on another machine): the
+        # Scalars plot shows these instead of reading a run.db here. None: none pushed.
+        self.pushed_scalars: Optional[Scalars] = None
         self.info: dict[str, Any] = {}  # from run_started: run_dir, task, device, device_name, ...
         self.state = RunState.IDLE  # written by the session (its state machine), read by anyone
         self.finish_reason: Optional[str] = None  # from run_finished (reason) or run_failed (error)

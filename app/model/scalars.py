@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Any, Optional
+from typing import Any, Iterable, Mapping, Optional
 
 import numpy as np
 
@@ -48,15 +48,23 @@ class Scalars:
             return False
         for r in rows:
             self._rowid = max(self._rowid, int(r["rowid"]))
-            name, step, value = r["name"], r["step"], _number(r["value"])
-            if not isinstance(name, str) or not isinstance(step, int) or value is None:
+        return self.add(rows)
+
+    def add(self, rows: Iterable[Mapping[str, Any]]) -> bool:
+        """Rows {step, name, value, ...} in the order logged: read here, or pushed by a follow of
+        a run on another machine (headroom-ctl's `scalars` records). True if any was kept."""
+        kept = False
+        for r in rows:
+            name, step, value = r.get("name"), r.get("step"), _number(r.get("value"))
+            if not isinstance(name, str) or not isinstance(step, int) or isinstance(step, bool) or value is None:
                 continue  # a damaged row
             steps, values = self._data.setdefault(name, ([], []))
             steps.append(step)
             values.append(value)
-        if rows:
+            kept = True
+        if kept:
             self.version += 1
-        return bool(rows)
+        return kept
 
     def names(self) -> list[str]:
         return sorted(self._data)
@@ -88,6 +96,14 @@ class Scalars:
             except Exception:
                 pass
             self._reader = None
+
+
+class ScalarRows:
+    """Scalars a follow brought (a run on another machine), in the order logged: one item of a
+    source's poll, which the session hands to its model (RunModel.pushed_scalars)."""
+
+    def __init__(self, rows: Iterable[Mapping[str, Any]]) -> None:
+        self.rows = tuple(rows)
 
 
 def read_scalars(run_dir: Optional[str]) -> Scalars:

@@ -22,6 +22,7 @@ import numpy as np
 
 from app.model.metrics import COLUMN_DTYPES, STEP_COLUMNS, StepColumns
 from app.model.notes import Note
+from app.model.scalars import ScalarRows
 from app.model.stored import whole
 from engine.ctl import client
 from engine.ctl.client import CtlError, ProtocolError, is_remote
@@ -110,6 +111,8 @@ class RemoteSource(FolderSource):
         elif isinstance(record, client.Event):
             self._items.append(Note.from_row(record.event))
             self._cursor = (self._cursor[0], record.id or 0)
+        elif isinstance(record, client.Scalars):  # what a framework logged there: the Scalars plot's
+            self._items.append(ScalarRows(record.dicts()))
         elif isinstance(record, client.Rewind):
             self._cursor = (record.to_step + 1, self._cursor[1])
         elif isinstance(record, client.Info):

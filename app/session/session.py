@@ -22,6 +22,7 @@ from app.model.metrics import StepColumns
 from app.model.notes import Note
 from app.model.pending import PendingChanges
 from app.model.runmodel import Delta, RunModel
+from app.model.scalars import ScalarRows, Scalars
 from app.model.state import RunState
 from engine.declarations.commands import SETTING_COMMANDS, Command, Pause, Stop, Unpause, command_for
 from engine.declarations.config import ConfigError
@@ -269,6 +270,11 @@ class RunSession:
         for item in items:
             if isinstance(item, (StepMetrics, dict, StepColumns)):
                 run.append(item)
+                continue
+            if isinstance(item, ScalarRows):  # a follow's scalars: the model keeps them for the Scalars plot
+                if self.model.pushed_scalars is None:
+                    self.model.pushed_scalars = Scalars(None)
+                self.model.pushed_scalars.add(item.rows)
                 continue
             if run:
                 self._steps(run, get, u)

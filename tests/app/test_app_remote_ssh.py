@@ -134,3 +134,26 @@ def test_run_history_lists_the_hosts_runs_and_compare_overlays_one_with_a_local_
 
     w.history.open_requested.emit(f"{sshkit.HOST}:{a}")  # View / double-click on a host's run
     assert shown_steps(w) == list(range(1, 31))
+
+
+def test_a_remote_runs_scalars_reach_the_scalars_plot_through_its_follow(qtbot, make_window, over_ssh, tmp_path):
+    """What a framework logged on the server (run.db's scalars) comes through the follow
+    (headroom-ctl's `scalars` records) into the window's Scalars plot: the values the server's
+    run.db holds, from the follow, not from a run.db read on this machine."""
+    from engine.integrations.loop import HeadroomRun
+    run_dir = tmp_path / "server-runs" / "logged"
+    accuracy = [0.5, 0.6, 0.75, 0.8]
+    with HeadroomRun(str(run_dir), task="logged", device="cpu") as run:
+        for i, acc in enumerate(accuracy, start=1):
+            run.log_step(loss=1.0 / i, accum=1, micro_batch=4)
+            run.log_scalars({"eval_accuracy": acc}, step=i)
+    w = make_window()
+    assert w.open_run(f"{sshkit.HOST}:{run_dir}")
+    qtbot.waitUntil(lambda: w.model.pushed_scalars is not None and
+                    len(w.model.pushed_scalars.arrays("eval_accuracy")[1]) == len(accuracy), timeout=60_000)
+    w.plots.refresh(force=True)
+    plot = w.plots.scalars
+    assert plot.scalars is w.model.pushed_scalars  # the follow's, not a reader of the folder here
+    steps, values = plot.scalars.arrays("eval_accuracy")
+    assert list(steps) == [1, 2, 3, 4] and list(values) == accuracy
+    assert plot.picked == ["eval_accuracy"] and plot.isVisibleTo(w.plots)

@@ -326,7 +326,8 @@ class PlotPanel(QWidget):
         model, parts = self.model, self.parts
         if model is None:
             return False
-        self.scalars.set_run(model.info.get("run_dir") if isinstance(model.info.get("run_dir"), str) else None)
+        self.scalars.set_run(model.info.get("run_dir") if isinstance(model.info.get("run_dir"), str) else None,
+                             model.pushed_scalars)
         self.scalars.refresh(self.steps_to_x, self.axis, force=force)
         buf = model.metrics
         x0, x1, width = self._visible()

@@ -43,6 +43,7 @@ class ScalarsPlot(QWidget):
         super().__init__(parent)
         self.pal = pal
         self.scalars = Scalars(None)
+        self._pushed = False  # self.scalars is the model's (a follow's), not a reader of a run.db here
         self.picked: list[str] = []
         self._chosen = False  # the user picked for this run (else the defaults follow new names)
         self._names: list[str] = []
@@ -81,12 +82,17 @@ class ScalarsPlot(QWidget):
         self.setVisible(False)
 
     # -- the run ----------------------------------------------------------------------------
-    def set_run(self, run_dir: Optional[str]) -> None:
-        """The run whose scalars to show (None: none)."""
-        if run_dir == self.scalars.run_dir:
+    def set_run(self, run_dir: Optional[str], pushed: Optional[Scalars] = None) -> None:
+        """The run whose scalars to show (None: none); `pushed`: its scalars as a follow brings
+        them (a run on another machine), shown instead of reading its run.db here."""
+        if pushed is not None and pushed is self.scalars:
             return
-        self.scalars.close()
-        self.scalars = Scalars(run_dir)
+        if pushed is None and run_dir == self.scalars.run_dir and not self._pushed:
+            return
+        if not self._pushed:
+            self.scalars.close()
+        self._pushed = pushed is not None
+        self.scalars = pushed if pushed is not None else Scalars(run_dir)
         kept = _kept().get(run_dir or "") if run_dir else None
         self._chosen = isinstance(kept, list)
         self.picked = [str(n) for n in kept] if isinstance(kept, list) else []
