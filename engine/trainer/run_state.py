@@ -116,7 +116,10 @@ def restore(parts: RunParts, state: dict[str, Any]) -> tuple[Progress, LiveSetti
     parent = parts.origin.parent
     commands: list[Command]
     if parent is not None:
-        changes = {s.name: getattr(asked, s.name) for s in LIVE_SETTINGS if s.name in parent["changed"]}
+        # A fork is a new run: its length is its own config's (the parent's as it is now, with the
+        # flags given), not what the checkpoint's run had planned when it was written.
+        changes = {s.name: getattr(asked, s.name) for s in LIVE_SETTINGS
+                   if s.name in parent["changed"] or s.name in LENGTH_NAMES}
         settings, commands = settings.with_(**changes), []
     else:
         saved = state.get("config") or {}

@@ -21,6 +21,12 @@ def test_history_lists_runs_newest_first_and_marks_dead_ones(tmp_path):
         db.commit()
         db.close()
     (root / "not-a-run").mkdir()
-    runs = list_runs(str(root))
+    from engine.store import runlock
+    lock = runlock.acquire(str(root / "c"))  # c's writer holds its lock (liveness is the lock, never a pid)
+    try:
+        runs = list_runs(str(root))
+    finally:
+        lock.release()
     assert [r.name for r in runs] == ["c", "b", "a"]
     assert [r.status for r in runs] == ["running", "interrupted", "finished"]
+    assert [r.status for r in list_runs(str(root))][0] == "interrupted"  # its pid alive, its lock gone: not live

@@ -96,7 +96,7 @@ def test_a_run_goes_through_its_states_on_commands_and_the_engines_word():
     src.items = [started(), step(1)]
     s.poll()
     assert s.state is RunState.TRAINING and s.state == "training" and s.model.state is RunState.TRAINING
-    assert s.pending.engine == {k: CONFIG[k] for k in ("micro_batch", "accum", "lr", "clip", "lr_scaling")}
+    assert s.pending.engine == {k: CONFIG[k] for k in ("micro_batch", "accum", "lr", "clip", "lr_scaling", "epochs")}
     s.pause()
     assert s.state is RunState.PAUSING
     src.items = [step(2), Paused(2, 1)]  # the pause comes after the steps of its epoch

@@ -104,6 +104,7 @@ def test_the_elapsed_time_counts_every_segment_viewed_and_continued(qtbot, make_
     run_dir = str(tmp_path / "again")
     shutil.copytree(continued, run_dir)
     assert w.open_run(run_dir)
+    w.controls.set_values({"max_steps": 200})  # it stopped at its step limit (20): a longer one, as a user gives
     assert w.continue_run(run_dir), w.last_error
     wait_until(qtbot, lambda: w.session.state is RunState.TRAINING and w.model.step > 20, 90, "the continued steps")
     w.views.update_status()

@@ -18,7 +18,7 @@ micro-batch ran), run= (the run folder, under the scenario's folder unless absol
 resume=1, max_steps=, checkpoint_every=, nonfinite=, nan_by_call=1, lr=, find_micro_batch=N (with
 that effective batch), by_rank={option: [rank 0's, rank 1's, ...]} (JSON: each rank its own value),
 refused=1 (the run must be refused on every rank while it is built: each rank writes the message
-to refused-R.txt once it checked that the process group and its threads are gone), and the
+to its file "refused-R" (R its rank, a .txt) once it checked that the process group and its threads are gone), and the
 negative controls local_count=1, no_share=1, no_buffer_sync=1, no_sum_hook=1, local_norm=1 (fsdp).
 """
 from __future__ import annotations

@@ -3,7 +3,7 @@ step checkpoints at the defaults' spacing the autopilot never picks a file rotat
 rotation prunes before it writes (the disk holds K step files and last.pt, one more while one is
 written); a rollback target that no longer loads is passed over, with a note, for an older one.
 
-Epoch checkpoints are kept bounded (issue 30, checkpoints/retention.py): after 60 epochs the
+Epoch checkpoints are kept bounded (issue 30, engine/checkpoints/retention.py): after 60 epochs the
 default keeps the newest 3, the best by validation loss (however old) and last.pt; `all` keeps
 all 60; a resumed run still knows its best; a checkpoint a fork beside the run continues from
 stays through the parent's later epochs (step checkpoints too)."""

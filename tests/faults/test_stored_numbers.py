@@ -24,7 +24,7 @@ def test_a_number_or_the_default(v):
 
 
 def test_what_a_number_reads_as():
-    assert stored.whole("3") == 3 and stored.whole(3.9) == 3 and stored.whole(True) == 1
+    assert stored.whole("3") == 3 and stored.whole(3.9) == 3 and stored.whole(True) == 0  # a bool is no number: the default
     assert stored.number("2.5") == 2.5 and stored.number(float("inf"), None) is None
     assert math.isinf(stored.measured(float("inf")))  # a non-finite loss is data
     assert math.isnan(stored.measured(None)) and math.isnan(stored.measured("x"))
