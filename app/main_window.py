@@ -375,8 +375,7 @@ class MainWindow(QMainWindow):
         return self.errors.show(title, message)
 
     def slot_failed(self, line: str) -> None:
-        """An exception no slot caught (app/core/logs.py logged its traceback): an alert row that
-        says it, and the window goes on."""
+        """An exception no slot caught (logged with its traceback): an alert row; the window goes on."""
         self.alerts.window_error(line, self.model.step, self.model.epoch)
 
     def show_about(self) -> Any:
