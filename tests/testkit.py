@@ -6,12 +6,13 @@ the repository and tests/ first on sys.path before any test module is imported.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Iterator, Mapping, Optional
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -72,3 +73,30 @@ def wait_until(cond: Callable[[], Any], timeout: float = 60.0, what: str = "", i
             pause()
         else:
             time.sleep(interval)
+
+
+@contextlib.contextmanager
+def json_server(path: str = "headroom") -> Iterator[tuple[str, list[dict[str, Any]]]]:
+    """A real HTTP server on 127.0.0.1 that keeps every JSON body posted to it: (Apprise's
+    json:// URL for it, the bodies received), for the notification tests."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    received: list[dict[str, Any]] = []
+
+    class Keep(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 - http.server's name for the handler
+            received.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Keep)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        yield f"json://127.0.0.1:{httpd.server_address[1]}/{path}", received
+    finally:
+        httpd.shutdown()
+        httpd.server_close()

@@ -5,15 +5,13 @@ The offscreen platform has no system tray, so the tray is a recorder of showMess
 one stand-in here; the run, the engine's message to a real HTTP server and the window are real)."""
 from __future__ import annotations
 
-import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
 from app_helpers import discard, run_to_end, start
 from test_app_run_tree import DIVERGING
 
+import testkit
 from app.model.notes import Note
 
 
@@ -29,22 +27,9 @@ class Tray:
 
 @pytest.fixture()
 def server():
-    received: list[dict[str, Any]] = []
-
-    class Keep(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802 - http.server's name for the handler
-            received.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
-            self.send_response(200)
-            self.end_headers()
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Keep)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    yield f"json://127.0.0.1:{httpd.server_address[1]}/app", received
-    httpd.shutdown()
-    httpd.server_close()
+    """A real HTTP server on 127.0.0.1 keeping every JSON body posted (testkit.json_server)."""
+    with testkit.json_server("app") as served:
+        yield served
 
 
 def test_no_tray_no_notification_and_nothing_fails(qtbot, make_window):

@@ -4,16 +4,14 @@ missing extra or a URL Apprise cannot read is one `error:` line, exit 2, nothing
 from __future__ import annotations
 
 import builtins
-import json
 import socket
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
+import testkit
 from engine.declarations.events import RunFinished, StepMetrics
 from engine.store import RunReader
 from engine.trainer import notify
@@ -24,25 +22,10 @@ QUICK = ("--device", "cpu", "--epochs", "1", "--max-steps", "6", "--micro-batch"
 
 
 @pytest.fixture()
-def server() -> Iterator[tuple[str, list[dict[str, Any]]]]:
-    """A real HTTP server on 127.0.0.1 that keeps every JSON body posted to it."""
-    received: list[dict[str, Any]] = []
-
-    class Keep(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802 - http.server's name for the handler
-            received.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
-            self.send_response(200)
-            self.end_headers()
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Keep)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    yield f"json://127.0.0.1:{httpd.server_address[1]}/headroom", received
-    httpd.shutdown()
-    httpd.server_close()
+def server():
+    """A real HTTP server on 127.0.0.1 keeping every JSON body posted (testkit.json_server)."""
+    with testkit.json_server("headroom") as served:
+        yield served
 
 
 def closed_port() -> int:

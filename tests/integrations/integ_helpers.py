@@ -141,16 +141,17 @@ def tiny_gpt2() -> Any:
                                       eos_token_id=1))
 
 
-def full_batch_grad(model: Any, batch: dict[str, torch.Tensor], causal: bool) -> list[torch.Tensor]:
+def full_batch_grad(model: Any, batch: dict[str, torch.Tensor], causal: bool, smoothing: float = 0.0) -> list[torch.Tensor]:
     """The exact gradient by hand: the whole window as one batch, mean over its true count
-    (the labels that are not -100, shifted by one for a causal LM)."""
+    (the labels that are not -100, shifted by one for a causal LM), label-smoothed by `smoothing`."""
     model.train()
     model.zero_grad()
     logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
     labels = batch["labels"]
     if causal:
         logits, labels = logits[:, :-1], labels[:, 1:]
-    F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100).backward()
+    F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100,
+                    label_smoothing=smoothing).backward()
     return [p.grad.detach().clone() for p in model.parameters()]
 
 

@@ -14,8 +14,7 @@ pytest.importorskip("transformers", reason="the 'hf' extra is not installed (pip
 pytest.importorskip("accelerate", reason="the 'hf' extra is not installed (pip install -e '.[hf]')")
 
 import torch  # noqa: E402 - after the importorskip of an optional extra above
-import torch.nn.functional as F  # noqa: E402 - after the importorskip of an optional extra above
-from integ_helpers import rel_diff, text_collate, text_data, tiny_bert, tiny_gpt2  # noqa: E402 - after the importorskip of an optional extra above
+from integ_helpers import full_batch_grad, rel_diff, text_collate, text_data, tiny_bert, tiny_gpt2  # noqa: E402 - after the importorskip of an optional extra above
 from transformers import Trainer, TrainerCallback, TrainingArguments  # noqa: E402 - after the importorskip of an optional extra above
 from transformers.trainer_pt_utils import LabelSmoother  # noqa: E402 - after the importorskip of an optional extra above
 
@@ -45,15 +44,7 @@ def _args(tmp) -> TrainingArguments:
 
 def _full_batch(model, batch, causal: bool, smoothing: float) -> list[torch.Tensor]:
     """The whole window as one batch: mean over its true count, label-smoothed by `smoothing`."""
-    model.train()
-    model.zero_grad()
-    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-    labels = batch["labels"]
-    if causal:
-        logits, labels = logits[:, :-1], labels[:, 1:]
-    F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100,
-                    label_smoothing=smoothing).backward()
-    return [p.grad.detach().clone() for p in model.parameters()]
+    return full_batch_grad(model, batch, causal, smoothing)
 
 
 @pytest.fixture(autouse=True)
