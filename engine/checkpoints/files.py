@@ -26,7 +26,7 @@ import torch
 from engine.declarations.checkpoint_names import CKPT_DIR, LAST, candidates, name_of  # noqa: F401 - re-exported: the engine reads the names from here
 from engine.declarations.outcome import first_line
 
-from . import contents
+from . import contents, retention
 from .errors import CheckpointError, CheckpointInvalid, CheckpointRefused  # raised here; callers name them files.*
 
 if TYPE_CHECKING:
@@ -326,15 +326,8 @@ def remove_orphans(run_dir: str, lock: "RunLock") -> list[str]:
         return []
     for name in names:
         if name.startswith((TMP_PREFIX, PROBE_PREFIX)):
-            path = os.path.join(folder, name)
-            try:
-                if os.path.isdir(path):  # a sharded checkpoint being written (sharded.save)
-                    shutil.rmtree(path)
-                else:
-                    os.unlink(path)
+            if retention.remove([os.path.join(folder, name)]):  # a file, or a sharded checkpoint being written
                 removed.append(name)
-            except OSError:
-                pass
     recover(run_dir)
     return removed
 
